@@ -1,0 +1,1 @@
+"""Built-in passes, installed as scanopt.passes."""

@@ -1,0 +1,3 @@
+"""scanopt: verified rewrites for the ONNX Scan operator."""
+
+__version__ = "0.1.0"

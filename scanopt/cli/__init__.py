@@ -1,0 +1,75 @@
+"""The ``scanopt`` command line: one module per subcommand, each with ``register`` and ``run``.
+
+Every subcommand module defines ``register(subparsers)`` (adds its parser and sets
+``func=run``) and ``run(args) -> int`` (the exit code). Errors meant for the user are
+raised as :class:`scanopt.errors.ScanoptError` and printed here as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from scanopt.errors import ScanoptError
+
+# Subcommand modules in the order --help lists them.
+SUBCOMMANDS = ("optimize", "inspect", "run", "verify")
+
+DESCRIPTION = """\
+Rewrite ONNX Scan nodes into faster, more portable, equivalent forms and prove
+each rewrite numerically before writing anything.
+
+examples:
+  scanopt optimize model.onnx model.opt.onnx
+  scanopt optimize model.onnx out.onnx --passes cleanup --report report.json
+  scanopt inspect model.onnx --json
+  scanopt run model.onnx --inputs feeds.npz --engine reference
+  scanopt verify model.onnx model.opt.onnx --seeds 3
+
+exit codes: 0 ok, 1 verification failed (strict mode / verify), 2 bad input or usage
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line instead of the usage block on errors."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"scanopt: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="scanopt",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from scanopt import __version__
+
+    parser.add_argument("--version", action="version", version=f"scanopt {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"scanopt.cli.{name}_cmd")
+        except ModuleNotFoundError as exc:  # a subcommand still being built
+            if exc.name != f"scanopt.cli.{name}_cmd":
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except ScanoptError as exc:
+        print(f"scanopt: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("scanopt: interrupted", file=sys.stderr)
+        return 130

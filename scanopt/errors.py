@@ -1,0 +1,25 @@
+"""Errors that reach the user as one line on stderr and exit code 2.
+
+Anything raised as a ScanoptError is a problem with the user's input or request,
+never a bug in scanopt; the CLI prints ``scanopt: <message>`` and exits 2.
+"""
+
+
+class ScanoptError(Exception):
+    """A problem with the input or the request, reported as one line."""
+
+    exit_code = 2
+
+
+class InvalidModelError(ScanoptError):
+    """The model is broken: unreadable, undefined names, malformed Scan attributes."""
+
+
+class UnsupportedModelError(ScanoptError):
+    """The model is valid ONNX but uses something scanopt cannot handle (opset, IR version)."""
+
+
+class VerificationError(ScanoptError):
+    """A rewrite failed numeric verification and --strict was given."""
+
+    exit_code = 1
