@@ -1,1 +1,6 @@
-"""Built-in passes, installed as scanopt.passes."""
+"""Built-in passes, installed as ``scanopt.passes``; importing this registers them.
+
+One module per pass. The pipeline order lives in :mod:`scanopt.pipeline`.
+"""
+
+from scanopt.passes import cleanup  # noqa: F401

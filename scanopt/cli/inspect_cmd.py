@@ -1,0 +1,53 @@
+"""``scanopt inspect MODEL``: list every Scan and what each pass would do with it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from scanopt.cli.common import comma_list
+from scanopt.graph import NameAllocator
+from scanopt.inspect import describe_scans, format_scans
+from scanopt.ir import import_model
+from scanopt.model_io import load
+from scanopt.pass_api import PassContext, ScanPass
+from scanopt.pipeline import select_passes
+from scanopt.validate import default_opset
+
+EPILOG = """\
+examples:
+  scanopt inspect model.onnx
+  scanopt inspect model.onnx --json > scans.json
+  scanopt inspect model.onnx --passes fuse
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="list every Scan (nested ones too) and what each pass would do",
+        description="List every Scan node at every nesting level with its attributes, "
+        "the outer values its body captures, and each pass's dry-run verdict.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", metavar="MODEL")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--passes", type=comma_list, metavar="A,B", help="passes to ask (default: all)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    loaded = load(args.model)
+    graph = import_model(loaded.model)
+    ctx = PassContext(opset=default_opset(loaded.model) or 0, names=NameAllocator(graph))
+    scan_passes = [p for p in select_passes(args.passes) if isinstance(p, ScanPass)]
+    scans = describe_scans(graph, ctx, scan_passes)
+    if args.json:
+        print(json.dumps({"model": args.model, "scans": scans, "warnings": loaded.warnings}, indent=2))
+    else:
+        print(f"{args.model}: {len(scans)} Scan node{'s' if len(scans) != 1 else ''}")
+        print(format_scans(scans))
+        for warning in loaded.warnings:
+            print(f"warning: {warning}")
+    return 0

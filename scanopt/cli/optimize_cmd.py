@@ -1,0 +1,101 @@
+"""``scanopt optimize IN OUT``: run the pipeline, verify, write atomically."""
+
+from __future__ import annotations
+
+import argparse
+
+from scanopt.cli.common import check_output_path, comma_list, info, same_file
+from scanopt.errors import ScanoptError, VerificationError
+from scanopt.model_io import load, save_bytes, save_model, write_atomically
+from scanopt.pipeline import PIPELINE_ORDER, optimize
+
+EPILOG = """\
+examples:
+  scanopt optimize model.onnx model.opt.onnx
+  scanopt optimize model.onnx out.onnx --passes upgrade,canonicalize --report report.json
+  scanopt optimize model.onnx out.onnx --skip unroll --inputs feeds.npz --strict
+  scanopt optimize model.onnx model.onnx --in-place
+
+Passes run in the order upgrade, canonicalize, fuse, vectorize, hoist, unroll,
+cleanup (those that exist in this version; see `scanopt optimize --help`), repeated
+until nothing changes. Every rewrite is verified numerically against the original
+before anything is written; a rewrite that fails is rolled back and reported.
+
+exit codes: 0 ok (also when a rewrite was rolled back), 1 a rewrite was rolled back
+and --strict was given (nothing written), 2 bad input or usage (nothing written)
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "optimize",
+        help="rewrite Scan nodes into faster equivalent forms",
+        description="Rewrite the Scan nodes of IN and write the verified result to OUT.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", metavar="IN", help="model to optimize (never modified)")
+    parser.add_argument("output", metavar="OUT", help="where to write the optimized model")
+    parser.add_argument("--passes", type=comma_list, metavar="A,B", help=f"passes to run (default: all; order {','.join(PIPELINE_ORDER)})")
+    parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
+    parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    parser.add_argument("--no-verify", action="store_true", help="skip numeric verification (not recommended)")
+    parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
+    parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
+    parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
+    parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show every pass's verdict and progress")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if same_file(args.input, args.output) and not args.in_place:
+        raise ScanoptError(f"{args.output}: OUT is the input file; pass --in-place to replace it")
+    loaded = load(args.input)
+    check_output_path(args.output)
+    if args.report:
+        check_output_path(args.report)
+    feeds = _load_inputs(args.inputs, loaded.model) if args.inputs else None
+    progress = info if args.verbose and not args.quiet else None
+    result, report = optimize(
+        loaded.model,
+        passes=args.passes,
+        skip=args.skip,
+        verify=not args.no_verify,
+        inputs=feeds,
+        engine=args.engine,
+        seeds=args.seeds,
+        progress=progress,
+    )
+    report.warnings = loaded.warnings + [w for w in report.warnings if w not in loaded.warnings]
+    rolled_back = bool(report.verification and report.verification.get("rolled_back"))
+    if args.strict and rolled_back:
+        if not args.quiet:
+            print(report.format(verbose=args.verbose))
+        raise VerificationError(f"{args.input}: {report.verification['summary']} (--strict: nothing written)")
+    if result is loaded.model and not loaded.had_external_data:
+        with open(args.input, "rb") as handle:
+            save_bytes(handle.read(), args.output)
+    else:
+        save_model(result, args.output, external_data=loaded.had_external_data or None)
+    if args.report:
+        text = report.to_json() + "\n"
+
+        def write_report(staged: str) -> None:
+            with open(staged, "w", encoding="utf-8") as handle:
+                handle.write(text)
+
+        write_atomically(args.report, write_report)
+    if not args.quiet:
+        print(report.format(verbose=args.verbose))
+        state = "optimized" if report.modified else "unchanged"
+        print(f"wrote {args.output} ({state})")
+    return 0
+
+
+def _load_inputs(path: str, model) -> list[dict]:
+    from scanopt.inputs import load_feeds
+
+    return [load_feeds(model, npz=path)]

@@ -1,0 +1,145 @@
+"""Round-trips between onnx.ModelProto and onnx-graphsurgeon, keeping what gs drops.
+
+onnx-graphsurgeon is scanopt's IR for rewriting, but its exporter forgets the model's
+metadata, node doc strings and functions it did not import, copies every outer-scope
+initializer a body reads into that body (duplicating weights), and writes value_info
+for outer values inside bodies. :func:`import_model` tags what it needs to undo that,
+and :func:`export_model` restores it, so an exported model differs from its input only
+where a pass rewrote it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.logger import G_LOGGER
+
+G_LOGGER.severity = G_LOGGER.ERROR
+
+# Attribute names scanopt sets on gs objects.
+OWNER = "_scanopt_owner"  # on a gs.Constant: the gs.Graph whose initializer list held it
+DOC = "_scanopt_doc"  # on a gs.Node: its doc_string
+
+
+def import_model(model: onnx.ModelProto) -> gs.Graph:
+    """Import ``model`` into onnx-graphsurgeon, tagging initializer owners and doc strings."""
+    graph = gs.import_onnx(model)
+    pairs = list(_paired_graphs(model.graph, graph))
+    # An outer initializer read only inside a body is among the body's tensors, not
+    # its owner's, so look names up across every level.
+    tensors = {}
+    for _, gs_graph, _ in reversed(pairs):
+        tensors.update(gs_graph.tensors())
+    for proto_graph, gs_graph, _ in pairs:
+        for init in list(proto_graph.initializer) + [s.values for s in proto_graph.sparse_initializer]:
+            tensor = tensors.get(init.name)
+            if isinstance(tensor, gs.Constant):
+                setattr(tensor, OWNER, gs_graph)
+        for proto_node, gs_node in zip(proto_graph.node, gs_graph.nodes):
+            if proto_node.doc_string:
+                setattr(gs_node, DOC, proto_node.doc_string)
+    return graph
+
+
+def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+    """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
+    model = gs.export_onnx(graph, do_type_check=False)
+    _place_initializers(model.graph, graph)
+    for proto_graph, gs_graph, _ in _paired_graphs(model.graph, graph):
+        for proto_node, gs_node in zip(proto_graph.node, gs_graph.nodes):
+            doc = getattr(gs_node, DOC, "")
+            if doc:
+                proto_node.doc_string = doc
+    _copy_model_fields(original, model)
+    return model
+
+
+def _paired_graphs(
+    proto: onnx.GraphProto, graph: gs.Graph, chain: tuple = ()
+) -> Iterator[tuple[onnx.GraphProto, gs.Graph, tuple]]:
+    """Walk a GraphProto and its gs.Graph in step, subgraphs included, pre-order.
+
+    Yields (proto, gs graph, chain of enclosing (proto, gs graph) pairs, outermost
+    first). gs keeps node order and attribute order on import and export, so the i-th
+    node and its graph attributes correspond on both sides.
+    """
+    yield proto, graph, chain
+    inner = chain + ((proto, graph),)
+    for proto_node, gs_node in zip(proto.node, graph.nodes):
+        for attr in proto_node.attribute:
+            value = gs_node.attrs.get(attr.name)
+            if attr.type == onnx.AttributeProto.GRAPH and isinstance(value, gs.Graph):
+                yield from _paired_graphs(attr.g, value, inner)
+            elif attr.type == onnx.AttributeProto.GRAPHS and isinstance(value, (list, tuple)):
+                for sub_proto, sub_graph in zip(attr.graphs, value):
+                    yield from _paired_graphs(sub_proto, sub_graph, inner)
+
+
+def _place_initializers(top: onnx.GraphProto, graph: gs.Graph) -> None:
+    """Move each initializer back to the graph that owned it and drop gs's copies.
+
+    An initializer tagged with an owner that encloses the graph gs put it in goes to the
+    owner (once); an untagged one (made by a pass) stays where gs put it unless an
+    enclosing graph already has it. value_info that gs wrote inside a body for values
+    of an enclosing graph is dropped.
+    """
+    for proto, gs_graph, chain in _paired_graphs(top, graph):
+        if not chain:
+            continue
+        tensors = gs_graph.tensors()
+        outer_defined = set().union(*(_defined_names(p) for p, _ in chain))
+        kept = []
+        for init in proto.initializer:
+            owner = getattr(tensors.get(init.name), OWNER, None)
+            target = next((p for p, g in chain if g is owner), None)
+            if target is not None:
+                if init.name not in {i.name for i in target.initializer}:
+                    target.initializer.append(init)
+            elif init.name not in outer_defined:
+                kept.append(init)
+        _replace_repeated(proto.initializer, kept)
+        _replace_repeated(proto.value_info, [v for v in proto.value_info if v.name not in outer_defined])
+
+
+def _replace_repeated(field, items: list) -> None:
+    if len(items) != len(field):
+        items = list(items)
+        del field[:]
+        field.extend(items)
+
+
+def _defined_names(graph: onnx.GraphProto) -> set[str]:
+    names = {v.name for v in graph.input}
+    names.update(i.name for i in graph.initializer)
+    names.update(o for n in graph.node for o in n.output if o)
+    return names
+
+
+def _copy_model_fields(original: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """Model-level fields come from the original: versions, producer, metadata, functions."""
+    model.ir_version = original.ir_version
+    known = {(o.domain or "ai.onnx") for o in original.opset_import}
+    added = [o for o in model.opset_import if (o.domain or "ai.onnx") not in known]
+    del model.opset_import[:]
+    model.opset_import.extend(original.opset_import)
+    model.opset_import.extend(added)
+    for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        _copy_scalar_field(original, model, field)
+    del model.metadata_props[:]
+    model.metadata_props.extend(original.metadata_props)
+    del model.functions[:]
+    model.functions.extend(original.functions)
+    del model.training_info[:]
+    model.training_info.extend(original.training_info)
+    for field in ("doc_string", "name"):
+        _copy_scalar_field(original.graph, model.graph, field)
+
+
+def _copy_scalar_field(source, target, field: str) -> None:
+    """Copy a proto2 scalar field, keeping it unset where the source left it unset."""
+    if source.HasField(field):
+        setattr(target, field, getattr(source, field))
+    else:
+        target.ClearField(field)

@@ -1,0 +1,134 @@
+"""The pass interface: what a pass is, what it returns, and how passes register.
+
+A pass takes the model's top gs.Graph, rewrites what it can prove equivalent at every
+nesting level, and returns a PassResult saying per Scan node what it did or why not.
+Most passes are ScanPasses: ``match`` inspects one Scan and returns a Match or a
+Skip(reason) without touching the graph; ``rewrite`` runs only on a Match. A declined
+match therefore leaves the graph exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import onnx_graphsurgeon as gs
+
+from scanopt.graph import GraphLevel, NameAllocator, is_op, node_label, walk_graphs
+from scanopt.scan_view import ScanView
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """What one pass did with one Scan node: applied (with detail) or skipped (with reason)."""
+
+    pass_name: str
+    node: str
+    path: str  # the graph holding the node; "" for the top graph
+    applied: bool
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {
+            "pass": self.pass_name,
+            "node": self.node,
+            "graph": self.path or "main",
+            "applied": self.applied,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class PassResult:
+    graph: gs.Graph
+    modified: bool
+    outcomes: list[NodeOutcome] = field(default_factory=list)
+
+
+@dataclass
+class PassContext:
+    """What passes share during one pipeline run."""
+
+    opset: int
+    names: NameAllocator
+    options: dict[str, Any] = field(default_factory=dict)
+    # (pass name, node label) pairs a pass must not rewrite, e.g. after a failed verification
+    denied: frozenset[tuple[str, str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A declined match and the reason a user can act on."""
+
+    reason: str
+
+
+class Match:
+    """Base for what a pass's ``match`` hands to its ``rewrite``; passes subclass it."""
+
+
+class Pass:
+    """A named rewrite over the whole model."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+        raise NotImplementedError
+
+
+class ScanPass(Pass):
+    """A pass that considers each Scan node on its own, at every nesting level."""
+
+    def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        raise NotImplementedError
+
+    def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
+        """Apply the rewrite; return a one-line description of what was done."""
+        raise NotImplementedError
+
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+        result = PassResult(graph, modified=False)
+        for level, node in list(scan_nodes(graph)):
+            if node not in level.graph.nodes:  # removed by an earlier rewrite in this run
+                continue
+            label = node_label(node)
+            if (self.name, label) in ctx.denied:
+                result.outcomes.append(
+                    NodeOutcome(self.name, label, level.path, False, "rolled back: failed verification")
+                )
+                continue
+            view = ScanView.from_gs(node, ctx.opset)
+            found = self.match(node, view, level, ctx)
+            if isinstance(found, Skip):
+                result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
+                continue
+            detail = self.rewrite(node, found, level, ctx)
+            result.modified = True
+            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail))
+        return result
+
+
+def scan_nodes(graph: gs.Graph):
+    """(GraphLevel, node) for every default-domain Scan node, outermost first."""
+    for level in walk_graphs(graph):
+        for node in level.graph.nodes:
+            if is_op(node, "Scan"):
+                yield level, node
+
+
+_REGISTRY: dict[str, type[Pass]] = {}
+
+
+def register_pass(cls: type[Pass]) -> type[Pass]:
+    """Class decorator: make a pass available by name to the pipeline and ``--passes``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered_passes() -> dict[str, type[Pass]]:
+    import scanopt.passes  # noqa: F401 - importing registers the built-in passes
+
+    return dict(_REGISTRY)

@@ -1,0 +1,154 @@
+"""The pipeline: runs passes in order over every graph level, to a fixed point, then
+verifies the result numerically and rolls back rewrites that fail.
+
+Order (DESIGN.md): upgrade -> canonicalize -> fuse -> vectorize -> hoist -> unroll ->
+cleanup. Fusion runs before unrolling because unrolling destroys the patterns fusion
+needs. Passes not yet built are simply absent from the registry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import onnx
+
+from scanopt.errors import ScanoptError
+from scanopt.graph import NameAllocator
+from scanopt.inspect import describe_scans
+from scanopt.ir import export_model, import_model
+from scanopt.pass_api import Pass, PassContext, ScanPass, registered_passes, scan_nodes
+from scanopt.report import PassTiming, Report, count_ops
+from scanopt.validate import default_opset, validate_model
+
+PIPELINE_ORDER = ("upgrade", "canonicalize", "fuse", "vectorize", "hoist", "unroll", "cleanup")
+MAX_ROUNDS = 8
+
+
+def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[Pass]:
+    """Instances of the chosen passes, in pipeline order. Unknown names are a ScanoptError."""
+    registry = registered_passes()
+    order = [name for name in PIPELINE_ORDER if name in registry]
+    order += sorted(name for name in registry if name not in order)
+    wanted = list(order if passes is None else passes)
+    unknown = [name for name in list(wanted) + list(skip) if name not in registry]
+    if unknown:
+        raise ScanoptError(f"unknown pass {', '.join(unknown)}; available: {', '.join(order)}")
+    return [registry[name]() for name in order if name in wanted and name not in skip]
+
+
+def optimize(
+    model: onnx.ModelProto,
+    *,
+    passes: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+    verify: bool = True,
+    inputs: list[dict] | None = None,
+    engine: str = "auto",
+    seeds: int = 2,
+    options: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[onnx.ModelProto, Report]:
+    """Optimize ``model``'s Scans; return the new model and the report.
+
+    The input proto is never modified. A model none of whose passes changed anything is
+    returned as the very same object. With ``verify`` (the default), the result is
+    compared with the original numerically (``inputs``: a list of feed dicts, else
+    synthesized over ``seeds`` seeds); a rewrite that fails is rolled back per Scan node
+    and the report says so.
+    """
+    warnings = validate_model(model)
+    chosen = select_passes(passes, skip)
+    candidate, report = _run_passes(model, chosen, options or {}, frozenset(), progress)
+    report.warnings = warnings + report.warnings
+    if not report.modified or not verify:
+        if report.modified:
+            report.verification = {"passed": None, "summary": "not verified (verification disabled)"}
+        return (candidate if report.modified else model), report
+    return _verify_and_roll_back(model, candidate, report, chosen, options or {}, inputs, engine, seeds, progress)
+
+
+def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, progress) -> tuple[onnx.ModelProto, Report]:
+    graph = import_model(model)
+    opset = default_opset(model)
+    report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
+    ctx = PassContext(opset=opset or 0, names=NameAllocator(graph), options=options, denied=denied)
+    has_scan = any(True for _ in scan_nodes(graph))
+    report.scans = describe_scans(graph, ctx) if has_scan else []
+    if not has_scan:
+        report.ops_after = report.ops_before
+        return model, report
+    for round_number in range(1, MAX_ROUNDS + 1):
+        report.rounds = round_number
+        changed = False
+        for scan_pass in chosen:
+            if progress:
+                progress(f"round {round_number}: {scan_pass.name}")
+            start = time.perf_counter()
+            result = scan_pass(graph, ctx)
+            report.timings.append(PassTiming(scan_pass.name, time.perf_counter() - start, result.modified))
+            report.add_outcomes(result.outcomes)
+            changed |= result.modified
+        report.modified |= changed
+        if not changed:
+            break
+    if not report.modified:
+        report.ops_after = report.ops_before
+        return model, report
+    optimized = export_model(graph, model)
+    report.ops_after = count_ops(optimized)
+    return optimized, report
+
+
+def applied_keys(report: Report) -> list[tuple[str, str]]:
+    """(pass, node) pairs that a pass rewrote, in order, cleanup excluded."""
+    keys = []
+    for o in report.outcomes:
+        if o.applied and o.pass_name != "cleanup" and (o.pass_name, o.node) not in keys:
+            keys.append((o.pass_name, o.node))
+    return keys
+
+
+def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, engine, seeds, progress):
+    from scanopt.verify import compare_models
+
+    def check(result_model):
+        if progress:
+            progress("verifying")
+        return compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds)
+
+    outcome = check(candidate)
+    if outcome.passed:
+        report.verification = {"passed": True, "rolled_back": [], "summary": _summary(outcome), "details": outcome.to_dict()}
+        return candidate, report
+    # Find the rewrites that verify on their own; roll back the rest.
+    keys = applied_keys(report)
+    accepted: list[tuple[str, str]] = []
+    for key in keys:
+        trial_denied = frozenset(k for k in keys if k not in accepted and k != key)
+        trial, _ = _run_passes(model, chosen, options, trial_denied, progress)
+        if check(trial).passed:
+            accepted.append(key)
+    rejected = [k for k in keys if k not in accepted]
+    final, final_report = _run_passes(model, chosen, options, frozenset(rejected), progress)
+    final_report.warnings = report.warnings
+    final_outcome = check(final) if final_report.modified else None
+    if final_outcome is not None and not final_outcome.passed:
+        # Rewrites that pass alone fail together: keep nothing.
+        rejected = keys
+        final, final_report = model, report
+        final_report.modified = False
+        final_report.ops_after = final_report.ops_before
+    rolled = [f"{p} on {n}" for p, n in rejected]
+    final_report.verification = {
+        "passed": False,
+        "rolled_back": rolled,
+        "summary": f"rolled back {len(rolled)} rewrite(s) that failed verification: {', '.join(rolled)}"
+        + (f"; the rest verified ({_summary(final_outcome)})" if final_outcome is not None else ""),
+        "details": outcome.to_dict(),
+    }
+    return (final if final_report.modified else model), final_report
+
+
+def _summary(outcome) -> str:
+    return outcome.summary() if hasattr(outcome, "summary") else ("passed" if outcome.passed else "failed")
