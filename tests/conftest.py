@@ -1,0 +1,35 @@
+"""Shared fixtures: running the CLI in-process and capturing its output."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/builders.py and friends
+
+from scanopt.cli import main  # noqa: E402
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """cli('optimize', 'a.onnx', 'b.onnx') -> CliResult(code, stdout, stderr)."""
+
+    def run(*argv: str) -> CliResult:
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse --help / usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run

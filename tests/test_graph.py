@@ -1,0 +1,120 @@
+"""Graph helpers: walking, outer-scope capture, fresh names, constants, cleanup."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper as h
+
+import builders as b
+from scanopt.graph import NameAllocator, cleanup, constant_value, outer_captures, walk_graphs
+from scanopt.ir import export_model, import_model
+
+
+def test_walk_graphs_visits_every_level_with_paths_and_parents():
+    graph = import_model(b.scan_in_loop())
+    levels = list(walk_graphs(graph))
+    assert [lv.path for lv in levels] == [
+        "",
+        "loop/body",
+        "loop/body > outer_scan/body",
+        "loop/body > outer_scan/body > inner_scan/body",
+    ]
+    assert [lv.depth for lv in levels] == [0, 1, 2, 3]
+    assert levels[3].parents[0] is graph
+
+
+def test_outer_captures_reach_through_nesting():
+    graph = import_model(b.scan_in_loop())
+    levels = list(walk_graphs(graph))
+    loop_body, outer_body, inner_body = (lv.graph for lv in levels[1:])
+    assert [t.name for t in outer_captures(inner_body)] == ["W"]
+    # The outer Scan's body reads W only through its nested body: still a capture.
+    assert [t.name for t in outer_captures(outer_body)] == ["W"]
+    assert sorted(t.name for t in outer_captures(loop_body)) == ["W", "X"]
+
+
+def test_body_initializer_is_not_a_capture():
+    m = b.scan9_sum()
+    body = m.graph.node[0].attribute[0].g
+    body.initializer.append(b.init("K", np.ones(2, np.float32)))
+    body.node[0].input[1] = "K"
+    graph = import_model(m)
+    assert outer_captures(graph.nodes[0].attrs["body"]) == []
+
+
+def test_name_allocator_avoids_names_at_every_level():
+    graph = import_model(b.scan_in_loop())
+    names = NameAllocator(graph)
+    # i_x is a name deep inside the innermost body; W an outer initializer.
+    assert names.fresh("i_x") == "i_x_1"
+    assert names.fresh("i_x") == "i_x_2"
+    assert names.fresh("W") == "W_1"
+    assert names.fresh("brand_new") == "brand_new"
+    assert "brand_new" in names
+
+
+def test_name_allocator_is_deterministic():
+    a = NameAllocator(import_model(b.scan_in_loop()))
+    c = NameAllocator(import_model(b.scan_in_loop()))
+    assert [a.fresh("s") for _ in range(3)] == [c.fresh("s") for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    "attr, value, expected",
+    [
+        ("value", h.make_tensor("t", 1, [2], [1.5, 2.5]), np.array([1.5, 2.5], np.float32)),
+        ("value_float", 3.0, np.float32(3.0)),
+        ("value_int", 7, np.int64(7)),
+        ("value_floats", [1.0, 2.0], np.array([1.0, 2.0], np.float32)),
+        ("value_ints", [4, 5], np.array([4, 5], np.int64)),
+    ],
+)
+def test_constant_value_reads_constant_nodes(attr, value, expected):
+    node = h.make_node("Constant", [], ["c"], **{attr: value})
+    g = h.make_graph([node, h.make_node("Identity", ["c"], ["o"])], "g", [], [b.vi("o", None)])
+    graph = import_model(b.model(g))
+    got = constant_value(graph.nodes[1].inputs[0])
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype == np.asarray(expected).dtype
+
+
+def test_constant_value_reads_outer_initializer_from_inside_a_body():
+    graph = import_model(b.scan9_sum(weight=np.array([3.0, 4.0])))
+    body = graph.nodes[0].attrs["body"]
+    mul = next(n for n in body.nodes if n.op == "Mul")
+    np.testing.assert_array_equal(constant_value(mul.inputs[1]), [3.0, 4.0])
+    assert constant_value(mul.inputs[0]) is None  # the scanned element
+
+
+def test_cleanup_keeps_outer_values_used_only_in_bodies_and_removes_dead_nodes():
+    m = b.scan9_sum(weight=np.array([1.0, 2.0]))
+    m.graph.node.append(h.make_node("Neg", ["X"], ["dead"], name="dead_neg"))
+    graph = cleanup(import_model(m))
+    assert [n.name for n in graph.nodes] == ["scan_sum"]
+    out = export_model(graph, m)
+    assert [i.name for i in out.graph.initializer] == ["W"]
+
+
+def test_cleanup_does_not_reorder_a_sorted_graph():
+    g = h.make_graph(
+        [h.make_node("Neg", ["a"], ["n1"], name="second_in_sort"), h.make_node("Abs", ["a"], ["n2"], name="first")],
+        "g",
+        [b.vi("a", [2])],
+        [b.vi("n2", [2]), b.vi("n1", [2])],
+    )
+    graph = cleanup(import_model(b.model(g)))
+    assert [n.name for n in graph.nodes] == ["second_in_sort", "first"]
+
+
+def test_cleanup_sorts_an_unsorted_graph():
+    g = h.make_graph(
+        [h.make_node("Neg", ["n1"], ["n2"], name="late"), h.make_node("Abs", ["a"], ["n1"], name="early")],
+        "g",
+        [b.vi("a", [2])],
+        [b.vi("n2", [2])],
+    )
+    graph = cleanup(import_model(b.model(g)))
+    assert [n.name for n in graph.nodes] == ["early", "late"]
+    assert isinstance(graph.nodes[0], gs.Node)
