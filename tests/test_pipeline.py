@@ -1,0 +1,156 @@
+"""The pipeline: pass order, fixed point, outcomes, untouched models returned as is,
+verification with per-node rollback."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+
+import builders as b
+import scanopt
+from scanopt import pass_api
+from scanopt.errors import ScanoptError
+from scanopt.pass_api import Match, ScanPass, Skip
+from scanopt.pipeline import PIPELINE_ORDER, applied_keys, optimize, select_passes
+
+
+class _RenameB(ScanPass):
+    """Test pass: appends _b to a Scan's name once."""
+
+    name = "canonicalize"  # occupies a pipeline slot after "upgrade"
+    summary = "test"
+
+    def match(self, node, view, level, ctx):
+        return Skip("already renamed") if "_b" in node.name else Match()
+
+    def rewrite(self, node, match, level, ctx):
+        node.name += "_b"
+        return "renamed to " + node.name
+
+
+class _RenameA(ScanPass):
+    """Test pass that runs before _RenameB and applies only after it: needs a second round."""
+
+    name = "upgrade"
+    summary = "test"
+
+    def match(self, node, view, level, ctx):
+        return Match() if node.name.endswith("_b") else Skip("waits for _b")
+
+    def rewrite(self, node, match, level, ctx):
+        node.name += "_a"
+        return "renamed to " + node.name
+
+
+class _NegateScanInput(ScanPass):
+    """A deliberately wrong rewrite: feeds -X to the Scan named in ``targets``."""
+
+    name = "fuse"
+    summary = "test (wrong on purpose)"
+    targets = ("scan_sum",)
+
+    def match(self, node, view, level, ctx):
+        if node.name not in self.targets or any(n.op == "Neg" for n in level.graph.nodes):
+            return Skip("not a target")
+        return Match()
+
+    def rewrite(self, node, match, level, ctx):
+        x = node.inputs[-1]
+        neg = gs.Variable(ctx.names.fresh("neg_x"), dtype=x.dtype, shape=x.shape)
+        level.graph.nodes.append(gs.Node("Neg", inputs=[x], outputs=[neg]))
+        node.inputs[-1] = neg
+        return "negated the scan input"
+
+
+@pytest.fixture
+def test_passes(monkeypatch):
+    registry = dict(pass_api.registered_passes())
+    registry.update({"upgrade": _RenameA, "canonicalize": _RenameB, "fuse": _NegateScanInput})
+    monkeypatch.setattr(pass_api, "_REGISTRY", registry)
+    return registry
+
+
+def test_select_passes_orders_by_pipeline_not_by_request(test_passes):
+    names = [p.name for p in select_passes(["cleanup", "canonicalize", "upgrade"])]
+    assert names == ["upgrade", "canonicalize", "cleanup"]
+    assert names == [n for n in PIPELINE_ORDER if n in names]
+
+
+def test_select_passes_skip_and_unknown(test_passes):
+    assert "cleanup" not in [p.name for p in select_passes(skip=["cleanup"])]
+    with pytest.raises(ScanoptError, match="unknown pass nope"):
+        select_passes(["nope"])
+
+
+def test_fixed_point_reruns_passes_until_nothing_changes(test_passes):
+    model = b.scan9_sum()
+    out, report = optimize(model, passes=["upgrade", "canonicalize"], verify=False)
+    assert report.rounds == 3  # round 1: B; round 2: A; round 3: nothing
+    assert [n.name for n in out.graph.node] == ["scan_sum_b_a"]
+    applied = [(o.pass_name, o.detail) for o in report.outcomes if o.applied]
+    assert applied == [("canonicalize", "renamed to scan_sum_b"), ("upgrade", "renamed to scan_sum_b_a")]
+    assert model.graph.node[0].name == "scan_sum"  # the input proto is untouched
+
+
+def test_untouched_model_is_returned_as_the_same_object():
+    model = b.scan9_sum()
+    out, report = optimize(model, passes=["cleanup"])
+    assert out is model and not report.modified
+    assert report.scans[0]["node"] == "scan_sum"
+
+
+def test_model_without_scan_reports_so():
+    model = b.no_scan_model()
+    out, report = optimize(model)
+    assert out is model and report.scans == []
+    assert "no Scan nodes" in report.format()
+
+
+def test_cleanup_removes_a_dead_scan_and_says_so():
+    model = b.scan9_sum()
+    model.graph.output.pop()  # nobody reads Y ...
+    model.graph.output.pop()  # ... nor s_final
+    model.graph.output.append(b.vi("X", [3, 2]))
+    out, report = optimize(model, verify=False)
+    assert [n.op_type for n in out.graph.node] == []
+    assert any(o.pass_name == "cleanup" and o.applied and "removed" in o.detail for o in report.outcomes)
+    assert report.op_changes() == {"Add": (1, 0), "Identity": (1, 0), "Scan": (1, 0)}
+
+
+def test_wrong_rewrite_is_rolled_back(test_passes):
+    model = b.scan9_sum()
+    out, report = optimize(model, passes=["fuse"], seeds=1)
+    assert out is model and not report.modified
+    assert report.verification["passed"] is False
+    assert report.verification["rolled_back"] == ["fuse on scan_sum"]
+
+
+def test_rollback_is_per_node(test_passes):
+    """Two Scans renamed correctly, one of them also broken: only the break is undone."""
+    model = b.scan9_sum()
+    second = b.scan9_sum().graph.node[0]
+    second.name = "other_scan"
+    del second.output[:]
+    second.output.extend(["s_final2", "Y2"])
+    model.graph.node.append(second)
+    model.graph.output.extend([b.vi("s_final2", [2]), b.vi("Y2", [3, 2])])
+    out, report = optimize(model, passes=["canonicalize", "fuse"], seeds=1)
+    assert report.modified
+    assert report.verification["rolled_back"] == ["fuse on scan_sum"]
+    assert sorted(n.name for n in out.graph.node) == ["other_scan_b", "scan_sum_b"]
+    assert "Neg" not in [n.op_type for n in out.graph.node]
+    assert ("canonicalize", "scan_sum") in applied_keys(report)
+
+
+def test_correct_rewrite_is_verified(test_passes):
+    out, report = optimize(b.scan9_sum(), passes=["canonicalize"], seeds=2)
+    assert report.verification["passed"] is True
+    assert out.graph.node[0].name == "scan_sum_b"
+
+
+def test_library_api_is_exported():
+    assert scanopt.optimize is optimize
+    model = b.scan9_sum(weight=np.ones(2))
+    out, report = scanopt.optimize(model)
+    assert isinstance(report, scanopt.Report)
