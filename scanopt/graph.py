@@ -50,6 +50,12 @@ def is_op(node: gs.Node, op_type: str) -> bool:
     return node.op == op_type and in_default_domain(node.domain)
 
 
+def has_node(graph: gs.Graph, node: gs.Node) -> bool:
+    """Identity membership: gs.Node's == compares structure, bodies included (slow, and
+    two identical nodes would be confused)."""
+    return any(n is node for n in graph.nodes)
+
+
 def node_label(node: gs.Node) -> str:
     """The node's name, or for an unnamed node its op and first output (always unique)."""
     if node.name:

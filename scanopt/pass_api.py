@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, NameAllocator, is_op, node_label, walk_graphs
+from scanopt.graph import GraphLevel, NameAllocator, has_node, is_op, node_label, walk_graphs
 from scanopt.scan_view import ScanView
 
 
@@ -90,7 +90,7 @@ class ScanPass(Pass):
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         result = PassResult(graph, modified=False)
         for level, node in list(scan_nodes(graph)):
-            if node not in level.graph.nodes:  # removed by an earlier rewrite in this run
+            if not has_node(level.graph, node):  # removed by an earlier rewrite in this run
                 continue
             label = node_label(node)
             if (self.name, label) in ctx.denied:

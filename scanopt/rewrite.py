@@ -1,0 +1,113 @@
+"""Graph edits: the one small module every pass makes its changes through.
+
+The idiom: a rewrite builds new nodes that write into the replaced node's own output
+tensors (so graph outputs and every reader, nested bodies included, keep their names,
+types and shapes), then detaches the old node. New values get fresh model-wide names
+from the pipeline's NameAllocator.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.graph import NameAllocator, has_node
+
+
+class Builder:
+    """Adds nodes, values and constants to one graph with fresh model-wide names.
+
+    ``builder.op("Transpose", [x], perm=[1, 0])`` appends a node and returns its output;
+    pass ``outputs=[...]`` to write into existing tensors instead (e.g. the outputs of
+    the node being replaced).
+    """
+
+    def __init__(self, graph: gs.Graph, names: NameAllocator, prefix: str = ""):
+        self.graph = graph
+        self.names = names
+        self.prefix = prefix
+
+    def _fresh(self, hint: str) -> str:
+        return self.names.fresh(f"{self.prefix}{hint}" if self.prefix else hint)
+
+    def variable(self, hint: str, dtype=None, shape=None) -> gs.Variable:
+        return gs.Variable(self._fresh(hint), dtype=dtype, shape=shape)
+
+    def constant(self, hint: str, value) -> gs.Constant:
+        return gs.Constant(self._fresh(hint), np.asarray(value))
+
+    def op(
+        self,
+        op: str,
+        inputs: Sequence[gs.Tensor],
+        *,
+        outputs: Sequence[gs.Tensor] | None = None,
+        num_outputs: int = 1,
+        dtype=None,
+        shape=None,
+        domain: str | None = None,
+        **attrs,
+    ):
+        """Append ``op`` to the graph; return its output (or the list when several)."""
+        if outputs is None:
+            outputs = [self.variable(f"{op.lower()}_out", dtype, shape if num_outputs == 1 else None) for _ in range(num_outputs)]
+        node = gs.Node(op, name=self._fresh(op.lower()), attrs=attrs, inputs=list(inputs), outputs=list(outputs), domain=domain)
+        self.graph.nodes.append(node)
+        return outputs[0] if len(outputs) == 1 else list(outputs)
+
+
+def detach(node: gs.Node, graph: gs.Graph) -> None:
+    """Remove ``node`` from ``graph`` and unhook its tensors, so new producers can own them."""
+    node.inputs.clear()
+    node.outputs.clear()
+    graph.nodes[:] = [n for n in graph.nodes if n is not node]
+
+
+def rebind_outputs(old: gs.Node, new_values: Sequence[gs.Tensor | None], graph: gs.Graph) -> None:
+    """Detach ``old`` and make each of its output tensors be computed as ``new_values[i]``.
+
+    Readers keep reading the old tensor object, so its name, type and shape survive
+    (graph outputs included). Where the new value comes from a node of ``graph``, that
+    node writes into the old tensor directly and the new value's readers move to it;
+    otherwise (a graph input, a constant, a value already bound to another output) an
+    Identity links them. ``None`` marks an output nobody reads any more.
+    """
+    outputs = list(old.outputs)
+    detach(old, graph)
+    bound: dict[int, gs.Tensor] = {}  # id(new value) -> the old tensor now holding it
+    for old_tensor, new_value in zip(outputs, new_values):
+        if new_value is None:
+            continue
+        source = bound.get(id(new_value), new_value)
+        producer = source.inputs[0] if len(source.inputs) == 1 else None
+        if source is new_value and producer is not None and has_node(graph, producer) and not is_graph_output(new_value, graph):
+            slot = next(i for i, t in enumerate(producer.outputs) if t is new_value)
+            replace_all_uses(new_value, old_tensor, graph)
+            producer.outputs[slot] = old_tensor
+            if old_tensor.dtype is None:
+                old_tensor.dtype = new_value.dtype
+            bound[id(new_value)] = old_tensor
+        else:
+            graph.nodes.append(gs.Node("Identity", name=f"{old_tensor.name}_link", inputs=[source], outputs=[old_tensor]))
+
+
+def consumers(tensor: gs.Tensor) -> list[gs.Node]:
+    """Every node reading ``tensor``, in any graph (gs tracks readers across bodies)."""
+    return list(tensor.outputs)
+
+
+def is_graph_output(tensor: gs.Tensor, graph: gs.Graph) -> bool:
+    return any(t is tensor for t in graph.outputs)
+
+
+def replace_all_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph) -> None:
+    """Point every reader of ``old`` (nested bodies included) and ``graph``'s outputs at ``new``."""
+    for node in consumers(old):
+        for i, t in enumerate(node.inputs):
+            if t is old:
+                node.inputs[i] = new
+    for i, t in enumerate(graph.outputs):
+        if t is old:
+            graph.outputs[i] = new

@@ -1,0 +1,60 @@
+"""Edit helpers: new producers take over old output tensors; uses are redirected."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+import builders as b
+from scanopt.graph import NameAllocator
+from scanopt.ir import export_model, import_model
+from scanopt.rewrite import Builder, rebind_outputs, replace_all_uses
+
+
+def _run(m, feeds):
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def test_replacing_a_scan_keeps_output_names_and_values():
+    """Replace the running-sum Scan by CumSum + Gather: same outputs, same names."""
+    m = b.scan9_sum(steps=4)
+    graph = import_model(m)
+    scan = graph.nodes[0]
+    s0, x = scan.inputs
+    build = Builder(graph, NameAllocator(graph))
+    axis = build.constant("axis", np.int64(0))
+    csum = build.op("CumSum", [x, axis])
+    y = build.op("Add", [csum, s0])
+    last = build.op("Gather", [y, build.constant("last", np.int64(-1))], axis=0)
+    rebind_outputs(scan, [last, y], graph)
+    graph.cleanup()
+    out = export_model(graph, m)
+    assert [n.op_type for n in out.graph.node] == ["CumSum", "Add", "Gather"]
+    assert [o.name for o in out.graph.output] == ["s_final", "Y"]
+    feeds = {"s0": np.array([1.0, -1.0], np.float32), "X": np.arange(8, dtype=np.float32).reshape(4, 2)}
+    want, got = _run(m, feeds), _run(out, feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+def test_rebinding_to_a_graph_input_uses_an_identity():
+    m = b.scan9_sum()
+    graph = import_model(m)
+    scan = graph.nodes[0]
+    s0 = scan.inputs[0]
+    rebind_outputs(scan, [s0, None], graph)
+    assert [n.op for n in graph.nodes] == ["Identity"]
+    assert graph.nodes[0].outputs[0].name == "s_final"
+
+
+def test_replace_all_uses_reaches_into_bodies():
+    m = b.scan9_sum(weight=np.array([2.0, 3.0]))
+    graph = import_model(m)
+    body = graph.nodes[0].attrs["body"]
+    w = next(n for n in body.nodes if n.op == "Mul").inputs[1]
+    build = Builder(graph, NameAllocator(graph))
+    w2 = build.constant("W_half", np.array([1.0, 1.5], np.float32))
+    replace_all_uses(w, w2, graph)
+    assert next(n for n in body.nodes if n.op == "Mul").inputs[1] is w2
+    assert not w.outputs
