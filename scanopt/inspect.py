@@ -54,7 +54,7 @@ def describe_scans(graph: gs.Graph, ctx: PassContext, passes: list[ScanPass] = (
     """Every Scan at every nesting level, with each pass's dry-run verdict."""
     described = []
     for level, node in scan_nodes(graph):
-        view = ScanView.from_gs(node, ctx.opset)
+        view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
         info = describe_scan(node, view, level)
         verdicts = {}
         for scan_pass in passes:

@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, NameAllocator, has_node, is_op, node_label, walk_graphs
 from scanopt.scan_view import ScanView
+from scanopt.shapes import ShapeTable
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class PassContext:
 
     opset: int
     names: NameAllocator
+    shapes: ShapeTable
     options: dict[str, Any] = field(default_factory=dict)
     # (pass name, node label) pairs a pass must not rewrite, e.g. after a failed verification
     denied: frozenset[tuple[str, str]] = frozenset()
@@ -89,7 +91,9 @@ class ScanPass(Pass):
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         result = PassResult(graph, modified=False)
-        for level, node in list(scan_nodes(graph)):
+        # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
+        # everything nested in it is settled before.
+        for level, node in sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth):
             if not has_node(level.graph, node):  # removed by an earlier rewrite in this run
                 continue
             label = node_label(node)
@@ -98,7 +102,7 @@ class ScanPass(Pass):
                     NodeOutcome(self.name, label, level.path, False, "rolled back: failed verification")
                 )
                 continue
-            view = ScanView.from_gs(node, ctx.opset)
+            view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
             found = self.match(node, view, level, ctx)
             if isinstance(found, Skip):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))

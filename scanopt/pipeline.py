@@ -19,6 +19,7 @@ from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
 from scanopt.pass_api import Pass, PassContext, ScanPass, registered_passes, scan_nodes
 from scanopt.report import PassTiming, Report, count_ops
+from scanopt.shapes import ShapeTable
 from scanopt.validate import default_opset, validate_model
 
 PIPELINE_ORDER = ("upgrade", "canonicalize", "fuse", "vectorize", "hoist", "unroll", "cleanup")
@@ -72,7 +73,9 @@ def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, pro
     graph = import_model(model)
     opset = default_opset(model)
     report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
-    ctx = PassContext(opset=opset or 0, names=NameAllocator(graph), options=options, denied=denied)
+    ctx = PassContext(
+        opset=opset or 0, names=NameAllocator(graph), shapes=ShapeTable(model), options=options, denied=denied
+    )
     has_scan = any(True for _ in scan_nodes(graph))
     report.scans = describe_scans(graph, ctx) if has_scan else []
     if not has_scan:

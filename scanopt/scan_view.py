@@ -70,18 +70,23 @@ class ScanView:
     # -- construction -----------------------------------------------------------------
 
     @classmethod
-    def from_gs(cls, node: Any, opset: int) -> "ScanView":
-        """View of an onnx-graphsurgeon Scan node."""
+    def from_gs(cls, node: Any, opset: int, shapes: Any = None) -> "ScanView":
+        """View of an onnx-graphsurgeon Scan node; ``shapes`` (a ShapeTable) fills in
+        shapes the graph does not declare."""
         body = node.attrs.get("body")
+
+        def shape(t):
+            return shapes.shape(t) if shapes is not None else t.shape
+
         return cls._build(
             name=node.name,
             opset=opset,
             attrs=node.attrs,
             inputs=[t.name for t in node.inputs],
-            input_shapes=[t.shape for t in node.inputs],
+            input_shapes=[shape(t) for t in node.inputs],
             outputs=[t.name for t in node.outputs],
             body_inputs=None if body is None else len(body.inputs),
-            body_output_ranks=None if body is None else [_rank(t.shape) for t in body.outputs],
+            body_output_ranks=None if body is None else [_rank(shape(t)) for t in body.outputs],
         )
 
     @classmethod

@@ -12,6 +12,7 @@ from scanopt.ir import import_model
 from scanopt.model_io import load
 from scanopt.pass_api import PassContext, ScanPass
 from scanopt.pipeline import select_passes
+from scanopt.shapes import ShapeTable
 from scanopt.validate import default_opset
 
 EPILOG = """\
@@ -40,7 +41,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     loaded = load(args.model)
     graph = import_model(loaded.model)
-    ctx = PassContext(opset=default_opset(loaded.model) or 0, names=NameAllocator(graph))
+    ctx = PassContext(
+        opset=default_opset(loaded.model) or 0, names=NameAllocator(graph), shapes=ShapeTable(loaded.model)
+    )
     scan_passes = [p for p in select_passes(args.passes) if isinstance(p, ScanPass)]
     scans = describe_scans(graph, ctx, scan_passes)
     if args.json:

@@ -1,0 +1,61 @@
+"""Shapes and element types known at optimization time, for every value at every level.
+
+The model's own value_info is often partial (exporters leave intermediate shapes out).
+Passes consult :class:`ShapeTable`, which adds what onnx shape inference can derive
+on a throw-away copy, so the model written out carries no value_info it did not have
+or that a pass did not set.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from scanopt.protos import walk_proto_graphs
+
+Dim = int | str | None
+
+
+class ShapeTable:
+    """name -> (onnx elem type or None, shape as a list of int / symbolic str / None)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._table: dict[str, tuple[int | None, list[Dim] | None]] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - inference is a hint; a failure only means fewer shapes
+            inferred = model
+        for graph in walk_proto_graphs(inferred.graph):
+            for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+                self._table.setdefault(value.name, _type_of(value))
+            for init in graph.initializer:
+                self._table.setdefault(init.name, (init.data_type, list(init.dims)))
+
+    def shape(self, tensor: gs.Tensor) -> list[Dim] | None:
+        """The tensor's shape: gs's own when set, else inferred, else None."""
+        if tensor.shape is not None:
+            return list(tensor.shape)
+        return self._table.get(tensor.name, (None, None))[1]
+
+    def rank(self, tensor: gs.Tensor) -> int | None:
+        shape = self.shape(tensor)
+        return None if shape is None else len(shape)
+
+    def elem_type(self, tensor: gs.Tensor) -> int | None:
+        return self._table.get(tensor.name, (None, None))[0]
+
+
+def _type_of(value: onnx.ValueInfoProto) -> tuple[int | None, list[Dim] | None]:
+    if not value.type.HasField("tensor_type"):
+        return None, None
+    tensor_type = value.type.tensor_type
+    elem = tensor_type.elem_type or None
+    if not tensor_type.HasField("shape"):
+        return elem, None
+    dims: list[Dim] = []
+    for d in tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        else:
+            dims.append(d.dim_param or None)
+    return elem, dims
