@@ -14,7 +14,7 @@ import sys
 from scanopt.errors import ScanoptError
 
 # Subcommand modules in the order --help lists them.
-SUBCOMMANDS = ("optimize", "inspect", "run", "verify")
+SUBCOMMANDS = ("optimize", "upgrade", "inspect", "run", "verify")
 
 DESCRIPTION = """\
 Rewrite ONNX Scan nodes into faster, more portable, equivalent forms and prove

@@ -43,6 +43,8 @@ def register(subparsers) -> None:
     parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
     parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
     parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
+    parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
+    parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
     parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
     parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -67,6 +69,7 @@ def run(args) -> int:
         inputs=feeds,
         engine=args.engine,
         seeds=args.seeds,
+        options=_pass_options(args),
         progress=progress,
     )
     report.warnings = loaded.warnings + [w for w in report.warnings if w not in loaded.warnings]
@@ -93,6 +96,18 @@ def run(args) -> int:
         state = "optimized" if report.modified else "unchanged"
         print(f"wrote {args.output} ({state})")
     return 0
+
+
+def _pass_options(args) -> dict:
+    """Options passes read from PassContext.options; absent ones keep the pass defaults."""
+    options = {}
+    if args.target_opset is not None:
+        options["target_opset"] = args.target_opset
+    if args.unroll_max is not None:
+        if args.unroll_max < 0:
+            raise ScanoptError("--unroll-max must be 0 or more")
+        options["unroll_max"] = args.unroll_max
+    return options
 
 
 def _load_inputs(path: str, model) -> list[dict]:
