@@ -20,7 +20,11 @@ G_LOGGER.severity = G_LOGGER.ERROR
 
 # Attribute names scanopt sets on gs objects.
 OWNER = "_scanopt_owner"  # on a gs.Constant: the gs.Graph whose initializer list held it
-DOC = "_scanopt_doc"  # on a gs.Node: its doc_string
+NODE_EXTRAS = "_scanopt_node_extras"  # on a gs.Node: (doc_string, metadata_props) gs drops
+ORDER = "_scanopt_initializer_order"  # on the top gs.Graph: initializer name -> position
+VALUE_METADATA = "_scanopt_value_metadata"  # on the top gs.Graph: value name -> metadata_props
+GRAPH_METADATA = "_scanopt_graph_metadata"  # on each gs.Graph: its GraphProto.metadata_props
+VALUE_INFO = "_scanopt_value_info"  # on each gs.Graph: its original value_info entries
 
 
 def import_model(model: onnx.ModelProto) -> gs.Graph:
@@ -32,14 +36,24 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
     tensors = {}
     for _, gs_graph, _ in reversed(pairs):
         tensors.update(gs_graph.tensors())
+    order: dict[str, int] = {}
+    value_metadata: dict[str, list] = {}
     for proto_graph, gs_graph, _ in pairs:
+        setattr(gs_graph, GRAPH_METADATA, list(proto_graph.metadata_props))
+        setattr(gs_graph, VALUE_INFO, list(proto_graph.value_info))
+        for value in list(proto_graph.input) + list(proto_graph.output) + list(proto_graph.value_info):
+            if len(value.metadata_props):
+                value_metadata.setdefault(value.name, list(value.metadata_props))
         for init in list(proto_graph.initializer) + [s.values for s in proto_graph.sparse_initializer]:
+            order.setdefault(init.name, len(order))
             tensor = tensors.get(init.name)
             if isinstance(tensor, gs.Constant):
                 setattr(tensor, OWNER, gs_graph)
         for proto_node, gs_node in zip(proto_graph.node, gs_graph.nodes):
-            if proto_node.doc_string:
-                setattr(gs_node, DOC, proto_node.doc_string)
+            if proto_node.doc_string or len(proto_node.metadata_props):
+                setattr(gs_node, NODE_EXTRAS, (proto_node.doc_string, list(proto_node.metadata_props)))
+    setattr(graph, ORDER, order)
+    setattr(graph, VALUE_METADATA, value_metadata)
     return graph
 
 
@@ -47,11 +61,23 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
     model = gs.export_onnx(graph, do_type_check=False)
     _place_initializers(model.graph, graph)
+    order = getattr(graph, ORDER, {})
+    value_metadata = getattr(graph, VALUE_METADATA, {})
     for proto_graph, gs_graph, _ in _paired_graphs(model.graph, graph):
+        proto_graph.metadata_props.extend(getattr(gs_graph, GRAPH_METADATA, []))
+        _restore_value_info(proto_graph, getattr(gs_graph, VALUE_INFO, []))
+        for value in list(proto_graph.input) + list(proto_graph.output) + list(proto_graph.value_info):
+            if not len(value.metadata_props):
+                value.metadata_props.extend(value_metadata.get(value.name, []))
+        # Original initializers in their original order, new ones after them.
+        ranked = sorted(proto_graph.initializer, key=lambda t: order.get(t.name, len(order)))
+        if [t.name for t in ranked] != [t.name for t in proto_graph.initializer]:
+            _replace_repeated(proto_graph.initializer, ranked, force=True)
         for proto_node, gs_node in zip(proto_graph.node, gs_graph.nodes):
-            doc = getattr(gs_node, DOC, "")
+            doc, metadata = getattr(gs_node, NODE_EXTRAS, ("", []))
             if doc:
                 proto_node.doc_string = doc
+            proto_node.metadata_props.extend(metadata)
     _copy_model_fields(original, model)
     return model
 
@@ -103,11 +129,39 @@ def _place_initializers(top: onnx.GraphProto, graph: gs.Graph) -> None:
         _replace_repeated(proto.value_info, [v for v in proto.value_info if v.name not in outer_defined])
 
 
-def _replace_repeated(field, items: list) -> None:
-    if len(items) != len(field):
+def _replace_repeated(field, items: list, force: bool = False) -> None:
+    if force or len(items) != len(field):
         items = list(items)
         del field[:]
         field.extend(items)
+
+
+def _restore_value_info(proto: onnx.GraphProto, original: list[onnx.ValueInfoProto]) -> None:
+    """Put value_info back in its original order and re-add entries gs drops.
+
+    gs writes value_info only for non-constant values it knows a type for, which is
+    where passes record new or changed types, so its entries win. It drops entries for
+    initializers (PyTorch lists every weight there); those are re-added when the
+    initializer is still here with the same dims.
+    """
+    exported = {v.name: v for v in proto.value_info}
+    dims = {t.name: list(t.dims) for t in proto.initializer}
+    ordered = []
+    for value in original:
+        if value.name in exported:
+            ordered.append(exported.pop(value.name))
+        elif value.name in dims and _declared_dims(value) in (None, dims[value.name]):
+            ordered.append(value)
+    ordered.extend(exported.values())
+    if [v.name for v in ordered] != [v.name for v in proto.value_info] or len(ordered) != len(proto.value_info):
+        _replace_repeated(proto.value_info, ordered, force=True)
+
+
+def _declared_dims(value: onnx.ValueInfoProto) -> list | None:
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
 
 
 def _defined_names(graph: onnx.GraphProto) -> set[str]:

@@ -71,3 +71,17 @@ def _graphs(graph):
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 yield from _graphs(attr.g)
+
+
+def test_every_sample_model_roundtrips_exactly():
+    """Real exporters' extras (node and value metadata_props, initializers listed in
+    value_info, initializer order) survive the gs round-trip."""
+    import glob
+    import os
+
+    root = os.path.join(os.path.dirname(__file__), "..", "models")
+    paths = sorted(glob.glob(os.path.join(root, "*.onnx")))
+    assert len(paths) >= 10
+    for path in paths:
+        m = onnx.load(path)
+        assert _roundtrip(m) == m, os.path.basename(path)
