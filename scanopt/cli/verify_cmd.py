@@ -1,0 +1,70 @@
+"""``scanopt verify ORIGINAL CANDIDATE``: are two models numerically equivalent?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+
+from scanopt.cli.run_cmd import add_input_arguments
+from scanopt.inputs import read_feeds
+from scanopt.verify import ENGINE_CHOICES, TOLERANCES, compare_models
+
+def _tolerance_lines() -> str:
+    listed = ", ".join(f"{name} {r:g}/{a:g}" for name, (r, a) in TOLERANCES.items())
+    return textwrap.fill(listed, width=84, initial_indent="  ", subsequent_indent="  ")
+
+
+EPILOG = f"""\
+examples:
+  scanopt verify model.onnx model.opt.onnx
+  scanopt verify model.onnx model.opt.onnx --inputs feeds.npz --engine both
+  scanopt verify model.onnx model.opt.onnx --seeds 5 --rtol 1e-3 --atol 1e-4 --json
+
+Both models run on the same inputs (given, or synthesized for seeds 0..N-1) and every
+output must match: same dtype and shape, values within |got - expected| <= atol +
+rtol * |expected|, NaN where the original has NaN. Default rtol/atol per dtype:
+{_tolerance_lines()}
+integers and bool exactly. --rtol/--atol replace them for every floating dtype.
+--engine auto uses onnxruntime when it loads both models, else the reference
+executor; both runs each engine on each model and also compares the engines.
+
+exit codes: 0 equivalent, 1 not equivalent, 2 bad input or usage
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="check that two models compute the same outputs",
+        description="Compare every output of CANDIDATE with ORIGINAL on the same inputs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("original", metavar="ORIGINAL", help="the reference model")
+    parser.add_argument("candidate", metavar="CANDIDATE", help="the model to check against it")
+    add_input_arguments(parser)
+    parser.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="default: auto")
+    parser.add_argument("--seeds", type=int, default=3, metavar="N", help="synthesized input sets (default 3)")
+    parser.add_argument("--rtol", type=float, metavar="X", help="relative tolerance for floating outputs")
+    parser.add_argument("--atol", type=float, metavar="Y", help="absolute tolerance for floating outputs")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    feeds = read_feeds(npz=args.inputs, arrays=args.input)
+    result = compare_models(
+        args.original,
+        args.candidate,
+        inputs=feeds,
+        engine=args.engine,
+        seeds=args.seeds,
+        rtol=args.rtol,
+        atol=args.atol,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result.format())
+    return 0 if result.passed else 1

@@ -1,0 +1,178 @@
+"""Run a model with onnxruntime or with scanopt's reference executor.
+
+A :class:`Runner` is built once per model and called once per set of feeds, so
+verification over several seeds loads each model only once. Every failure to load or
+run becomes an :class:`EngineError` with a one-line message.
+
+Models over 2 GB: protobuf cannot serialize them, so onnxruntime must read them from
+their file. Pass ``path=`` (the file the model was loaded from); without it such a
+model cannot run in onnxruntime, and "auto" falls back to the reference executor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+
+from scanopt.errors import ScanoptError
+from scanopt.inputs import numpy_dtype
+from scanopt.model_io import load_model, needs_external_data
+
+ENGINES = ("ort", "reference")
+
+
+class EngineError(ScanoptError):
+    """A model could not be loaded or run by an engine."""
+
+
+Feeds = Mapping[str, np.ndarray]
+Outputs = dict[str, np.ndarray]
+ModelLike = onnx.ModelProto | str | os.PathLike  # a model, or the path of its file
+
+
+class Runner:
+    """A model loaded into one engine; call it with feeds to get every graph output by name."""
+
+    def __init__(self, engine: str, output_names: list[str], call: Callable[[Feeds], list[np.ndarray]]):
+        self.engine = engine
+        self.output_names = output_names
+        self._call = call
+
+    def __call__(self, feeds: Feeds) -> Outputs:
+        try:
+            values = self._call(feeds)
+        except ScanoptError:
+            raise
+        except Exception as exc:  # engines raise anything; the user gets one line
+            raise EngineError(f"{self.engine} failed to run the model: {_one_line(exc)}") from exc
+        return {name: np.asarray(value) for name, value in zip(self.output_names, values)}
+
+
+def prepare(model: ModelLike, engine: str, *, path: str | os.PathLike | None = None) -> Runner:
+    """Load ``model`` into ``engine`` ("ort", "reference", or "auto": ort if it can load it).
+
+    ``model`` is a ModelProto or a file path; ``path`` is the file a ModelProto came from.
+    """
+    model, path = resolve_model(model, path)
+    if engine == "auto":
+        try:
+            return _prepare_ort(model, path)
+        except EngineError:
+            return _prepare_reference(model)
+    if engine == "ort":
+        return _prepare_ort(model, path)
+    if engine == "reference":
+        return _prepare_reference(model)
+    raise ScanoptError(f"unknown engine '{engine}' (choose from auto, {', '.join(ENGINES)})")
+
+
+def run(model: ModelLike, feeds: Feeds, engine: str = "ort", *, path: str | os.PathLike | None = None) -> Outputs:
+    """Every graph output of ``model`` on ``feeds``; for repeated runs use :func:`prepare`."""
+    return prepare(model, engine, path=path)(feeds)
+
+
+def ort_load_error(model: ModelLike, *, path: str | os.PathLike | None = None) -> str | None:
+    """Why onnxruntime cannot load ``model`` (one line), or None when it can."""
+    model, path = resolve_model(model, path)
+    try:
+        _prepare_ort(model, path)
+    except EngineError as exc:
+        return str(exc)
+    return None
+
+
+def resolve_model(model: ModelLike, path=None) -> tuple[onnx.ModelProto, str | os.PathLike | None]:
+    """(proto, file) for a ModelProto or a path; a path is loaded and validated once."""
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(os.fspath(model)), model
+    return model, path
+
+
+# -- onnxruntime ----------------------------------------------------------------------------
+
+
+def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # errors come back as exceptions; keep stderr clean
+    if path is not None:
+        source = os.fspath(path)
+    elif needs_external_data(model):
+        raise EngineError("onnxruntime can load a model over 2 GB only from its file; pass its path")
+    else:
+        source = model.SerializeToString()
+    try:
+        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's pybind errors share no useful base class
+        raise EngineError(f"onnxruntime cannot load the model: {_one_line(exc)}") from exc
+    names = [o.name for o in session.get_outputs()]
+
+    def call(feeds: Feeds) -> list[np.ndarray]:
+        arrays = {name: np.asarray(value) for name, value in feeds.items()}  # numpy scalars too
+        if not any(_is_extension(a.dtype) for a in arrays.values()):
+            return session.run(names, arrays)
+        values = {name: _to_ort_value(ort, a) for name, a in arrays.items()}
+        return [_from_ort_value(v) for v in session.run_with_ort_values(names, values)]
+
+    return Runner("ort", names, call)
+
+
+def _is_extension(dtype: np.dtype) -> bool:
+    """bfloat16, float8, int4...: ml_dtypes types, which onnxruntime's numpy bridge rejects."""
+    return dtype.type.__module__.split(".")[0] == "ml_dtypes"
+
+
+def _to_ort_value(ort, value: np.ndarray):
+    if not _is_extension(value.dtype):
+        return ort.OrtValue.ortvalue_from_numpy(value)
+    raw = np.ascontiguousarray(value).view(f"u{value.dtype.itemsize}")
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
+
+
+def _from_ort_value(value) -> np.ndarray:
+    """A numpy copy of an output, reading the bytes for types onnxruntime cannot convert."""
+    try:
+        return value.numpy()
+    except Exception:  # "No corresponding Numpy type" for bfloat16 and friends
+        pass
+    dtype = numpy_dtype(value.element_type())
+    shape = tuple(value.shape())
+    size = value.tensor_size_in_bytes()
+    if size != int(np.prod(shape)) * dtype.itemsize:
+        raise EngineError(f"cannot read an onnxruntime output of type {dtype} (packed sub-byte type)")
+    if size == 0:
+        return np.zeros(shape, dtype)
+    raw = bytes((ctypes.c_uint8 * size).from_address(value.data_ptr()))
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+# -- reference executor -----------------------------------------------------------------------
+
+
+def _prepare_reference(model: onnx.ModelProto) -> Runner:
+    try:  # imported late: it is slower to import, and only some runs need it
+        from scanopt.reference import make_evaluator
+    except ImportError as exc:
+        raise EngineError(f"the reference executor is not available ({_one_line(exc)})") from exc
+    try:
+        evaluator = make_evaluator(model)
+    except ScanoptError:
+        raise
+    except Exception as exc:
+        raise EngineError(f"the reference executor cannot load the model: {_one_line(exc)}") from exc
+    names = [o.name for o in model.graph.output]
+    return Runner("reference", names, lambda feeds: evaluator.run(names, dict(feeds)))
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first meaningful line of an engine's message, without onnxruntime's prefixes."""
+    text = str(exc).strip() or type(exc).__name__
+    line = text.splitlines()[0].removeprefix("[ONNXRuntimeError] : ")
+    line = re.sub(r"\S+\.(?:cc|cpp|h):\d+ \S.*?\) (?=\S)", "", line, count=1)  # source location
+    return line.split("\x1b[")[0].strip()

@@ -1,0 +1,441 @@
+"""Numeric equivalence of two models: the check a rewrite must pass before it is written.
+
+Both models run on the same feeds (the user's, or synthesized for several seeds) and
+every output is compared: same dtype, same shape, values within the dtype's tolerance
+from :data:`TOLERANCES`, NaN where the original has NaN. Each model is loaded into an
+engine once and reused for every seed, because the pipeline calls this per rewrite.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from scanopt.engines import EngineError, Feeds, ModelLike, Runner, prepare, resolve_model
+from scanopt.errors import ScanoptError
+from scanopt.inputs import InputSynthesizer, TensorSpec, check_feeds, input_specs, output_specs
+
+# (rtol, atol) per dtype; an element passes when |candidate - original| <= atol + rtol * |original|.
+# The one place tolerances live. Dtypes not listed (integers, bool, strings) compare exactly.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, 1e-12),
+    "complex128": (1e-9, 1e-12),
+    "float32": (1e-4, 1e-5),
+    "complex64": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (2e-2, 1e-2),
+    "float8_e4m3fn": (0.25, 0.1),
+    "float8_e4m3fnuz": (0.25, 0.1),
+    "float8_e5m2": (0.5, 0.25),
+    "float8_e5m2fnuz": (0.5, 0.25),
+}
+
+ENGINE_CHOICES = ("auto", "ort", "reference", "both")
+MAX_LISTED = 10  # failure lines that format() lists before summarizing the rest
+
+
+def tolerance(dtype: np.dtype, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
+    """(rtol, atol) for ``dtype``; overrides apply to the dtypes of the table, never to exact ones."""
+    name = np.dtype(dtype).name
+    if name not in TOLERANCES:
+        return 0.0, 0.0
+    default_rtol, default_atol = TOLERANCES[name]
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+@dataclass
+class OutputCheck:
+    """One output compared on one set of feeds."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    passed: bool
+    max_abs: float | None = None  # None when the values are not numbers
+    max_rel: float | None = None  # relative to the original; elements where it is 0 left out
+    rtol: float = 0.0
+    atol: float = 0.0
+    mismatches: int = 0  # elements out of tolerance
+    worst_index: tuple[int, ...] | None = None  # where the largest error is, when it fails
+    worst_values: tuple | None = None  # (original, candidate) at worst_index
+    note: str = ""  # why it failed when no number says it: dtype, shape, missing output
+
+    def describe(self) -> str:
+        """One line saying how this output failed."""
+        if self.note:
+            return self.note
+        line = f"{self.mismatches} of {int(np.prod(self.shape))} elements differ"
+        if self.max_abs is not None:
+            line += f", max abs error {_num(self.max_abs)}"
+            if self.worst_index is not None:
+                original, candidate = (_value(v) for v in self.worst_values)
+                line += f" at {self.worst_index} (expected {original}, got {candidate})"
+        if self.rtol or self.atol:
+            line += f"; tolerance rtol {self.rtol:g} atol {self.atol:g}"
+        return line
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "passed": self.passed,
+            "max_abs": _json_float(self.max_abs),
+            "max_rel": _json_float(self.max_rel),
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "mismatches": self.mismatches,
+            "worst_index": None if self.worst_index is None else list(self.worst_index),
+            "note": self.note,
+        }
+
+
+@dataclass
+class Comparison:
+    """All outputs of one run (``actual``) against another (``expected``) on one set of feeds.
+
+    A run is a model ("original" or "candidate") on an engine ("ort" or "reference").
+    """
+
+    inputs: str  # "seed 0", or "inputs" for the user's feeds
+    expected: tuple[str, str]  # (model, engine)
+    actual: tuple[str, str]
+    checks: list[OutputCheck] = field(default_factory=list)
+    error: str | None = None  # ``actual`` failed to load or run
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(c.passed for c in self.checks)
+
+    @property
+    def label(self) -> str:
+        """'candidate vs original [ort]', or 'original: reference vs ort' for an engine cross-check."""
+        (a_model, a_engine), (e_model, e_engine) = self.actual, self.expected
+        if a_engine == e_engine:
+            return f"{a_model} vs {e_model} [{a_engine}]"
+        return f"{a_model}: {a_engine} vs {e_engine}"
+
+    def to_dict(self) -> dict:
+        return {
+            "inputs": self.inputs,
+            "expected": {"model": self.expected[0], "engine": self.expected[1]},
+            "actual": {"model": self.actual[0], "engine": self.actual[1]},
+            "passed": self.passed,
+            "error": self.error,
+            "outputs": [c.to_dict() for c in self.checks],
+        }
+
+
+@dataclass
+class VerifyResult:
+    """Every comparison made, and the engines used."""
+
+    engine: str  # "ort", "reference" or "both", after resolving "auto"
+    comparisons: list[Comparison]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.comparisons) and all(c.passed for c in self.comparisons)
+
+    def failures(self) -> list[str]:
+        """One line per failing output (or per run that failed)."""
+        lines = []
+        for comp in self.comparisons:
+            where = f"{comp.inputs}, {comp.label}"
+            if comp.error is not None:
+                lines.append(f"{where}: {comp.error}")
+            lines += [f"output '{c.name}' ({where}): {c.describe()}" for c in comp.checks if not c.passed]
+        return lines
+
+    def summary(self) -> str:
+        sets = len({c.inputs for c in self.comparisons})
+        if self.passed:
+            worst = max((c.max_abs or 0.0 for comp in self.comparisons for c in comp.checks), default=0.0)
+            return f"equivalent on {sets} input set(s) with {self.engine} (max abs error {_num(worst)})"
+        failures = self.failures()
+        return f"NOT equivalent: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else "")
+
+    def format(self) -> str:
+        """A text table: one row per output per comparison, then the verdict."""
+        header = ("inputs", "compared", "output", "dtype", "shape", "max abs", "max rel", "rtol/atol", "result")
+        rows = []
+        for comp in self.comparisons:
+            compared = comp.label
+            if comp.error is not None:
+                rows.append((comp.inputs, compared, "-", "-", "-", "-", "-", "-", "ERROR"))
+            for c in comp.checks:
+                tol = f"{c.rtol:g}/{c.atol:g}" if (c.rtol or c.atol) else "exact"
+                shape = "(" + ", ".join(map(str, c.shape)) + ")"
+                verdict = "ok" if c.passed else "FAIL"
+                errors = (_num(c.max_abs), _num(c.max_rel))
+                rows.append((comp.inputs, compared, c.name, c.dtype, shape, *errors, tol, verdict))
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+        lines += [f"note: {n}" for n in self.notes]
+        if self.passed:
+            lines.append(f"PASSED: {self.summary()}")
+        else:
+            failures = self.failures()
+            lines += [f"FAILED: {line}" for line in failures[:MAX_LISTED]]
+            if len(failures) > MAX_LISTED:
+                lines.append(f"FAILED: ... and {len(failures) - MAX_LISTED} more")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "engine": self.engine,
+            "summary": self.summary(),
+            "notes": list(self.notes),
+            "comparisons": [c.to_dict() for c in self.comparisons],
+        }
+
+
+# -- comparing ---------------------------------------------------------------------------------
+
+
+def compare_arrays(
+    name: str, expected: np.ndarray, actual: np.ndarray, *, rtol: float | None = None, atol: float | None = None
+) -> OutputCheck:
+    """Compare one output: dtype and shape exactly, values within the dtype's tolerance."""
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    base = {"name": name, "dtype": str(expected.dtype), "shape": tuple(expected.shape)}
+    if actual.dtype != expected.dtype:
+        return OutputCheck(**base, passed=False, note=f"dtype is {actual.dtype}, expected {expected.dtype}")
+    if actual.shape != expected.shape:
+        return OutputCheck(**base, passed=False, note=f"shape is {actual.shape}, expected {expected.shape}")
+    r, a = tolerance(expected.dtype, rtol, atol)
+    if expected.dtype.kind in "OUS":
+        ok = np.asarray(actual == expected)
+        return _check(base, ok, None, None, r, a, expected, actual)
+    wide = np.complex128 if expected.dtype.kind == "c" else np.float64
+    e, x = expected.astype(wide), actual.astype(wide)
+    with np.errstate(invalid="ignore", over="ignore"):
+        same = (x == e) | (np.isnan(e) & np.isnan(x))  # equal infinities and NaN in the same place
+        diff = np.where(same, 0.0, np.abs(x - e))
+        diff = np.where(np.isnan(diff), np.inf, diff)  # NaN against a number, inf against finite
+        if expected.dtype.name in TOLERANCES:  # an infinity passes only by being equal
+            ok = same | (np.isfinite(e) & (diff <= a + r * np.abs(e)))
+        else:
+            ok = np.asarray(actual == expected)  # exact, and without float rounding of big int64
+        scale = np.abs(e)
+        rel = np.divide(diff, scale, out=np.zeros_like(diff), where=(scale > 0) & np.isfinite(scale))
+    return _check(base, ok, diff, rel, r, a, expected, actual)
+
+
+def _check(base, ok, diff, rel, rtol, atol, expected, actual) -> OutputCheck:
+    mismatches = int(ok.size - np.count_nonzero(ok))
+    check = OutputCheck(
+        **base,
+        passed=mismatches == 0,
+        max_abs=None if diff is None else (float(diff.max()) if diff.size else 0.0),
+        max_rel=None if rel is None else (float(rel.max()) if rel.size else 0.0),
+        rtol=rtol,
+        atol=atol,
+        mismatches=mismatches,
+    )
+    if mismatches:
+        bad = ~ok.ravel()
+        # the worst mismatching element: largest error, or the first one for exact types
+        flat = int(np.argmax(bad)) if diff is None else int(np.argmax(np.where(bad, diff.ravel(), -1.0)))
+        check.worst_index = tuple(int(i) for i in np.unravel_index(flat, ok.shape))
+        check.worst_values = (expected.flat[flat].item(), actual.flat[flat].item())
+    return check
+
+
+def compare_outputs(
+    expected: Mapping[str, np.ndarray],
+    actual: Mapping[str, np.ndarray],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> list[OutputCheck]:
+    """Every output of ``expected`` against the same-named output of ``actual``."""
+    checks = []
+    for name, value in expected.items():
+        if name not in actual:
+            value = np.asarray(value)
+            checks.append(OutputCheck(name, str(value.dtype), tuple(value.shape), False, note="output is missing"))
+        else:
+            checks.append(compare_arrays(name, value, actual[name], rtol=rtol, atol=atol))
+    return checks
+
+
+# -- signatures ----------------------------------------------------------------------------------
+
+
+class SignatureMismatchError(ScanoptError):
+    """The two models do not take and give the same tensors, so they cannot be compared.
+
+    A subclass so that the pipeline can treat a rewrite that changed the signature as a
+    failed rewrite, while `scanopt verify` reports it as bad input.
+    """
+
+
+def check_signatures(original: onnx.ModelProto, candidate: onnx.ModelProto) -> None:
+    """Raise SignatureMismatchError naming the first difference in names, dtypes or ranks."""
+    for kind, ours, theirs in (
+        ("input", input_specs(original), input_specs(candidate)),
+        ("output", output_specs(original), output_specs(candidate)),
+    ):
+        a, b = {s.name: s for s in ours}, {s.name: s for s in theirs}
+        only_a, only_b = [n for n in a if n not in b], [n for n in b if n not in a]
+        if only_a or only_b:
+            parts = [f"{kind}s only in the {side}: {', '.join(repr(n) for n in names)}"
+                     for side, names in (("original", only_a), ("candidate", only_b)) if names]
+            raise SignatureMismatchError(f"the models' signatures differ: {'; '.join(parts)}")
+        for name, spec in a.items():
+            other = b[name]
+            if spec.elem_type != other.elem_type:
+                raise SignatureMismatchError(
+                    f"the models' signatures differ: {kind} '{name}' is {_type_name(spec)} in the original "
+                    f"but {_type_name(other)} in the candidate"
+                )
+            if spec.rank is not None and other.rank is not None and spec.rank != other.rank:
+                raise SignatureMismatchError(
+                    f"the models' signatures differ: {kind} '{name}' has rank {spec.rank} in the original "
+                    f"but {other.rank} in the candidate"
+                )
+
+
+def _type_name(spec: TensorSpec) -> str:
+    return onnx.TensorProto.DataType.Name(spec.elem_type).lower()
+
+
+# -- the check -------------------------------------------------------------------------------------
+
+
+def compare_models(
+    original: ModelLike,
+    candidate: ModelLike,
+    *,
+    inputs: Feeds | Sequence[Feeds] | None = None,
+    engine: str = "auto",
+    seeds: int = 3,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> VerifyResult:
+    """Run both models on the same feeds and compare every output.
+
+    ``inputs``: one feed dict or a list of them; without, feeds are synthesized for
+    seeds 0..seeds-1. ``engine``: "ort", "reference", "auto" (onnxruntime when it loads
+    both models, else the reference executor for both) or "both" (each engine on each
+    model, plus a cross-check of the engines on each model). A candidate that fails to
+    load or run is a failed comparison; an original that fails is a ScanoptError,
+    since then the inputs (or the engine) are the problem.
+    """
+    if engine not in ENGINE_CHOICES:
+        raise ScanoptError(f"unknown engine '{engine}' (choose from {', '.join(ENGINE_CHOICES)})")
+    if (rtol is not None and rtol < 0) or (atol is not None and atol < 0):
+        raise ScanoptError("tolerances must not be negative")
+    original, original_path = resolve_model(original)
+    candidate, candidate_path = resolve_model(candidate)
+    check_signatures(original, candidate)
+    pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine)
+    resolved = "both" if len(pairs) == 2 else pairs[0][0]
+    feed_sets = _feed_sets(original, inputs, seeds, resolved)
+
+    comparisons = []
+    for label, feeds in feed_sets:
+        ran = {}
+        for name, original_runner, candidate_runner in pairs:
+            expected = _run_original(original_runner, feeds, label, inputs is None)
+            comp = Comparison(label, ("original", name), ("candidate", name))
+            actual = _run_candidate(candidate_runner, feeds, comp)
+            if actual is not None:
+                comp.checks = compare_outputs(expected, actual, rtol=rtol, atol=atol)
+            comparisons.append(comp)
+            ran[name] = (expected, actual)
+        if resolved == "both":
+            comparisons += _cross_check(label, ran, rtol, atol)
+    return VerifyResult(resolved, comparisons, notes)
+
+
+def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
+    """(engine, original runner, candidate runner or load error) per engine to use, and notes."""
+    notes: list[str] = []
+    if engine == "auto":
+        try:
+            original_runner = prepare(original, "ort", path=original_path)
+            candidate_runner = prepare(candidate, "ort", path=candidate_path)
+            return [("ort", original_runner, candidate_runner)], notes
+        except EngineError as exc:
+            notes.append(f"using the reference executor: {exc}")
+            engine = "reference"
+    pairs = []
+    for name in ("ort", "reference") if engine == "both" else (engine,):
+        original_runner = prepare(original, name, path=original_path)
+        try:
+            candidate_runner: Runner | str = prepare(candidate, name, path=candidate_path)
+        except EngineError as exc:
+            candidate_runner = str(exc)
+        pairs.append((name, original_runner, candidate_runner))
+    return pairs, notes
+
+
+def _feed_sets(original, inputs, seeds: int, engine: str) -> list[tuple[str, dict]]:
+    if inputs is not None:
+        given = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+        if not given:
+            raise ScanoptError("no input sets given")
+        labels = ["inputs"] if len(given) == 1 else [f"inputs #{i + 1}" for i in range(len(given))]
+        return [(label, check_feeds(original, feeds)) for label, feeds in zip(labels, given)]
+    if seeds < 1:
+        raise ScanoptError(f"seeds must be at least 1 (got {seeds})")
+    # sequence_lens may be 0 only when onnxruntime runs neither model.
+    synthesizer = InputSynthesizer(original, engine="reference" if engine == "reference" else "ort")
+    return [(f"seed {seed}", synthesizer.feeds(seed)) for seed in range(seeds)]
+
+
+def _run_original(runner: Runner, feeds, label: str, synthesized: bool) -> dict:
+    try:
+        return runner(feeds)
+    except EngineError as exc:
+        hint = "; pass inputs it accepts with --inputs" if synthesized else ""
+        raise EngineError(f"the original model fails on {label}: {exc}{hint}") from exc
+
+
+def _run_candidate(runner: Runner | str, feeds, comp: Comparison) -> dict | None:
+    if isinstance(runner, str):
+        comp.error = runner
+        return None
+    try:
+        return runner(feeds)
+    except EngineError as exc:
+        comp.error = str(exc)
+        return None
+
+
+def _cross_check(label: str, ran: dict, rtol, atol) -> list[Comparison]:
+    """onnxruntime against the reference executor on each model (only "both")."""
+    comparisons = []
+    for index, model in enumerate(("original", "candidate")):
+        ort_out, ref_out = ran["ort"][index], ran["reference"][index]
+        if ort_out is None or ref_out is None:
+            continue  # the candidate failed to run: already reported
+        comp = Comparison(label, (model, "ort"), (model, "reference"))
+        comp.checks = compare_outputs(ort_out, ref_out, rtol=rtol, atol=atol)
+        comparisons.append(comp)
+    return comparisons
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{value:.2e}"
+
+
+def _value(value) -> str:
+    return f"{value:.7g}" if isinstance(value, float) else repr(value)
+
+
+def _json_float(value: float | None):
+    """JSON has no inf or NaN: those become strings."""
+    if value is None or math.isfinite(value):
+        return value
+    return str(value)

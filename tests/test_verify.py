@@ -1,0 +1,272 @@
+"""The equivalence checker: tolerances, failure reports, engines, signatures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+import builders
+import scanopt.verify as verify
+from scanopt.errors import ScanoptError
+from scanopt.verify import TOLERANCES, SignatureMismatchError, compare_arrays, compare_models, tolerance
+
+
+def perturbed(model: onnx.ModelProto, output: str, eps: float, elem=TP.FLOAT) -> onnx.ModelProto:
+    """A copy of ``model`` whose ``output`` has ``eps`` added."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    for node in graph.node:
+        node.output[:] = [f"{o}_raw" if o == output else o for o in node.output]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array(eps, dtype), "eps"))
+    graph.node.append(h.make_node("Add", [f"{output}_raw", "eps"], [output]))
+    return copy
+
+
+def mul_model(elem: int) -> onnx.ModelProto:
+    """y = x * x over [N, 4]."""
+    graph = h.make_graph(
+        [h.make_node("Mul", ["x", "x"], ["y"])],
+        "mul",
+        [builders.vi("x", ["N", 4], elem)],
+        [builders.vi("y", ["N", 4], elem)],
+    )
+    return builders.model(graph)
+
+
+@pytest.fixture(scope="module")
+def scan8():
+    return builders.scan8_sum()
+
+
+# -- pass and fail ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["ort", "reference", "both", "auto"])
+def test_identical_models_pass_with_zero_error(scan8, engine):
+    result = compare_models(scan8, scan8, engine=engine, seeds=2)
+    assert result.passed
+    per_set = 4 if engine == "both" else 1
+    assert len(result.comparisons) == 2 * per_set
+    checks = [c for comp in result.comparisons for c in comp.checks]
+    assert [c.name for c in checks[:2]] == ["s_final", "Y"]
+    assert all(c.max_abs == 0 and c.max_rel == 0 for c in checks)
+    assert "PASSED" in result.format()
+
+
+@pytest.mark.parametrize("engine", ["ort", "reference"])
+def test_perturbed_output_fails_naming_it_with_the_error_size(scan8, engine):
+    result = compare_models(scan8, perturbed(scan8, "Y", 1e-3), engine=engine, seeds=3)
+    assert not result.passed
+    for comp in result.comparisons:
+        by_name = {c.name: c for c in comp.checks}
+        assert by_name["s_final"].passed and by_name["s_final"].max_abs == 0
+        y = by_name["Y"]
+        assert not y.passed
+        assert y.max_abs == pytest.approx(1e-3, rel=1e-3)
+        assert y.mismatches == int(np.prod(y.shape))  # every element moved
+    failures = result.failures()
+    assert len(failures) == 3 and all(line.startswith("output 'Y' (seed ") for line in failures)
+    assert "FAIL" in result.format() and "NOT equivalent: output 'Y'" in result.summary()
+
+
+def test_user_tolerance_overrides_the_table_for_floats_only(scan8):
+    candidate = perturbed(scan8, "Y", 1e-3)
+    assert compare_models(scan8, candidate, seeds=1, atol=2e-3).passed
+    assert not compare_models(scan8, candidate, seeds=1, atol=5e-4).passed
+    check = compare_arrays("i", np.array([3, 4]), np.array([3, 5]), rtol=1.0, atol=10.0)
+    assert not check.passed and (check.rtol, check.atol) == (0.0, 0.0)
+
+
+# -- tolerances per dtype -----------------------------------------------------------------
+
+
+def test_tolerance_table_orders_the_float_types():
+    f16, f32, f64 = (tolerance(np.dtype(t)) for t in ("float16", "float32", "float64"))
+    bf16 = tolerance(onnx.helper.tensor_dtype_to_np_dtype(TP.BFLOAT16))
+    assert bf16 > f16 > f32 > f64 > (0.0, 0.0)
+    for exact in ("int64", "int8", "uint32", "bool"):
+        assert tolerance(np.dtype(exact)) == (0.0, 0.0)
+        assert exact not in TOLERANCES
+
+
+def test_same_perturbation_passes_in_float16_and_fails_in_float32():
+    f16, f32 = mul_model(TP.FLOAT16), mul_model(TP.FLOAT)
+    assert compare_models(f16, perturbed(f16, "y", 1e-3, TP.FLOAT16), seeds=2).passed
+    assert not compare_models(f32, perturbed(f32, "y", 1e-3, TP.FLOAT), seeds=2).passed
+
+
+def test_same_perturbation_passes_in_float32_and_fails_in_float64():
+    f32, f64 = mul_model(TP.FLOAT), mul_model(TP.DOUBLE)
+    assert compare_models(f32, perturbed(f32, "y", 1e-7, TP.FLOAT), seeds=2).passed
+    result = compare_models(f64, perturbed(f64, "y", 1e-7, TP.DOUBLE), seeds=2)
+    assert not result.passed
+    check = result.comparisons[0].checks[0]
+    assert check.dtype == "float64" and check.max_abs == pytest.approx(1e-7, rel=1e-6)
+    assert (check.rtol, check.atol) == TOLERANCES["float64"]
+
+
+def test_relative_tolerance_scales_with_the_value():
+    big = np.array([1000.0], np.float32)
+    assert compare_arrays("y", big, big + np.float32(0.05)).passed  # 5e-5 relative
+    assert not compare_arrays("y", big, big + np.float32(0.5)).passed  # 5e-4 relative
+
+
+# -- array comparison details -------------------------------------------------------------
+
+
+def test_nan_in_the_same_place_is_equal_and_elsewhere_is_not():
+    a = np.array([1.0, np.nan, np.inf], np.float32)
+    assert compare_arrays("y", a, a.copy()).passed
+    check = compare_arrays("y", a, np.array([np.nan, np.nan, np.inf], np.float32))
+    assert not check.passed and check.mismatches == 1 and check.max_abs == np.inf
+    assert check.worst_index == (0,)
+    assert not compare_arrays("y", a, np.array([1.0, np.nan, -np.inf], np.float32)).passed
+
+
+def test_shape_and_dtype_must_match_exactly():
+    a = np.zeros((2, 3), np.float32)
+    shape = compare_arrays("y", a, np.zeros((3, 2), np.float32))
+    assert not shape.passed and "shape is (3, 2), expected (2, 3)" in shape.describe()
+    dtype = compare_arrays("y", a, np.zeros((2, 3), np.float64))
+    assert not dtype.passed and "dtype is float64" in dtype.describe()
+    broadcastable = compare_arrays("y", np.zeros((1, 3), np.float32), np.zeros((3,), np.float32))
+    assert not broadcastable.passed
+
+
+def test_integers_and_bools_compare_exactly():
+    big = np.array([2**62, 5], np.int64)
+    assert compare_arrays("i", big, big.copy()).passed
+    check = compare_arrays("i", big, big + np.array([1, 0]))  # lost in float64
+    assert not check.passed and check.worst_index == (0,)
+    assert not compare_arrays("b", np.array([True, False]), np.array([True, True])).passed
+
+
+def test_worst_element_is_reported():
+    expected = np.zeros((2, 3), np.float32)
+    actual = expected.copy()
+    actual[1, 2], actual[0, 0] = 0.5, 0.01
+    check = compare_arrays("y", expected, actual)
+    assert check.worst_index == (1, 2) and check.worst_values == (0.0, 0.5)
+    assert "at (1, 2) (expected 0, got 0.5)" in check.describe()
+
+
+# -- signatures ---------------------------------------------------------------------------
+
+
+def test_signature_differences_are_clear_errors(scan8):
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(scan8)
+    renamed.graph.output[1].name = "Y2"
+    renamed.graph.node[0].output[1] = "Y2"
+    message = "outputs only in the original: 'Y'; outputs only in the candidate: 'Y2'"
+    with pytest.raises(SignatureMismatchError, match=message):
+        compare_models(scan8, renamed)
+    with pytest.raises(SignatureMismatchError, match="input 'x' is float in the original but double in the candidate"):
+        compare_models(mul_model(TP.FLOAT), mul_model(TP.DOUBLE))
+    ranked = mul_model(TP.FLOAT)
+    ranked.graph.input[0].type.tensor_type.shape.dim.add().dim_value = 1
+    with pytest.raises(SignatureMismatchError, match="input 'x' has rank 2 in the original but 3 in the candidate"):
+        compare_models(mul_model(TP.FLOAT), ranked)
+
+
+# -- engines ------------------------------------------------------------------------------
+
+
+def test_both_reports_disagreement_between_engines(scan8, monkeypatch):
+    """A reference engine that is off by 1 on Y shows up in the engine cross-checks."""
+    real_prepare = verify.prepare
+
+    def skewed_prepare(model, engine, **kwargs):
+        runner = real_prepare(model, engine, **kwargs)
+        if engine != "reference":
+            return runner
+        call = runner._call
+        runner._call = lambda feeds: [v + 1 if n == "Y" else v for n, v in zip(runner.output_names, call(feeds))]
+        return runner
+
+    monkeypatch.setattr(verify, "prepare", skewed_prepare)
+    result = compare_models(scan8, scan8, engine="both", seeds=1)
+    assert not result.passed
+    failed = sorted(comp.label for comp in result.comparisons if not comp.passed)
+    assert failed == ["candidate: reference vs ort", "original: reference vs ort"]
+    assert all("output 'Y'" in line for line in result.failures())
+
+
+def test_each_model_is_loaded_once_whatever_the_seed_count(scan8, monkeypatch):
+    calls = []
+    real_prepare = verify.prepare
+    monkeypatch.setattr(verify, "prepare", lambda *a, **k: calls.append(a[1]) or real_prepare(*a, **k))
+    assert compare_models(scan8, scan8, engine="ort", seeds=5).passed
+    assert calls == ["ort", "ort"]
+
+
+def test_auto_falls_back_to_the_reference_when_onnxruntime_cannot_load(scan8):
+    too_new = onnx.ModelProto()
+    too_new.CopyFrom(scan8)
+    too_new.ir_version = 14  # onnxruntime 1.31 reads IR <= 13
+    result = compare_models(scan8, too_new, engine="auto", seeds=6)
+    assert result.passed and result.engine == "reference"
+    assert "IR version" in result.notes[0]
+    assert compare_models(scan8, scan8, engine="auto").engine == "ort"
+
+
+def test_a_candidate_that_fails_to_run_is_a_failure_not_a_crash():
+    model = mul_model(TP.FLOAT)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node.insert(0, h.make_node("Reshape", ["x", "shape"], ["x4"]))
+    broken.graph.node[1].input[:] = ["x4", "x4"]
+    broken.graph.initializer.append(builders.init("shape", np.array([2, 4], np.int64)))
+    result = compare_models(model, broken, engine="ort", seeds=3)  # N = 2, 1, 3
+    assert [comp.passed for comp in result.comparisons] == [True, False, False]
+    assert "Reshape" in result.comparisons[1].error
+    assert "ERROR" in result.format()
+
+
+def test_an_original_that_fails_on_synthesized_inputs_asks_for_inputs():
+    model = mul_model(TP.FLOAT)
+    model.graph.node.insert(0, h.make_node("Reshape", ["x", "shape"], ["x4"]))
+    model.graph.node[1].input[:] = ["x4", "x4"]
+    model.graph.initializer.append(builders.init("shape", np.array([3, 4], np.int64)))
+    with pytest.raises(ScanoptError, match="original model fails on seed 0: .*pass inputs it accepts with --inputs"):
+        compare_models(model, model, engine="ort")
+    feeds = {"x": np.ones((3, 4), np.float32)}
+    result = compare_models(model, model, inputs=feeds)
+    assert result.passed and [c.inputs for c in result.comparisons] == ["inputs"]
+
+
+def test_given_input_sets_replace_seeds():
+    model = mul_model(TP.FLOAT)
+    sets = [{"x": np.full((1, 4), 2, np.float32)}, {"x": np.full((5, 4), 3, np.float32)}]
+    result = compare_models(model, perturbed(model, "y", 1e-3), inputs=sets)
+    assert [c.inputs for c in result.comparisons] == ["inputs #1", "inputs #2"]
+    assert [c.checks[0].shape for c in result.comparisons] == [(1, 4), (5, 4)]
+    with pytest.raises(ScanoptError, match="missing required input"):
+        compare_models(model, model, inputs={})
+
+
+def test_result_serializes_to_json_with_non_finite_errors_as_text():
+    check = compare_arrays("y", np.array([1.0], np.float32), np.array([np.nan], np.float32))
+    comparison = verify.Comparison("seed 0", ("original", "ort"), ("candidate", "ort"), [check])
+    result = verify.VerifyResult("ort", [comparison])
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["passed"] is False
+    output = data["comparisons"][0]["outputs"][0]
+    assert output["max_abs"] == "inf" and output["name"] == "y" and output["worst_index"] == [0]
+    assert data["comparisons"][0]["actual"] == {"model": "candidate", "engine": "ort"}
+
+
+def test_bad_arguments_are_clear_errors(scan8):
+    with pytest.raises(ScanoptError, match="unknown engine 'gpu'"):
+        compare_models(scan8, scan8, engine="gpu")
+    with pytest.raises(ScanoptError, match="at least 1"):
+        compare_models(scan8, scan8, seeds=0)
+    with pytest.raises(ScanoptError, match="negative"):
+        compare_models(scan8, scan8, rtol=-1.0)
