@@ -9,6 +9,7 @@ needs. Passes not yet built are simply absent from the registry.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import onnx
@@ -112,17 +113,38 @@ def applied_keys(report: Report) -> list[tuple[str, str]]:
     return keys
 
 
-def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, engine, seeds, progress):
-    from scanopt.verify import compare_models
+@dataclass
+class _Verdict:
+    passed: bool
+    summary: str
+    details: dict | None = None
 
-    def check(result_model):
+
+def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, engine, seeds, progress):
+    from scanopt.verify import SignatureMismatchError, compare_models
+
+    def check(result_model) -> _Verdict:
         if progress:
             progress("verifying")
-        return compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds)
+        try:
+            outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds)
+        except SignatureMismatchError as exc:  # a rewrite changed the model's interface
+            return _Verdict(False, str(exc))
+        return _Verdict(outcome.passed, outcome.summary(), outcome.to_dict())
 
-    outcome = check(candidate)
-    if outcome.passed:
-        report.verification = {"passed": True, "rolled_back": [], "summary": _summary(outcome), "details": outcome.to_dict()}
+    try:
+        verdict = check(candidate)
+    except ScanoptError as exc:  # the original itself cannot be run on synthesized inputs
+        report.verification = {
+            "passed": None,
+            "rolled_back": [f"{p} on {n}" for p, n in applied_keys(report)],
+            "summary": f"cannot verify, so nothing was rewritten: {exc}",
+        }
+        report.modified = False
+        report.ops_after = report.ops_before
+        return model, report
+    if verdict.passed:
+        report.verification = {"passed": True, "rolled_back": [], "summary": verdict.summary, "details": verdict.details}
         return candidate, report
     # Find the rewrites that verify on their own; roll back the rest.
     keys = applied_keys(report)
@@ -135,23 +157,20 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
     rejected = [k for k in keys if k not in accepted]
     final, final_report = _run_passes(model, chosen, options, frozenset(rejected), progress)
     final_report.warnings = report.warnings
-    final_outcome = check(final) if final_report.modified else None
-    if final_outcome is not None and not final_outcome.passed:
+    final_verdict = check(final) if final_report.modified else None
+    if final_verdict is not None and not final_verdict.passed:
         # Rewrites that pass alone fail together: keep nothing.
         rejected = keys
         final, final_report = model, report
         final_report.modified = False
         final_report.ops_after = final_report.ops_before
+        final_verdict = None
     rolled = [f"{p} on {n}" for p, n in rejected]
     final_report.verification = {
         "passed": False,
         "rolled_back": rolled,
         "summary": f"rolled back {len(rolled)} rewrite(s) that failed verification: {', '.join(rolled)}"
-        + (f"; the rest verified ({_summary(final_outcome)})" if final_outcome is not None else ""),
-        "details": outcome.to_dict(),
+        + (f"; the rest verified ({final_verdict.summary})" if final_verdict is not None else ""),
+        "details": verdict.details,
     }
     return (final if final_report.modified else model), final_report
-
-
-def _summary(outcome) -> str:
-    return outcome.summary() if hasattr(outcome, "summary") else ("passed" if outcome.passed else "failed")

@@ -154,3 +154,42 @@ def test_library_api_is_exported():
     model = b.scan9_sum(weight=np.ones(2))
     out, report = scanopt.optimize(model)
     assert isinstance(report, scanopt.Report)
+
+
+class _DropOutputType(ScanPass):
+    """A deliberately wrong rewrite that changes the model's interface (Y's dtype)."""
+
+    name = "fuse"
+    summary = "test (changes the signature)"
+
+    def match(self, node, view, level, ctx):
+        return Match() if node.outputs[1].dtype != np.float64 else Skip("done")
+
+    def rewrite(self, node, match, level, ctx):
+        y = node.outputs[1]
+        raw = gs.Variable(ctx.names.fresh("y_raw"), dtype=y.dtype, shape=y.shape)
+        node.outputs[1] = raw
+        level.graph.nodes.append(gs.Node("Cast", inputs=[raw], outputs=[y], attrs={"to": 11}))
+        y.dtype = np.float64
+        return "cast Y to double"
+
+
+def test_signature_change_is_rolled_back(monkeypatch):
+    registry = dict(pass_api.registered_passes())
+    registry["fuse"] = _DropOutputType
+    monkeypatch.setattr(pass_api, "_REGISTRY", registry)
+    model = b.scan9_sum()
+    out, report = optimize(model, passes=["fuse"], seeds=1)
+    assert out is model
+    assert report.verification["rolled_back"] == ["fuse on scan_sum"]
+
+
+def test_unverifiable_model_is_not_rewritten(test_passes):
+    """Inputs without a shape cannot be synthesized: nothing unverified is written."""
+    model = b.scan9_sum()
+    model.graph.input[1].type.tensor_type.ClearField("shape")
+    out, report = optimize(model, passes=["canonicalize"])
+    assert out is model and not report.modified
+    assert report.verification["summary"].startswith("cannot verify")
+    out, report = optimize(model, passes=["canonicalize"], verify=False)
+    assert out.graph.node[0].name == "scan_sum_b"
