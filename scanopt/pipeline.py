@@ -61,13 +61,53 @@ def optimize(
     """
     warnings = validate_model(model)
     chosen = select_passes(passes, skip)
+    # options["target_opset"] (issue 4): the whole model moves to that opset first
+    # (scanopt.opset: the upgrade pass rewrites every Scan-8, onnx.version_converter the
+    # rest). A migration is all or nothing, so it is verified on its own and raises when it
+    # fails; the other passes then run on, and are rolled back against, the migrated model.
+    original = model
+    migration = _migrate(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
+    if migration is not None:
+        model = migration.model
     candidate, report = _run_passes(model, chosen, options or {}, frozenset(), progress)
     report.warnings = warnings + report.warnings
     if not report.modified or not verify:
         if report.modified:
             report.verification = {"passed": None, "summary": "not verified (verification disabled)"}
-        return (candidate if report.modified else model), report
-    return _verify_and_roll_back(model, candidate, report, chosen, options or {}, inputs, engine, seeds, progress)
+        result = (candidate if report.modified else model), report
+    else:
+        result = _verify_and_roll_back(model, candidate, report, chosen, options or {}, inputs, engine, seeds, progress)
+    if migration is not None:
+        _report_migration(result[1], migration, original, result[0])
+    return result
+
+
+def _migrate(model, options, chosen, verify, inputs, engine, seeds, progress):
+    """The verified migration asked for by options["target_opset"], or None (issue 4)."""
+    target = options.get("target_opset")
+    if target is None:
+        return None
+    if not any(p.name == "upgrade" for p in chosen):
+        raise ScanoptError("--target-opset needs the upgrade pass, which is not selected")
+    from scanopt.opset import migrate_verified
+
+    if progress:
+        progress(f"moving the model to opset {target}")
+    migration = migrate_verified(model, target, options=options, verify=verify, inputs=inputs, engine=engine, seeds=seeds)
+    return migration if migration.changed else None
+
+
+def _report_migration(report: Report, migration, original, final) -> None:
+    """Fold the migration into the report of the passes that ran after it (issue 4)."""
+    report.outcomes[:0] = migration.outcomes
+    report.modified = True
+    report.ops_before = count_ops(original)
+    report.ops_after = count_ops(final)
+    moved = f"opset {migration.source_opset} -> {migration.target_opset}: {migration.verification['summary']}"
+    if report.verification is None:
+        report.verification = dict(migration.verification, summary=moved)
+    else:
+        report.verification["summary"] = f"{moved}; then {report.verification['summary']}"
 
 
 def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, progress) -> tuple[onnx.ModelProto, Report]:

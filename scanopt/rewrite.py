@@ -14,6 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import NameAllocator, has_node
+from scanopt.graph import walk_graphs
 
 
 class Builder:
@@ -111,3 +112,22 @@ def replace_all_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph) -> None:
     for i, t in enumerate(graph.outputs):
         if t is old:
             graph.outputs[i] = new
+
+
+def is_read(tensor: gs.Tensor, root: gs.Graph) -> bool:
+    """True if anything under ``root`` reads ``tensor``: a node at any nesting level
+    (outer-scope reads included) or any graph's output list (the model's or a body's)."""
+    if tensor.outputs:
+        return True
+    return any(t is tensor for level in walk_graphs(root) for t in level.graph.outputs)
+
+
+def new_graph(name: str) -> gs.Graph:
+    """An empty gs.Graph for a new body, tagged like an imported one: scanopt.ir reads
+    those tags on export, and gs.Graph logs every missing attribute as an error."""
+    from scanopt.ir import GRAPH_METADATA, VALUE_INFO
+
+    graph = gs.Graph(name=name)
+    setattr(graph, GRAPH_METADATA, [])
+    setattr(graph, VALUE_INFO, [])
+    return graph

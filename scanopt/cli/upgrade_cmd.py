@@ -1,0 +1,116 @@
+"""``scanopt upgrade --target-opset N IN OUT``: move a model to a newer opset, Scan-8 included."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from scanopt.cli.common import check_output_path, info, same_file
+from scanopt.errors import ScanoptError
+from scanopt.model_io import load, save_model, write_atomically
+from scanopt.opset import MIN_TARGET, NEWEST_TARGET, migrate_verified
+from scanopt.report import count_ops
+
+EPILOG = f"""\
+examples:
+  scanopt upgrade --target-opset 17 bidaf.onnx bidaf.op17.onnx
+  scanopt upgrade --target-opset 13 model.onnx out.onnx --report upgrade.json
+  scanopt upgrade --target-opset 11 model.onnx out.onnx --strategy c --engine both
+
+Every Scan-8 (at any nesting level) becomes an equivalent opset-9+ construction, the
+cheapest that is correct: (a) batch 1 without sequence_lens: Squeeze/Unsqueeze around a
+Scan-9; (b) a batch-polymorphic body: one Scan-9 over time with the batch inside
+(sequence_lens by masking); (c) otherwise one Scan-9 per batch item over its own length.
+onnx.version_converter then converts every other op. The result keeps the graph's input
+and output names, types and shapes, and is verified numerically against the original
+before it is written. Targets: {MIN_TARGET}..{NEWEST_TARGET}.
+
+exit codes: 0 ok, 1 the result is not equivalent (nothing written), 2 bad input, an
+op the converter cannot convert, or usage (nothing written)
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "upgrade",
+        help="move a model to a newer opset, rewriting opset-8 batched Scans",
+        description="Move IN to opset N (Scan-8 nodes rewritten, the rest converted) and write the verified result to OUT.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", metavar="IN", help="model to upgrade (never modified)")
+    parser.add_argument("output", metavar="OUT", help="where to write the upgraded model")
+    parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET}..{NEWEST_TARGET})")
+    parser.add_argument("--strategy", choices=("auto", "a", "b", "c"), default="auto", help="force one strategy for every Scan-8 (default: the cheapest correct one)")
+    parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    parser.add_argument("--no-verify", action="store_true", help="skip numeric verification (not recommended)")
+    parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
+    parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
+    parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
+    parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show progress")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if same_file(args.input, args.output) and not args.in_place:
+        raise ScanoptError(f"{args.output}: OUT is the input file; pass --in-place to replace it")
+    loaded = load(args.input)
+    check_output_path(args.output)
+    if args.report:
+        check_output_path(args.report)
+    feeds = None
+    if args.inputs:
+        from scanopt.inputs import load_feeds
+
+        feeds = [load_feeds(loaded.model, npz=args.inputs)]
+    if args.verbose and not args.quiet:
+        info(f"moving {args.input} to opset {args.target_opset}")
+    options = {} if args.strategy == "auto" else {"upgrade_strategy": args.strategy}
+    try:
+        migration = migrate_verified(
+            loaded.model, args.target_opset, options=options, verify=not args.no_verify,
+            inputs=feeds, engine=args.engine, seeds=args.seeds,
+        )
+    except ScanoptError as exc:
+        raise type(exc)(f"{args.input}: {exc}") from None
+    save_model(migration.model, args.output, external_data=loaded.had_external_data or None)
+    report = _report(migration, loaded.model)
+    if args.report:
+        text = json.dumps(report, indent=2) + "\n"
+
+        def write_report(staged: str) -> None:
+            with open(staged, "w", encoding="utf-8") as handle:
+                handle.write(text)
+
+        write_atomically(args.report, write_report)
+    if not args.quiet:
+        print(_format(report))
+        print(f"wrote {args.output} (opset {migration.target_opset})")
+    return 0
+
+
+def _report(migration, original) -> dict:
+    before, after = count_ops(original), count_ops(migration.model)
+    return {
+        "source_opset": migration.source_opset,
+        "target_opset": migration.target_opset,
+        "scans": [o.to_dict() for o in migration.outcomes],
+        "op_changes": {op: {"before": before[op], "after": after[op]} for op in sorted(set(before) | set(after)) if before[op] != after[op]},
+        "verification": migration.verification,
+    }
+
+
+def _format(report: dict) -> str:
+    lines = [f"opset {report['source_opset']} -> {report['target_opset']}"]
+    if not report["scans"]:
+        lines.append("no Scan-8 nodes; the rest converted by onnx.version_converter")
+    for scan in report["scans"]:
+        where = "" if scan["graph"] == "main" else f" (in {scan['graph']})"
+        lines.append(f"{scan['node']}{where}: {scan['detail']}")
+    if report["op_changes"]:
+        lines.append("ops: " + ", ".join(f"{op} {c['before']} -> {c['after']}" for op, c in report["op_changes"].items()))
+    if report["verification"]:
+        lines.append(f"verification: {report['verification']['summary']}")
+    return "\n".join(lines)

@@ -1,0 +1,463 @@
+"""Opset-dependent op emission, and moving a whole model to a newer opset.
+
+Emission: ops whose signature changed across opsets (Squeeze/Unsqueeze axes, Slice
+bounds) are emitted through :class:`Emitter`, the one place that knows each form.
+
+Migration (:func:`migrate`), and why in this order. A Scan-9 is valid only in a model
+whose opset is >= 9, onnx.version_converter cannot convert a Scan-8 (it refuses
+``sequence_lens`` and, for batch > 1 or a symbolic batch, drops the batch axis from the
+graph's inputs), and it would re-convert anything already written at the target opset
+(its Scan 8->9 adapter fires on every node named Scan). So:
+
+1. The upgrade pass rewrites every Scan-8, at every level, while the model is still at
+   its source opset. Every node it emits is written at the *target* opset and put in
+   the private domain :data:`HOLD_DOMAIN`, which the converter leaves alone. The
+   original Scan-8 bodies stay in the default domain, inside held nodes.
+2. onnx.version_converter moves the model from the source to the target opset. It
+   converts default-domain nodes at every level it can reach, and it does not enter the
+   bodies of held nodes; so each body of a held node is lifted into a model of its own
+   (its outer-scope reads become typed inputs), converted, and put back, recursively.
+3. Held nodes return to the default domain, the opset import says the target, and the
+   names the converter invented are made unique model-wide (onnx 1.23's converter
+   reuses ``_v_N`` names in nested graphs, which breaks SSA).
+The caller verifies the result numerically against the original.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from scanopt.errors import ScanoptError, UnsupportedModelError
+from scanopt.protos import attribute_graphs, in_default_domain, outer_names, walk_proto_graphs
+from scanopt.rewrite import Builder
+
+HOLD_DOMAIN = "ai.scanopt.hold"
+MIN_TARGET = 9  # the first opset with an unbatched Scan
+# The newest default-domain opset onnxruntime 1.31 loads (27 and 28 are refused); see
+# tests/test_upgrade.py::test_every_target_runs_in_onnxruntime.
+NEWEST_TARGET = min(26, onnx.defs.onnx_opset_version())
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class Emitter:
+    """Appends ops valid at ``opset`` to one graph, each in ``domain`` (the upgrade pass
+    passes :data:`HOLD_DOMAIN`: its nodes wait there while the model is at its source opset)."""
+
+    def __init__(self, builder: Builder, opset: int, domain: str | None = None):
+        self.b = builder
+        self.opset = opset
+        self.domain = domain
+
+    def op(self, op: str, inputs: Sequence[gs.Tensor], **kwargs):
+        return self.b.op(op, inputs, domain=self.domain, **kwargs)
+
+    def const(self, hint: str, value) -> gs.Constant:
+        return self.b.constant(hint, value)
+
+    def ints(self, hint: str, values: Sequence[int]) -> gs.Constant:
+        return self.const(hint, np.asarray(values, dtype=np.int64))
+
+    def unsqueeze(self, x: gs.Tensor, axes: Sequence[int], **kwargs):
+        """Unsqueeze: axes an attribute before opset 13, an input from 13."""
+        if self.opset < 13:
+            return self.op("Unsqueeze", [x], axes=list(axes), **kwargs)
+        return self.op("Unsqueeze", [x, self.ints("axes", axes)], **kwargs)
+
+    def squeeze(self, x: gs.Tensor, axes: Sequence[int], **kwargs):
+        """Squeeze: axes an attribute before opset 13, an input from 13."""
+        if self.opset < 13:
+            return self.op("Squeeze", [x], axes=list(axes), **kwargs)
+        return self.op("Squeeze", [x, self.ints("axes", axes)], **kwargs)
+
+    def slice(self, x: gs.Tensor, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], **kwargs):
+        """Slice with constant bounds: attributes before opset 10, inputs from 10."""
+        if self.opset < 10:
+            return self.op("Slice", [x], starts=list(starts), ends=list(ends), axes=list(axes), **kwargs)
+        bounds = [self.ints("starts", starts), self.ints("ends", ends), self.ints("axes", axes)]
+        return self.op("Slice", [x, *bounds], **kwargs)
+
+    def arange(self, length: gs.Tensor, **kwargs):
+        """0, 1, ..., length-1 (int64) for ``length`` int64 [1].
+
+        Range exists from opset 11; before, the indices come from NonZero over
+        ``length`` ones.
+        """
+        if self.opset >= 11:
+            limit = self.op("Reshape", [length, self.ints("scalar", [])])
+            return self.op("Range", [self.const("zero", np.int64(0)), limit, self.const("one", np.int64(1))], **kwargs)
+        one = gs.Constant(self.b.names.fresh("one"), np.ones([1], np.int64))
+        ones = self.op("ConstantOfShape", [length], value=one)
+        return self.squeeze(self.op("NonZero", [ones]), [0], **kwargs)
+
+    def prefix(self, x: gs.Tensor, length: gs.Tensor, **kwargs):
+        """The first ``length`` (int64 [1]) entries of ``x`` along axis 0: Slice with
+        run-time bounds from opset 10, a Gather of arange(length) at 9."""
+        if self.opset >= 10:
+            return self.op("Slice", [x, self.ints("zero", [0]), length, self.ints("axes", [0])], **kwargs)
+        return self.op("Gather", [x, self.arange(length)], axis=0, **kwargs)
+
+    def zeros_like_tail(self, x: gs.Tensor, rows: gs.Tensor, dtype: np.dtype):
+        """Zeros of shape [rows, *x.shape[1:]] (``rows`` int64 [1]) in ``dtype``."""
+        tail = self.slice(self.op("Shape", [x]), [1], [INT64_MAX], [0])
+        shape = self.op("Concat", [rows, tail], axis=0)
+        zero = gs.Constant(self.b.names.fresh("zero_value"), np.zeros([1], dtype))
+        return self.op("ConstantOfShape", [shape], value=zero)
+
+    def reverse(self, x: gs.Tensor, axis: int, **kwargs):
+        """``x`` reversed along ``axis``: Slice with step -1, which needs opset 10+
+        (callers check ``opset >= 10`` and decline before)."""
+        if self.opset < 10:
+            raise ValueError(f"reversing along an axis needs Slice steps (opset 10+), not opset {self.opset}")
+        bounds = [self.ints("starts", [-1]), self.ints("ends", [np.iinfo(np.int64).min]), self.ints("axes", [axis]),
+                  self.ints("steps", [-1])]
+        return self.op("Slice", [x, *bounds], **kwargs)
+
+
+def supports(op: str, opset: int, dtype: np.dtype) -> bool:
+    """True if ``op`` (default domain) at ``opset`` can produce tensors of ``dtype``."""
+    try:
+        schema = onnx.defs.get_schema(op, opset)
+        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except Exception:  # noqa: BLE001 - unknown op or dtype: not supported
+        return False
+    wanted = f"tensor({onnx.TensorProto.DataType.Name(elem).lower()})"
+    param = schema.outputs[0].type_str
+    allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == param), [param])
+    return wanted in allowed
+
+
+# -- migration -------------------------------------------------------------------------
+
+
+@dataclass
+class Migration:
+    """The migrated model and what the upgrade pass did to each Scan-8."""
+
+    model: onnx.ModelProto
+    source_opset: int
+    target_opset: int
+    outcomes: list = field(default_factory=list)  # NodeOutcome per Scan-8
+    verification: dict | None = None  # set by migrate_verified
+
+    @property
+    def changed(self) -> bool:
+        return self.source_opset != self.target_opset
+
+
+def check_target(source: int | None, target: int) -> None:
+    """Raise a ScanoptError unless ``target`` is a valid migration target for ``source``."""
+    if not MIN_TARGET <= target <= NEWEST_TARGET:
+        raise ScanoptError(
+            f"--target-opset {target} is out of range: scanopt moves models to opsets "
+            f"{MIN_TARGET}..{NEWEST_TARGET} (the newest that onnxruntime runs)"
+        )
+    if source is None:
+        raise UnsupportedModelError("the model imports no ai.onnx opset; there is nothing to migrate")
+    if target < source:
+        raise ScanoptError(f"the model is at opset {source}; scanopt does not lower it to {target}")
+
+
+def migrate(
+    model: onnx.ModelProto, target_opset: int, *, options: dict | None = None, denied: frozenset = frozenset()
+) -> Migration:
+    """``model`` moved to ``target_opset``: every Scan-8 rewritten by the upgrade pass,
+    every other op converted by onnx.version_converter. Not verified numerically here.
+
+    Raises ScanoptError (nothing returned) when a Scan-8 cannot be rewritten or the
+    converter cannot convert some other op. ``options``: pass options (e.g.
+    ``upgrade_strategy``). ``denied``: (pass, node) pairs whose rewrite failed
+    verification; such a Scan-8 cannot stay, so that is an error too.
+    """
+    from scanopt.validate import default_opset
+
+    source = default_opset(model)
+    check_target(source, target_opset)
+    if source == target_opset:
+        return Migration(model, source, target_opset)
+    staged, outcomes = _rewrite_scan8(model, source, target_opset, dict(options or {}), denied)
+    return Migration(_convert(staged, model, source, target_opset), source, target_opset, outcomes)
+
+
+def migrate_verified(
+    model: onnx.ModelProto,
+    target_opset: int,
+    *,
+    options: dict | None = None,
+    verify: bool = True,
+    inputs=None,
+    engine: str = "auto",
+    seeds: int = 2,
+) -> Migration:
+    """:func:`migrate`, then compare the result with ``model`` numerically.
+
+    A migration is all or nothing (a Scan-8 cannot stay in an opset-9+ model), so a
+    failed comparison raises VerificationError instead of rolling anything back.
+    """
+    from scanopt.errors import VerificationError
+
+    migration = migrate(model, target_opset, options=options)
+    if not migration.changed:
+        return migration
+    if not verify:
+        migration.verification = {"passed": None, "summary": "not verified (verification disabled)"}
+        return migration
+    from scanopt.verify import compare_models
+
+    result = compare_models(model, migration.model, inputs=inputs, engine=engine, seeds=seeds)
+    migration.verification = {"passed": result.passed, "summary": result.summary(), "details": result.to_dict()}
+    if not result.passed:
+        raise VerificationError(
+            f"the model moved to opset {target_opset} is not equivalent to the original "
+            f"({result.summary()}); nothing written"
+        )
+    return migration
+
+
+def _rewrite_scan8(model, source: int, target: int, options: dict, denied: frozenset):
+    from scanopt.graph import NameAllocator, is_topologically_sorted, walk_graphs
+    from scanopt.ir import export_model, import_model
+    from scanopt.pass_api import PassContext, registered_passes, scan_nodes
+    from scanopt.shapes import ShapeTable
+
+    if source != 8:  # Scan-8 exists only at opset 8
+        return model, []
+    graph = import_model(model)
+    if not any(True for _ in scan_nodes(graph)):
+        return model, []
+    upgrade = registered_passes()["upgrade"]()
+    ctx = PassContext(
+        opset=source,
+        names=NameAllocator(graph),
+        shapes=ShapeTable(model),
+        options={**options, "target_opset": target},
+        denied=denied,
+    )
+    result = upgrade(graph, ctx)
+    kept = [o for o in result.outcomes if not o.applied]
+    if kept:
+        listed = "; ".join(f"'{o.node}'{f' in {o.path}' if o.path else ''}: {o.detail}" for o in kept)
+        raise ScanoptError(f"cannot move the model to opset {target}: {len(kept)} Scan-8 node(s) stay ({listed})")
+    for level in walk_graphs(graph):  # new nodes were appended: restore order, change nothing else
+        if not is_topologically_sorted(level.graph):
+            level.graph.toposort(recurse_subgraphs=False)
+    return export_model(graph, model), result.outcomes
+
+
+def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, target: int) -> onnx.ModelProto:
+    if source < 13 <= target:
+        staged = _spell_out_hardmax(staged)
+    before = _all_names(staged)
+    types = _known_types(staged)
+    converted = _run_converter(staged, target, source, "")
+    pending = list(_held_bodies(converted.graph))
+    while pending:
+        root = pending.pop(0)
+        _convert_lifted(root, staged, types, source, target)
+        pending += list(_held_bodies(root))
+    for g in walk_proto_graphs(converted.graph):
+        for node in g.node:
+            if node.domain == HOLD_DOMAIN:
+                node.domain = ""
+    imports = [o for o in converted.opset_import if o.domain != HOLD_DOMAIN]
+    del converted.opset_import[:]
+    converted.opset_import.extend(imports)
+    _rename_new_names(converted, before)
+    if converted.ir_version < 4 and _has_initializers(converted):
+        converted.ir_version = 4  # IR 3 wants every initializer to be a graph input too
+    _check_signature(original, converted)
+    try:
+        onnx.checker.check_model(converted)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        if "Field 'shape' of 'type' is required" not in first:
+            raise ScanoptError(f"migration to opset {target} produced an invalid model: {first}") from None
+    return converted
+
+
+def _spell_out_hardmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Hardmax before opset 13 coerces its input to 2-D at ``axis``; from 13 it works on
+    that one axis, and onnx 1.23's converter bumps the version without adapting it (its
+    Softmax and LogSoftmax adapters do adapt). So before converting, write each such
+    Hardmax as Flatten(axis) -> Hardmax(axis=1) -> Reshape to the input's shape, which
+    means the same at every opset."""
+    hardmax = [(g, n) for g in walk_proto_graphs(model.graph) for n in g.node
+               if n.op_type == "Hardmax" and in_default_domain(n.domain)]
+    if not hardmax:
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    taken = _all_names(model)
+
+    def fresh(hint: str) -> str:
+        name, i = hint, 0
+        while name in taken:
+            i += 1
+            name = f"{hint}_{i}"
+        taken.add(name)
+        return name
+
+    for g in walk_proto_graphs(model.graph):
+        nodes = []
+        for node in g.node:
+            if node.op_type != "Hardmax" or not in_default_domain(node.domain):
+                nodes.append(node)
+                continue
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            x, y = node.input[0], node.output[0]
+            flat, hard, shape = fresh(f"{x}_2d"), fresh(f"{y}_2d"), fresh(f"{x}_shape")
+            nodes += [
+                onnx.helper.make_node("Flatten", [x], [flat], name=fresh(f"{node.name or 'hardmax'}_flatten"), axis=axis),
+                onnx.helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1),
+                onnx.helper.make_node("Shape", [x], [shape], name=fresh(f"{node.name or 'hardmax'}_shape")),
+                onnx.helper.make_node("Reshape", [hard, shape], [y], name=fresh(f"{node.name or 'hardmax'}_reshape")),
+            ]
+        _replace(g.node, nodes)
+    return model
+
+
+def _run_converter(model: onnx.ModelProto, target: int, source: int, where: str) -> onnx.ModelProto:
+    try:
+        return onnx.version_converter.convert_version(model, target)
+    except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError/ValidationError/...
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScanoptError(
+            f"onnx.version_converter cannot convert {where or 'the model'} from opset {source} to {target}: {detail}"
+        ) from None
+
+
+def _held_bodies(graph: onnx.GraphProto):
+    """Bodies of held nodes directly reachable from ``graph`` without entering another
+    held node: the graphs the converter did not convert."""
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in attribute_graphs(attr):
+                if node.domain == HOLD_DOMAIN:
+                    yield sub
+                else:
+                    yield from _held_bodies(sub)
+
+
+def _needs_conversion(graph: onnx.GraphProto) -> bool:
+    """True if a default-domain node is reachable without entering a held node."""
+    for node in graph.node:
+        if node.domain == HOLD_DOMAIN:
+            continue
+        if in_default_domain(node.domain):
+            return True
+        if any(_needs_conversion(sub) for attr in node.attribute for sub in attribute_graphs(attr)):
+            return True
+    return False
+
+
+def _convert_lifted(root: onnx.GraphProto, staged: onnx.ModelProto, types: dict, source: int, target: int) -> None:
+    """Convert ``root`` (a held node's body) in place, as a model of its own."""
+    if not _needs_conversion(root):
+        return
+    captured = [n for n in outer_names(root)]
+    inputs = list(root.input) + [_value_info(name, types) for name in captured]
+    lifted_graph = onnx.helper.make_graph(
+        list(root.node), root.name or "body", inputs, list(root.output),
+        initializer=list(root.initializer), value_info=list(root.value_info),
+    )
+    lifted = onnx.helper.make_model(lifted_graph, opset_imports=list(staged.opset_import))
+    lifted.ir_version = staged.ir_version
+    converted = _run_converter(lifted, target, source, f"the body '{root.name}'")
+    captured_set = set(captured)
+    _replace(root.node, converted.graph.node)
+    _replace(root.initializer, converted.graph.initializer)
+    _replace(root.value_info, [v for v in converted.graph.value_info if v.name not in captured_set])
+
+
+def _replace(field, items) -> None:
+    items = list(items)
+    del field[:]
+    field.extend(items)
+
+
+def _value_info(name: str, types: dict) -> onnx.ValueInfoProto:
+    value = onnx.ValueInfoProto(name=name)
+    if name in types:
+        value.type.CopyFrom(types[name])
+    return value
+
+
+def _known_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """name -> type for every value whose type is declared or inferable, at every level."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - a hint only
+        inferred = model
+    types: dict[str, onnx.TypeProto] = {}
+    for g in walk_proto_graphs(inferred.graph):
+        for value in list(g.input) + list(g.output) + list(g.value_info):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                types.setdefault(value.name, value.type)
+        for init in g.initializer:
+            types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    return types
+
+
+def _all_names(model: onnx.ModelProto) -> set[str]:
+    names: set[str] = set()
+    for g in walk_proto_graphs(model.graph):
+        names.update(v.name for v in list(g.input) + list(g.output) + list(g.value_info))
+        names.update(i.name for i in g.initializer)
+        for node in g.node:
+            names.update(node.input)
+            names.update(node.output)
+    names.discard("")
+    return names
+
+
+def _rename_new_names(model: onnx.ModelProto, before: set[str]) -> None:
+    """Give every value the converter invented a model-wide unique name (scoped renaming:
+    a graph's readers, nested graphs included, follow the definition they see)."""
+    taken = _all_names(model)
+
+    def fresh(hint: str) -> str:
+        name, i = hint, 0
+        while name in taken:
+            i += 1
+            name = f"{hint}_{i}"
+        taken.add(name)
+        return name
+
+    def visit(g: onnx.GraphProto, inherited: dict[str, str]) -> None:
+        mapping = dict(inherited)
+        local = [o for n in g.node for o in n.output if o] + [i.name for i in g.initializer]
+        for name in local:
+            if name not in before:
+                mapping[name] = fresh("opset_" + name.lstrip("_"))
+            else:
+                mapping.pop(name, None)
+        for init in g.initializer:
+            init.name = mapping.get(init.name, init.name)
+        for value in g.value_info:
+            value.name = mapping.get(value.name, value.name)
+        for node in g.node:
+            node.input[:] = [mapping.get(n, n) for n in node.input]
+            node.output[:] = [mapping.get(n, n) for n in node.output]
+            for attr in node.attribute:
+                for sub in attribute_graphs(attr):
+                    visit(sub, mapping)
+        for out in g.output:
+            out.name = mapping.get(out.name, out.name)
+
+    visit(model.graph, {})
+
+
+def _has_initializers(model: onnx.ModelProto) -> bool:
+    return any(g.initializer for g in walk_proto_graphs(model.graph))
+
+
+def _check_signature(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """The graph's inputs and outputs must keep names, types and shapes exactly."""
+    for kind in ("input", "output"):
+        ours = [v.SerializeToString() for v in getattr(original.graph, kind)]
+        theirs = [v.SerializeToString() for v in getattr(converted.graph, kind)]
+        if ours != theirs:
+            raise ScanoptError(f"migration changed the model's graph {kind}s; refusing to write it (a scanopt bug)")
