@@ -1,0 +1,245 @@
+"""canonicalize: bring every Scan-9+ (any nesting level) to one canonical form.
+
+Canonical form (what later passes and backends may assume):
+- every scan input and output axis is 0; a Transpose outside the Scan gives the tensor
+  the layout the model asked for (the outer tensor keeps its name);
+- no attribute equal to its default (all-zero axes or directions are left out);
+- every scan output is read, and no two compute the same body value in the same direction
+  (a second layout of the same value is a Transpose of the first);
+- every state is read after the loop or feeds a kept output (across iterations), and no
+  state is loop-invariant: the body reads the initial value from the outer scope;
+- no scan input is listed twice with the same axis and direction, and every scan input is
+  read by the body (one is always kept: it sets the trip count);
+- directions are kept: a reverse input or prepend output costs nothing inside the Scan,
+  while moving it outside costs one reversal (Slice/ReverseSequence) per tensor. The one
+  direction change made is the one that is cheaper: a full reversal (Slice, step -1) that
+  alone feeds a scan input, or alone reads a scan output, is removed and the direction
+  toggled instead.
+Scan-8 is left to the upgrade pass. An axis whose rank is unknown stays as it is
+(reported); everything else still applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_graphsurgeon as gs
+
+from scanopt.graph import has_node
+from scanopt.pass_api import Match, ScanPass, Skip, register_pass
+from scanopt.passes.canonicalize_analysis import identity_root, input_dependencies, reverses_axis, shadows
+from scanopt.passes.canonicalize_edit import apply_plan, in_graph_outputs
+from scanopt.rewrite import consumers, is_read
+
+DIRECTIONS = ("scan_input_directions", "scan_output_directions")
+UNKNOWN_RANK = "its rank is unknown (declare its shape)"
+
+
+@dataclass
+class CanonicalPlan(Match):
+    """What to change. Positions refer to the node as it is: states 0..N-1, scan inputs
+    0..M-1, scan outputs 0..K-1."""
+
+    n: int
+    keep_states: list[int] = field(default_factory=list)
+    invariant_states: list[int] = field(default_factory=list)
+    dead_states: list[int] = field(default_factory=list)
+    keep_inputs: list[int] = field(default_factory=list)
+    merged_inputs: dict[int, int] = field(default_factory=dict)  # duplicate -> the input kept
+    unused_inputs: list[int] = field(default_factory=list)
+    input_flips: dict[int, gs.Node] = field(default_factory=dict)  # scan input -> reversal producing it
+    input_perms: dict[int, list[int]] = field(default_factory=dict)  # Transpose perms moving the axis to 0
+    keep_outputs: list[int] = field(default_factory=list)
+    dead_outputs: list[int] = field(default_factory=list)
+    merged_outputs: dict[int, int] = field(default_factory=dict)
+    output_flips: dict[int, gs.Node] = field(default_factory=dict)  # scan output -> its only reader, a reversal
+    output_perms: dict[int, list[int]] = field(default_factory=dict)  # Transpose perms from axis 0 back
+    attrs: dict = field(default_factory=dict)  # the node's attributes afterwards
+    dropped: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # what stays non-canonical, and why
+
+    @property
+    def removes_node(self) -> bool:
+        return not self.keep_states and not self.keep_outputs
+
+    def changes(self) -> bool:
+        return any(
+            (self.invariant_states, self.dead_states, self.merged_inputs, self.unused_inputs, self.input_flips,
+             self.input_perms, self.dead_outputs, self.merged_outputs, self.output_flips, self.output_perms,
+             self.dropped)
+        )
+
+
+@register_pass
+class Canonicalize(ScanPass):
+    name = "canonicalize"
+    summary = "scan axes to 0, default attributes dropped, dead/duplicate/invariant states and outputs removed"
+
+    def match(self, node, view, level, ctx):
+        if view.batched:
+            return Skip("Scan-8 is not canonicalized: run the upgrade pass first to turn it into Scan-9+")
+        top = level.parents[0] if level.parents else level.graph
+        read = [is_read(t, top) for t in node.outputs]
+        if not any(read):
+            return Skip("none of its outputs is read; the cleanup pass removes it")
+        plan = CanonicalPlan(view.num_states)
+        out_dirs, out_axes = _plan_outputs(plan, node, view, read, level, ctx)
+        needed = _plan_states(plan, node, read)
+        if plan.removes_node:
+            return plan
+        in_dirs = _plan_inputs(plan, node, view, needed, level, ctx)
+        in_axes = [0 if i in plan.input_perms else view.input_axes[i] for i in plan.keep_inputs]
+        plan.attrs, plan.dropped = _new_attrs(
+            node.attrs, len(plan.keep_inputs), in_axes, [out_axes[i] for i in plan.keep_outputs],
+            [in_dirs[i] for i in plan.keep_inputs], [out_dirs[i] for i in plan.keep_outputs],
+        )
+        if not plan.changes():
+            return Skip("not canonical: " + "; ".join(plan.left)) if plan.left else Skip("already canonical")
+        return plan
+
+    def rewrite(self, node, plan: CanonicalPlan, level, ctx):
+        return apply_plan(node, plan, level, ctx)
+
+
+def _plan_outputs(plan, node, view, read, level, ctx):
+    """Unread scan outputs go; a lone reversal reader is folded into the direction; axes
+    move to 0 where the rank is known; equal values in equal directions merge.
+    Returns (directions, axes) per scan output after the rewrite."""
+    n, k = plan.n, view.num_scan_outputs
+    body, ys = node.attrs["body"], node.outputs[n:]
+    top = level.parents[0] if level.parents else level.graph
+    dirs, axes = list(view.output_directions), list(view.output_axes)
+    plan.dead_outputs = [i for i in range(k) if not read[n + i]]
+    live = [i for i in range(k) if read[n + i]]
+    for i in live:
+        body_rank = ctx.shapes.rank(body.outputs[n + i])
+        rank = body_rank + 1 if body_rank is not None else ctx.shapes.rank(ys[i])
+        axis = _resolve(axes[i], rank)
+        flip = _sole_reversal_reader(ys[i], top, level.graph, axis, rank, ctx.opset)
+        if flip is not None:
+            plan.output_flips[i] = flip
+            dirs[i] ^= 1
+        if rank is None and axis != 0:
+            plan.left.append(f"scan output {i} ('{ys[i].name}') keeps axis {axes[i]}: {UNKNOWN_RANK}")
+            continue
+        if axis != 0:
+            plan.output_perms[i] = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank))
+        axes[i] = 0
+    first = {}
+    for i in live:
+        key = (id(identity_root(body.outputs[n + i])), dirs[i], axes[i])
+        if key in first:
+            plan.merged_outputs[i] = first[key]
+        else:
+            first[key] = i
+    plan.keep_outputs = [i for i in live if i not in plan.merged_outputs]
+    return dirs, axes
+
+
+def _plan_states(plan, node, read) -> set[int]:
+    """Loop-invariant states read the initial value from outside; a state whose final value
+    is unread and that no kept output depends on (through any chain of iterations) goes.
+    Returns the body input positions the kept body outputs depend on."""
+    n, body = plan.n, node.attrs["body"]
+    for j in range(n):
+        if identity_root(body.outputs[j]) is body.inputs[j]:
+            if shadows(body, node.inputs[j], body.inputs[j]):
+                plan.left.append(
+                    f"state {j} is loop-invariant but the body defines another value named '{node.inputs[j].name}'"
+                )
+            else:
+                plan.invariant_states.append(j)
+    deps = input_dependencies(body)
+    dead = {j for j in range(n) if j not in plan.invariant_states and not read[j]}
+    while True:  # the largest set of states that nothing kept depends on
+        live = [j for j in range(n) if j not in dead and j not in plan.invariant_states]
+        needed = set().union(*(deps[s] for s in live + [n + i for i in plan.keep_outputs]))
+        if not dead & needed:
+            break
+        dead -= needed
+    plan.dead_states = sorted(dead)
+    plan.keep_states = [j for j in range(n) if j not in dead and j not in plan.invariant_states]
+    return needed
+
+
+def _plan_inputs(plan, node, view, needed, level, ctx) -> list[int]:
+    """Fold lone reversals, merge duplicates, drop unused scan inputs (never the last one),
+    and move axes to 0 where the rank is known. Returns the directions afterwards."""
+    n, m = plan.n, view.num_scan_inputs
+    xs = node.inputs[n:]
+    top = level.parents[0] if level.parents else level.graph
+    dirs, sources = list(view.input_directions), list(xs)
+    for i in range(m):
+        rank = view.input_ranks[i]
+        axis = _resolve(view.input_axes[i], rank)
+        flip = _sole_reversal_producer(xs[i], node, top, level.graph, axis, rank, ctx.opset)
+        if flip is not None:
+            plan.input_flips[i], sources[i] = flip, flip.inputs[0]
+            dirs[i] ^= 1
+    first = {}
+    for i in range(m):
+        key = (id(sources[i]), dirs[i], view.input_axes[i])
+        if key in first:
+            plan.merged_inputs[i] = first[key]
+        else:
+            first[key] = i
+    used = {plan.merged_inputs.get(p - n, p - n) for p in needed if p >= n}
+    plan.unused_inputs = [i for i in range(m) if i not in plan.merged_inputs and i not in used]
+    plan.keep_inputs = [i for i in range(m) if i not in plan.merged_inputs and i in used]
+    if not plan.keep_inputs:
+        plan.keep_inputs = [plan.unused_inputs.pop(0)]
+    for i in plan.keep_inputs:
+        axis, rank = view.input_axes[i], view.input_ranks[i]
+        if axis != 0 and rank is None:
+            plan.left.append(f"scan input {i} ('{xs[i].name}') keeps axis {axis}: {UNKNOWN_RANK}")
+        elif axis != 0:
+            plan.input_perms[i] = [axis] + [d for d in range(rank) if d != axis]
+    return dirs
+
+
+def _new_attrs(old: dict, m: int, in_axes, out_axes, in_dirs, out_dirs) -> tuple[dict, list[str]]:
+    """The node's attributes afterwards, in their original order, defaults left out; and
+    the attributes dropped."""
+    values = {
+        "num_scan_inputs": m,
+        "scan_input_axes": in_axes,
+        "scan_output_axes": out_axes,
+        "scan_input_directions": in_dirs,
+        "scan_output_directions": out_dirs,
+    }
+    attrs = {}
+    for key, value in old.items():
+        if key not in values:
+            attrs[key] = value
+        elif key == "num_scan_inputs" or any(values[key]):
+            attrs[key] = list(values[key]) if key != "num_scan_inputs" else m
+    for key in DIRECTIONS:  # a folded reversal can make a direction non-default
+        if key not in attrs and any(values[key]):
+            attrs[key] = list(values[key])
+    return attrs, [key for key in old if key not in attrs]
+
+
+def _resolve(axis: int, rank: int | None) -> int | None:
+    return axis if axis >= 0 else (None if rank is None else axis + rank)
+
+
+def _sole_reversal_producer(x, node, top, graph, axis, rank, opset):
+    """The Slice of ``graph`` reversing ``x`` along the scan axis, when this Scan is all that reads ``x``."""
+    if axis is None or len(x.inputs) != 1 or not has_node(graph, x.inputs[0]):
+        return None
+    if any(reader is not node for reader in consumers(x)) or in_graph_outputs(x, top):
+        return None
+    if any(t is x for t in node.inputs[: len(node.inputs) - node.attrs["num_scan_inputs"]]):
+        return None  # also an initial state, which must keep reading the reversed tensor
+    return x.inputs[0] if reverses_axis(x.inputs[0], axis, rank, opset) else None
+
+
+def _sole_reversal_reader(y, top, graph, axis, rank, opset):
+    """The Slice of ``graph`` reversing ``y`` along the scan axis, when it is all that reads ``y``."""
+    readers = consumers(y)
+    if axis is None or len(readers) != 1 or in_graph_outputs(y, top):
+        return None
+    flip = readers[0]
+    if not has_node(graph, flip) or flip.inputs[0] is not y or any(t is y for t in flip.inputs[1:]):
+        return None
+    return flip if reverses_axis(flip, axis, rank, opset) else None
