@@ -1,0 +1,155 @@
+"""onnxruntime latency of unrolled vs looped Scans, to choose the unroll pass's default.
+
+    python benchmarks/bench_unroll.py [--steps 1,2,4,8,16,32,64] [--runs 1000] [--threads 1]
+
+Cells (weights are outer-scope initializers, as PyTorch exports them; batch 1):
+  rnn-16 / rnn-256: h = tanh(x W + h R + b)                      (5 body nodes)
+  gru-16 / gru-256: a GRU cell written out (MatMul, Split, gates) (15 body nodes)
+For each cell and trip count T the looped Scan and the unroll pass's output run on the
+same inputs (checked equal first); each latency is the median of ``--runs`` runs after
+warmup, the two models interleaved in blocks so machine noise hits both alike. ratio =
+unrolled / looped (below 1: unrolling is faster). Also printed: nodes and file size
+after unrolling, and how long the pass took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+from scanopt.graph import NameAllocator, cleanup
+from scanopt.ir import export_model, import_model
+from scanopt.pass_api import PassContext
+from scanopt.passes.unroll import Unroll
+from scanopt.shapes import ShapeTable
+
+F = TP.FLOAT
+
+
+def vi(name, shape):
+    return h.make_tensor_value_info(name, F, shape)
+
+
+def cell_model(kind: str, hidden: int, steps: int) -> onnx.ModelProto:
+    """Scan over X [T, 1, hidden] with state h [1, hidden]; the body is an RNN or GRU cell."""
+    rng = np.random.default_rng(hidden)
+    gates = 1 if kind == "rnn" else 3
+    w = rng.uniform(-0.3, 0.3, (hidden, gates * hidden)).astype(np.float32)
+    r = rng.uniform(-0.3, 0.3, (hidden, gates * hidden)).astype(np.float32)
+    bias = rng.uniform(-0.3, 0.3, (gates * hidden,)).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "W"), (r, "R"), (bias, "Bias"))]
+    if kind == "rnn":
+        nodes = [
+            h.make_node("MatMul", ["x_t", "W"], ["xw"]),
+            h.make_node("MatMul", ["h_in", "R"], ["hr"]),
+            h.make_node("Add", ["xw", "hr"], ["pre0"]),
+            h.make_node("Add", ["pre0", "Bias"], ["pre"]),
+            h.make_node("Tanh", ["pre"], ["h_out"]),
+        ]
+    else:
+        inits.append(numpy_helper.from_array(np.array([hidden] * 3, np.int64), "split3"))
+        nodes = [
+            h.make_node("MatMul", ["x_t", "W"], ["xw0"]),
+            h.make_node("Add", ["xw0", "Bias"], ["xw"]),
+            h.make_node("MatMul", ["h_in", "R"], ["hr"]),
+            h.make_node("Split", ["xw", "split3"], ["xz", "xr", "xh"], axis=1),
+            h.make_node("Split", ["hr", "split3"], ["hz", "hr_r", "hh"], axis=1),
+            h.make_node("Add", ["xz", "hz"], ["z0"]),
+            h.make_node("Sigmoid", ["z0"], ["z"]),
+            h.make_node("Add", ["xr", "hr_r"], ["r0"]),
+            h.make_node("Sigmoid", ["r0"], ["r"]),
+            h.make_node("Mul", ["r", "hh"], ["rh"]),
+            h.make_node("Add", ["xh", "rh"], ["c0"]),
+            h.make_node("Tanh", ["c0"], ["c"]),
+            h.make_node("Sub", ["h_in", "c"], ["d"]),
+            h.make_node("Mul", ["z", "d"], ["zd"]),
+            h.make_node("Add", ["c", "zd"], ["h_out"]),
+        ]
+    nodes.append(h.make_node("Identity", ["h_out"], ["y_t"]))
+    body = h.make_graph(nodes, "cell", [vi("h_in", [1, hidden]), vi("x_t", [1, hidden])],
+                        [vi("h_out", [1, hidden]), vi("y_t", [1, hidden])])
+    scan = h.make_node("Scan", ["h0", "X"], ["h_n", "Y"], name="scan", body=body, num_scan_inputs=1)
+    graph = h.make_graph([scan], "bench", [vi("h0", [1, hidden]), vi("X", [steps, 1, hidden])],
+                         [vi("h_n", [1, hidden]), vi("Y", [steps, 1, hidden])], initializer=inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def unroll(model: onnx.ModelProto, steps: int) -> onnx.ModelProto:
+    """The unroll pass alone on ``model``. These cells are ones the fuse pass turns into
+    native ops, so fusion is marked as rolled back (``denied``), as after a failed
+    verification: unroll then takes them."""
+    graph = import_model(model)
+    ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model),
+                      options={"unroll_max": steps}, denied=frozenset({("fuse", "scan")}))
+    result = Unroll()(graph, ctx)
+    if not result.modified:
+        raise SystemExit(f"T={steps}: not unrolled: {[o.detail for o in result.outcomes]}")
+    return export_model(cleanup(graph), model)
+
+
+def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def latencies(sessions, feeds, runs: int, block: int = 10) -> list[float]:
+    """Median seconds per run of each session, interleaved in blocks after warmup."""
+    times = [[] for _ in sessions]
+    for s in sessions:
+        for _ in range(20):
+            s.run(None, feeds)
+    for _ in range(0, runs, block):
+        for s, bucket in zip(sessions, times):
+            for _ in range(block):
+                start = time.perf_counter()
+                s.run(None, feeds)
+                bucket.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", default="1,2,4,8,16,32,64")
+    parser.add_argument("--cells", default="rnn-16,rnn-256,gru-16,gru-256")
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    steps_list = [int(s) for s in args.steps.split(",")]
+    print(f"onnxruntime {ort.__version__}, {args.threads} intra-op thread(s), median of {args.runs} runs, batch 1")
+    header = f"{'cell':<8} {'T':>3} {'looped us':>10} {'unrolled us':>12} {'ratio':>6} {'nodes':>6} {'KB':>6} {'pass ms':>8}"
+    print(header)
+    print("-" * len(header))
+    started = time.perf_counter()
+    for cell in args.cells.split(","):
+        kind, hidden = cell.split("-")
+        for steps in steps_list:
+            looped = cell_model(kind, int(hidden), steps)
+            t0 = time.perf_counter()
+            unrolled = unroll(looped, steps)
+            pass_ms = (time.perf_counter() - t0) * 1e3
+            rng = np.random.default_rng(steps)
+            feeds = {"h0": rng.standard_normal((1, int(hidden))).astype(np.float32),
+                     "X": rng.standard_normal((steps, 1, int(hidden))).astype(np.float32)}
+            sessions = [session(looped, args.threads), session(unrolled, args.threads)]
+            for a, b in zip(*(s.run(None, feeds) for s in sessions)):
+                np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+            t_loop, t_unroll = latencies(sessions, feeds, args.runs)
+            nodes = len(unrolled.graph.node)
+            size_kb = unrolled.ByteSize() / 1024
+            print(f"{cell:<8} {steps:>3} {t_loop * 1e6:>10.1f} {t_unroll * 1e6:>12.1f} {t_unroll / t_loop:>6.2f} "
+                  f"{nodes:>6} {size_kb:>6.0f} {pass_ms:>8.1f}", flush=True)
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""unroll: a Scan of short static length becomes the body repeated once per step.
+
+Handles Scan-9 and later at every nesting level (a Scan in a Loop body unrolls into
+that body). The trip count must be known at optimization time (a static size on the
+scan axis, e.g. a constant scan input) and at most ``unroll_max`` (option, default
+DEFAULT_UNROLL_MAX, chosen from benchmarks/bench_unroll.py). Per step: each scan input
+is sliced with Gather at a scalar position (reverse inputs read from the end), the
+body is copied with fresh names at every nesting level (scanopt.clone; its own
+initializers and Constant nodes are hoisted once), states are threaded from step to
+step; each scan output is Unsqueezed on its axis and Concatenated, in reverse step
+order when it prepends. Zero steps: final states are the initial states and scan
+outputs are empty constants (needs a static element shape). Skipped: Scan-8 (the
+upgrade pass converts it first), dynamic length, over the threshold, and Scans the
+fuse pass can turn into a native op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from scanopt.clone import BodyInliner
+from scanopt.graph import GraphLevel, dtype_of, node_label
+from scanopt.opset import Emitter
+from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
+from scanopt.rewrite import Builder, rebind_outputs
+from scanopt.scan_view import ScanView
+
+# From benchmarks/bench_unroll.py on this machine (README table): onnxruntime runs the
+# unrolled graph no faster than its looped Scan beyond this many steps.
+DEFAULT_UNROLL_MAX = 4
+
+
+@dataclass
+class UnrollMatch(Match):
+    view: ScanView
+    steps: int
+    empty_outputs: list[np.ndarray]  # for zero steps: one empty array per scan output
+
+
+@register_pass
+class Unroll(ScanPass):
+    name = "unroll"
+    summary = "short static-length Scans -> straight-line graphs (body copied once per step)"
+
+    def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if view.batched:
+            return Skip("opset-8 batched Scan: unroll handles Scan-9+ (the upgrade pass converts it first)")
+        steps = view.trip_count
+        if steps is None:
+            return Skip(f"dynamic length: {_dynamic_reason(node, view, ctx)}")
+        limit = ctx.options.get("unroll_max")
+        limit = DEFAULT_UNROLL_MAX if limit is None else limit
+        if steps > limit:
+            return Skip(f"over threshold ({steps} steps > unroll_max {limit}); raise it with --unroll-max")
+        fuse = registered_passes().get("fuse")
+        if fuse is not None and ("fuse", node_label(node)) not in ctx.denied:
+            if isinstance(fuse().match(node, view, level, ctx), Match):
+                return Skip("left to fuse: it becomes a native op")
+        empty = []
+        if steps == 0:
+            body = node.attrs["body"]
+            for k, element in enumerate(body.outputs[view.num_states:]):
+                array = _empty_output(element, view.output_axes[k], ctx)
+                if array is None:
+                    return Skip(
+                        f"zero steps and the element shape or type of scan output '{view.scan_outputs[k]}' "
+                        f"is not static ({ctx.shapes.shape(element)}), so its empty value cannot be built"
+                    )
+                empty.append(array)
+        return UnrollMatch(view, steps, empty)
+
+    def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
+        assert isinstance(match, UnrollMatch)
+        graph, view, steps = level.graph, match.view, match.steps
+        position = next(i for i, n in enumerate(graph.nodes) if n is node)
+        count_before = len(graph.nodes)
+        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        body = node.attrs["body"]
+        n = view.num_states
+        states = list(node.inputs[:n])
+        scanned = list(node.inputs[n:])
+        elements: list[list[gs.Tensor]] = [[] for _ in view.scan_outputs]
+        indices: dict[int, gs.Constant] = {}  # step position -> its scalar index, shared by inputs
+        inliner = BodyInliner(body, graph, ctx.names)
+        for t in range(steps):
+            slices = [
+                _step_slice(build, x, view.input_axes[j], steps - 1 - t if view.input_directions[j] else t,
+                            body.inputs[n + j], indices)
+                for j, x in enumerate(scanned)
+            ]
+            outs = inliner.inline(states + slices, suffix=f"_t{t}")
+            states = outs[:n]
+            for k, value in enumerate(outs[n:]):
+                elements[k].append(value)
+        if steps == 0:
+            outputs = [build.constant("empty", array) for array in match.empty_outputs]
+        else:
+            emit = Emitter(build, ctx.opset, domain=None)
+            outputs = [
+                _stack(emit, values[::-1] if view.output_directions[k] else values, view.output_axes[k])
+                for k, values in enumerate(elements)
+            ]
+        rebind_outputs(node, states + outputs, graph)
+        added = _move_to(graph, position, count_before - 1)
+        if steps == 0:
+            return f"unrolled 0 steps: states pass through, scan outputs empty ({added} nodes added)"
+        return f"unrolled {steps} steps: {added} nodes added (body of {len(body.nodes)} nodes copied {steps} times)"
+
+
+def _step_slice(build: Builder, x: gs.Tensor, axis: int, position: int, element: gs.Tensor, indices: dict):
+    """x at ``position`` on ``axis``, the axis removed (Gather with a scalar index), typed like
+    the body input it feeds."""
+    if position not in indices:
+        indices[position] = build.constant(f"step{position}", np.array(position, np.int64))
+    shape = None if element.shape is None else list(element.shape)
+    value = build.variable(f"{element.name}_{position}", element.dtype, shape)
+    return build.op("Gather", [x, indices[position]], axis=axis, outputs=[value])
+
+
+def _stack(emit: Emitter, values: list[gs.Tensor], axis: int) -> gs.Tensor:
+    """Per-step elements stacked along a new ``axis`` (negative counts from the stacked rank)."""
+    parts = []
+    for value in values:
+        shape = None
+        if value.shape is not None and axis >= 0:
+            shape = list(value.shape)
+            shape.insert(axis, 1)
+        parts.append(emit.unsqueeze(value, [axis], dtype=value.dtype, shape=shape))
+    if len(parts) == 1:
+        return parts[0]
+    return emit.op("Concat", parts, axis=axis, dtype=values[0].dtype)
+
+
+def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext) -> np.ndarray | None:
+    """The empty scan output for zero steps, when the element's shape and type are static."""
+    shape = ctx.shapes.shape(element)
+    dtype = dtype_of(element)
+    if dtype is None and ctx.shapes.elem_type(element):
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ctx.shapes.elem_type(element)))
+    if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
+        return None
+    shape = list(shape)
+    shape.insert(axis if axis >= 0 else axis + len(shape) + 1, 0)
+    return np.zeros(shape, dtype)
+
+
+def _dynamic_reason(node: gs.Node, view: ScanView, ctx: PassContext) -> str:
+    first = len(node.inputs) - view.num_scan_inputs
+    sizes = []
+    for j, x in enumerate(node.inputs[first:]):
+        shape = ctx.shapes.shape(x)
+        axis = view.input_axes[j]
+        if shape is None or axis < 0:
+            return f"scan input '{x.name}' has no known shape"
+        size = shape[axis]
+        if not isinstance(size, int):
+            return f"scan input '{x.name}' has size {size or '?'} on its scan axis {axis}"
+        sizes.append(size)
+    return f"scan inputs disagree on the length ({sizes})"
+
+
+def _move_to(graph: gs.Graph, position: int, start: int) -> int:
+    """Move the nodes appended from ``start`` on to ``position`` (where the replaced node
+    stood), so the graph stays topologically sorted; return how many there are."""
+    added = graph.nodes[start:]
+    graph.nodes[:] = graph.nodes[:position] + added + graph.nodes[position:start]
+    return len(added)
