@@ -1,0 +1,160 @@
+"""onnxruntime latency of a cell Scan, its fused form, and a hand-written native op.
+
+    python benchmarks/bench_fuse.py [--sizes 16x1x16x16,64x8x32x64] [--seconds 0.5] [--threads 1]
+
+Cells are written as PyTorch's dynamo exporter writes nn.RNNCell / GRUCell / LSTMCell bodies
+(Gemm transB=1 per source against outer-scope weights, one Split into r, z, n or i, f, g, o).
+For each kind and size (T, B, I, H) three models run on the same inputs (checked equal
+first): the Scan, the fuse pass's output (scanopt.optimize with passes fuse + cleanup), and
+a native RNN/GRU/LSTM written by hand from the same weights. Each latency is the median over
+blocks of interleaved runs (~``--seconds`` per model and size), so machine noise hits all
+three alike. Ratios from the same run: scan/fused (speed-up) and fused/native (should be ~1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+import scanopt
+
+F = TP.FLOAT
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+DEFAULT_SIZES = "16x1x16x16,64x1x64x64,64x8x32x64,128x16x64x128,32x32x128x256"
+
+
+def vi(name, shape):
+    return h.make_tensor_value_info(name, F, shape)
+
+
+def torch_weights(kind, i, hd, seed=0):
+    """PyTorch layout: weight_ih [G*H, I], weight_hh [G*H, H], biases [G*H], torch gate order."""
+    rng = np.random.default_rng(seed)
+    g = GATES[kind]
+    k = 1 / np.sqrt(hd)
+    return [rng.uniform(-k, k, s).astype(np.float32) for s in ((g * hd, i), (g * hd, hd), (g * hd,), (g * hd,))]
+
+
+def scan_model(kind, i, hd, wts):
+    w_ih, w_hh, b_ih, b_hh = wts
+    n = h.make_node
+    nodes = [n("Gemm", ["x_t", "w_ih", "b_ih"], ["gi"], transB=1), n("Gemm", ["h_in", "w_hh", "b_hh"], ["gh"], transB=1)]
+    states = ["h"] + (["c"] if kind == "LSTM" else [])
+    if kind == "RNN":
+        nodes += [n("Add", ["gi", "gh"], ["pre"]), n("Tanh", ["pre"], ["h_out"])]
+    elif kind == "GRU":  # PyTorch GRUCell: r, z, n; n = tanh(i_n + r * h_n); h' = n + z * (h - n)
+        nodes += [n("Split", ["gi"], ["i_r", "i_z", "i_n"], axis=1, num_outputs=3),
+                  n("Split", ["gh"], ["h_r", "h_z", "h_n"], axis=1, num_outputs=3),
+                  n("Add", ["i_r", "h_r"], ["r_pre"]), n("Sigmoid", ["r_pre"], ["r"]),
+                  n("Add", ["i_z", "h_z"], ["z_pre"]), n("Sigmoid", ["z_pre"], ["z"]),
+                  n("Mul", ["r", "h_n"], ["rh"]), n("Add", ["i_n", "rh"], ["n_pre"]), n("Tanh", ["n_pre"], ["nn"]),
+                  n("Sub", ["h_in", "nn"], ["d"]), n("Mul", ["z", "d"], ["zd"]), n("Add", ["nn", "zd"], ["h_out"])]
+    else:  # PyTorch LSTMCell: i, f, g, o
+        nodes += [n("Add", ["gi", "gh"], ["gates"]),
+                  n("Split", ["gates"], ["gi_", "gf_", "gg_", "go_"], axis=1, num_outputs=4),
+                  n("Sigmoid", ["gi_"], ["ig"]), n("Sigmoid", ["gf_"], ["fg"]), n("Tanh", ["gg_"], ["gg"]),
+                  n("Sigmoid", ["go_"], ["og"]), n("Mul", ["fg", "c_in"], ["fc"]), n("Mul", ["ig", "gg"], ["ic"]),
+                  n("Add", ["fc", "ic"], ["c_out"]), n("Tanh", ["c_out"], ["ct"]), n("Mul", ["og", "ct"], ["h_out"])]
+    nodes.append(n("Identity", ["h_out"], ["y_t"]))
+    body = h.make_graph(nodes, "body", [vi(f"{s}_in", ["B", hd]) for s in states] + [vi("x_t", ["B", i])],
+                        [vi(f"{s}_out", ["B", hd]) for s in states] + [vi("y_t", ["B", hd])])
+    scan = n("Scan", [f"{s}0" for s in states] + ["X"], [f"{s}_n" for s in states] + ["Y"], num_scan_inputs=1, body=body)
+    g = h.make_graph([scan], "cell", [vi("X", ["T", "B", i])] + [vi(f"{s}0", ["B", hd]) for s in states],
+                     [vi("Y", ["T", "B", hd])] + [vi(f"{s}_n", ["B", hd]) for s in states],
+                     initializer=[numpy_helper.from_array(a, k) for a, k in zip(wts, ("w_ih", "w_hh", "b_ih", "b_hh"))])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=8)
+
+
+def native_model(kind, i, hd, wts):
+    """The same cell as one RNN/GRU/LSTM node, weights reordered by hand to ONNX's gate order."""
+    w_ih, w_hh, b_ih, b_hh = wts
+    order = {"RNN": [0], "GRU": [1, 0, 2], "LSTM": [0, 3, 1, 2]}[kind]  # torch -> ONNX (z,r,h) / (i,o,f,c)
+
+    def reorder(a):
+        return np.concatenate([a[k * hd:(k + 1) * hd] for k in order])
+
+    W, R = reorder(w_ih)[None], reorder(w_hh)[None]
+    B = np.concatenate([reorder(b_ih), reorder(b_hh)])[None]
+    states = ["h"] + (["c"] if kind == "LSTM" else [])
+    n = h.make_node
+    nodes = [n("Unsqueeze", [f"{s}0", "zero"], [f"{s}0u"]) for s in states]
+    attrs = {"hidden_size": hd}
+    if kind == "GRU":
+        attrs["linear_before_reset"] = 1
+    outs = ["Yd", "Yh"] + (["Yc"] if kind == "LSTM" else [])
+    nodes.append(n(kind, ["X", "W", "R", "Bias", ""] + [f"{s}0u" for s in states], outs, **attrs))
+    nodes.append(n("Squeeze", ["Yd", "one"], ["Y"]))
+    nodes += [n("Squeeze", [o, "zero"], [f"{s}_n"]) for o, s in zip(outs[1:], states)]
+    inits = [numpy_helper.from_array(a, k) for a, k in ((W, "W"), (R, "R"), (B, "Bias"),
+                                                         (np.array([0], np.int64), "zero"), (np.array([1], np.int64), "one"))]
+    g = h.make_graph(nodes, "native", [vi("X", ["T", "B", i])] + [vi(f"{s}0", ["B", hd]) for s in states],
+                     [vi("Y", ["T", "B", hd])] + [vi(f"{s}_n", ["B", hd]) for s in states], initializer=inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=8)
+
+
+def session(model, threads):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def latencies(sessions, feeds, seconds):
+    """Median seconds per run for each session, runs interleaved in blocks."""
+    for s in sessions:
+        s.run(None, feeds)
+    start = time.perf_counter()
+    sessions[0].run(None, feeds)
+    block = max(1, min(200, int(0.02 / max(time.perf_counter() - start, 1e-6))))
+    samples = [[] for _ in sessions]
+    deadline = time.perf_counter() + seconds * len(sessions)
+    while time.perf_counter() < deadline or len(samples[0]) < 5:
+        for s, acc in zip(sessions, samples):
+            t0 = time.perf_counter()
+            for _ in range(block):
+                s.run(None, feeds)
+            acc.append((time.perf_counter() - t0) / block)
+    return [statistics.median(acc) for acc in samples]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated TxBxIxH")
+    p.add_argument("--kinds", default="RNN,GRU,LSTM")
+    p.add_argument("--seconds", type=float, default=0.5, help="measuring time per model and size")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}; latency = median ms per run")
+    print(f"{'cell':5} {'T':>4} {'B':>3} {'I':>4} {'H':>4} | {'scan ms':>9} {'fused ms':>9} {'native ms':>9} |"
+          f" {'scan/fused':>10} {'fused/native':>12}")
+    for kind in args.kinds.split(","):
+        for size in args.sizes.split(","):
+            t, b, i, hd = (int(v) for v in size.split("x"))
+            wts = torch_weights(kind, i, hd)
+            scan = scan_model(kind, i, hd, wts)
+            fused, report = scanopt.optimize(scan, passes=["fuse", "cleanup"], verify=False)
+            if not any(o.applied for o in report.outcomes if o.pass_name == "fuse"):
+                raise SystemExit(f"{kind} {size}: not fused: {[o.detail for o in report.outcomes]}")
+            native = native_model(kind, i, hd, wts)
+            rng = np.random.default_rng(1)
+            feeds = {"X": rng.standard_normal((t, b, i)).astype(np.float32)}
+            feeds.update({f"{s}0": rng.standard_normal((b, hd)).astype(np.float32) for s in ["h", "c"][:1 + (kind == "LSTM")]})
+            sessions = [session(m, args.threads) for m in (scan, fused, native)]
+            results = [s.run(None, feeds) for s in sessions]
+            for other in results[1:]:
+                for want, got in zip(results[0], other):
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            ms = [v * 1e3 for v in latencies(sessions, feeds, args.seconds)]
+            print(f"{kind:5} {t:>4} {b:>3} {i:>4} {hd:>4} | {ms[0]:>9.3f} {ms[1]:>9.3f} {ms[2]:>9.3f} |"
+                  f" {ms[0] / ms[1]:>10.2f} {ms[1] / ms[2]:>12.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

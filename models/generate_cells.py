@@ -1,0 +1,213 @@
+"""Regenerate the recurrent-cell samples in models/cells/ (the fuse pass's), deterministically.
+
+    python models/generate_cells.py                  # all of them
+    python models/generate_cells.py --only torch_scan_gru
+
+PyTorch exports (need `pip install torch==2.13.0 onnxscript`, imported lazily; the
+tests never import torch) of ``torch._higher_order_ops.scan`` over:
+- torch_scan_gru:            nn.GRUCell, x [seq, batch, 3]  (one Gemm per source + Split into r, z, n)
+- torch_scan_lstm:           nn.LSTMCell with an (h, c) carry (Gemm + Add + Split into i, f, g, o)
+- torch_scan_gru_unbatched:  nn.GRUCell on x [seq, 3], h [4] (Unsqueeze/Squeeze around the cell)
+- torch_scan_gru_manual_rev: a GRU written with six nn.Linear, (r*h) inside the candidate
+                             (linear_before_reset=0), scanned with dim=1, reverse=True
+Each comes with <name>.expected.npz: inputs and the outputs torch computed.
+Hand-built (onnx only):
+- keras_concat_lstm: Keras/TF BasicLSTMCell style: one MatMul of Concat([x, h]) by a kernel
+  [I+H, 4H], gates i, c, f, o, forget bias 1.0 added to f, no batch size declared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+from generate import HERE, IR_VERSION, PRODUCER, save_npz, strip_stack_traces, weights
+
+OUT = os.path.join(HERE, "cells")
+
+T, B, I, H = 5, 2, 3, 4
+
+
+def _export(module, args, names, dynamic, outputs):
+    import torch
+
+    program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
+                                dynamic_shapes=dynamic, verbose=False)
+    m = program.model_proto
+    strip_stack_traces(m)
+    with torch.no_grad():
+        got = module(*args)
+    expected = {n: a.numpy() for n, a in zip(names, args)}
+    expected.update({n: v.numpy() for n, v in zip(outputs, got)})
+    return m, expected
+
+
+def torch_scan_gru(unbatched=False):
+    import torch
+    from torch._higher_order_ops import scan
+
+    class ScanGRU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.GRUCell(I, H)
+
+        def forward(self, x, h0):
+            def step(h_prev, x_t):
+                h_next = self.cell(x_t, h_prev)
+                return h_next, h_next.clone()
+
+            h_n, y = scan(step, h0, x)
+            return y, h_n
+
+    ScanGRU.__module__ = "scanopt_samples"
+    torch.manual_seed(1)
+    model = ScanGRU().eval()
+    seq, batch = torch.export.Dim("seq"), torch.export.Dim("batch")
+    if unbatched:
+        x, h0 = torch.randn(T, I), torch.randn(H)
+        dynamic = {"x": {0: seq}, "h0": {}}
+    else:
+        x, h0 = torch.randn(T, B, I), torch.randn(B, H)
+        dynamic = {"x": {0: seq, 1: batch}, "h0": {0: batch}}
+    return _export(model, (x, h0), ["x", "h0"], dynamic, ["y", "h_n"])
+
+
+def torch_scan_lstm():
+    import torch
+    from torch._higher_order_ops import scan
+
+    class ScanLSTM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.LSTMCell(I, H)
+
+        def forward(self, x, h0, c0):
+            def step(carry, x_t):
+                h_next, c_next = self.cell(x_t, carry)
+                return (h_next, c_next), h_next.clone()
+
+            (h_n, c_n), y = scan(step, (h0, c0), x)
+            return y, h_n, c_n
+
+    ScanLSTM.__module__ = "scanopt_samples"
+    torch.manual_seed(2)
+    model = ScanLSTM().eval()
+    x, h0, c0 = torch.randn(T, B, I), torch.randn(B, H), torch.randn(B, H)
+    seq, batch = torch.export.Dim("seq"), torch.export.Dim("batch")
+    dynamic = {"x": {0: seq, 1: batch}, "h0": {0: batch}, "c0": {0: batch}}
+    return _export(model, (x, h0, c0), ["x", "h0", "c0"], dynamic, ["y", "h_n", "c_n"])
+
+
+def torch_scan_gru_manual_rev():
+    import torch
+    from torch._higher_order_ops import scan
+
+    class ManualGRU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            lin = torch.nn.Linear
+            self.xz, self.xr, self.xn = lin(I, H), lin(I, H), lin(I, H)
+            self.hz, self.hr, self.hn = lin(H, H, bias=False), lin(H, H, bias=False), lin(H, H)
+
+        def forward(self, x, h0):
+            def step(h_prev, x_t):
+                z = torch.sigmoid(self.xz(x_t) + self.hz(h_prev))
+                r = torch.sigmoid(self.xr(x_t) + self.hr(h_prev))
+                n = torch.tanh(self.xn(x_t) + self.hn(r * h_prev))
+                h_next = (1 - z) * n + z * h_prev
+                return h_next, h_next.clone()
+
+            h_n, y = scan(step, h0, x, dim=1, reverse=True)
+            return y, h_n
+
+    ManualGRU.__module__ = "scanopt_samples"
+    torch.manual_seed(3)
+    model = ManualGRU().eval()
+    x, h0 = torch.randn(B, T, I), torch.randn(B, H)
+    seq, batch = torch.export.Dim("seq"), torch.export.Dim("batch")
+    return _export(model, (x, h0), ["x", "h0"], {"x": {0: batch, 1: seq}, "h0": {0: batch}}, ["y", "h_n"])
+
+
+def keras_concat_lstm():
+    """gates = [x, h]·K + b split into i, c, f, o; c' = σ(f + 1)⊙c + σ(i)⊙tanh(c~); h' = σ(o)⊙tanh(c')."""
+    kernel, bias = weights(40, (I + H, 4 * H), (4 * H,))
+    vi = h.make_tensor_value_info
+    n = h.make_node
+    body = h.make_graph(
+        [n("Concat", ["x_t", "h_in"], ["xh"], "body_concat", axis=-1),
+         n("MatMul", ["xh", "kernel"], ["xk"], "body_matmul"),
+         n("Add", ["xk", "bias"], ["gates"], "body_bias"),
+         n("Split", ["gates", "split4"], ["i_pre", "c_pre", "f_pre", "o_pre"], "body_split", axis=-1),
+         n("Add", ["f_pre", "forget_bias"], ["f_biased"], "body_forget_bias"),
+         n("Sigmoid", ["i_pre"], ["i"], "body_i"),
+         n("Tanh", ["c_pre"], ["c_tilde"], "body_c"),
+         n("Sigmoid", ["f_biased"], ["f"], "body_f"),
+         n("Sigmoid", ["o_pre"], ["o"], "body_o"),
+         n("Mul", ["c_in", "f"], ["c_keep"], "body_keep"),
+         n("Mul", ["i", "c_tilde"], ["c_add"], "body_add_in"),
+         n("Add", ["c_keep", "c_add"], ["c_out"], "body_c_out"),
+         n("Tanh", ["c_out"], ["c_act"], "body_c_act"),
+         n("Mul", ["o", "c_act"], ["h_out"], "body_h_out"),
+         n("Identity", ["h_out"], ["y_t"], "body_y")],
+        "keras_lstm_body",
+        [vi("c_in", TP.FLOAT, [None, H]), vi("h_in", TP.FLOAT, [None, H]), vi("x_t", TP.FLOAT, [None, I])],
+        [vi("c_out", TP.FLOAT, [None, H]), vi("h_out", TP.FLOAT, [None, H]), vi("y_t", TP.FLOAT, [None, H])],
+        initializer=[onnx.numpy_helper.from_array(np.array([H] * 4, np.int64), "split4"),
+                     onnx.numpy_helper.from_array(np.float32(1.0), "forget_bias")])
+    scan = n("Scan", ["c0", "h0", "X"], ["c_n", "h_n", "Y"], "keras_lstm", num_scan_inputs=1,
+             scan_input_axes=[1], scan_output_axes=[1], body=body)
+    g = h.make_graph(
+        [scan], "keras_concat_lstm",
+        [vi("X", TP.FLOAT, ["batch", "seq", I]), vi("c0", TP.FLOAT, ["batch", H]), vi("h0", TP.FLOAT, ["batch", H])],
+        [vi("Y", TP.FLOAT, ["batch", "seq", H]), vi("h_n", TP.FLOAT, ["batch", H]), vi("c_n", TP.FLOAT, ["batch", H])],
+        initializer=[onnx.numpy_helper.from_array(kernel, "kernel"), onnx.numpy_helper.from_array(bias, "bias")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=IR_VERSION, producer_name=PRODUCER)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+EXPORTED = {
+    "torch_scan_gru": torch_scan_gru,
+    "torch_scan_gru_unbatched": lambda: torch_scan_gru(unbatched=True),
+    "torch_scan_lstm": torch_scan_lstm,
+    "torch_scan_gru_manual_rev": torch_scan_gru_manual_rev,
+}
+HAND_BUILT = {"keras_concat_lstm": keras_concat_lstm}
+
+
+def write(name):
+    if name in HAND_BUILT:
+        m = HAND_BUILT[name]()
+    else:
+        m, expected = EXPORTED[name]()
+        assert any(nd.op_type == "Scan" for nd in m.graph.node), f"{name}: no top-level Scan"
+        save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
+    path = os.path.join(OUT, f"{name}.onnx")
+    onnx.save_model(m, path)
+    print(f"{name}.onnx  opset {[(o.domain or 'ai.onnx', o.version) for o in m.opset_import]}"
+          f"  IR {m.ir_version}  {os.path.getsize(path)} bytes", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", action="append", choices=sorted({**HAND_BUILT, **EXPORTED}))
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in args.only or list(HAND_BUILT) + list(EXPORTED):
+        if name in HAND_BUILT or args.in_process:
+            write(name)
+        else:  # a fresh hash-seeded process per export, as in generate.py
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--in-process", "--only", name],
+                           env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()

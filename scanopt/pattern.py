@@ -1,0 +1,552 @@
+"""What a body value computes, as a canonical polynomial: match cells by algebra.
+
+A matcher asks ``Algebra.poly(tensor)`` and gets a sum of terms
+``(f1 ⊙ f2 ⊙ ...)·W`` plus a bias. A factor is a leaf (a body input, an activation
+output, anything that is not linear algebra) or a group (a sum with matrix terms that
+cannot be distributed elementwise, e.g. ``h·Rᵀ + b`` inside ``r ⊙ (h·Rᵀ + b)``); W is a
+constant elementwise scale or a matrix in ``x·W`` orientation. Add/Sum/Sub/Neg in any
+operand order, Mul (distributed), MatMul against a constant (either side for a vector),
+MatMul of a last-axis Concat, Gemm (transB, alpha, beta, bias), Split/Slice of the last
+axis, Unsqueeze/Squeeze of leading axes and Identity all reduce to this form, so
+``x·Wᵀ + b + h·Rᵀ``, ``Gemm(x, W, b) + Gemm(h, R)`` and one fused MatMul split into
+gates compare equal term by term.
+
+Weights are float64 copies of the constants (results are cast back by the caller).
+Given the body, values it reads but does not compute (an enclosing graph's value, a
+loop-invariant state) are :class:`Runtime` weights: a matrix multiplying one value, a
+bias, a peephole vector. Anything the algebra cannot express raises :class:`NoMatch`
+with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.graph import constant_value, is_op
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class NoMatch(Exception):
+    """The value is not of the form asked for; ``str(exc)`` is the reason."""
+
+
+@dataclass(frozen=True, eq=False)
+class Leaf:
+    tensor: gs.Tensor
+
+    @property
+    def key(self):
+        return (0, self.tensor.name, id(self.tensor))
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    poly: "Poly"
+
+    @property
+    def key(self):
+        return (1, "", id(self))
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A weight known only at run time: a value of an enclosing graph or a loop-invariant
+    state, in ``x·W`` orientation. A matrix is ``tensor`` [in, out] (``transposed``: the
+    tensor is [out, in], as Gemm transB reads it); a vector (a bias, a peephole) is
+    ``tensor`` [n]. Only columns [start, stop) are used, times ``scale``."""
+
+    tensor: gs.Tensor
+    vector: bool = False
+    transposed: bool = False
+    start: int = 0
+    stop: int | None = None  # None: to the end
+    scale: float = 1.0
+
+    @property
+    def width(self) -> int | None:
+        if self.stop is not None:
+            return self.stop - self.start
+        shape = self.tensor.shape
+        axis = 0 if self.vector or self.transposed else 1
+        if not shape or len(shape) != (1 if self.vector else 2) or not isinstance(shape[axis], int):
+            return None
+        return shape[axis] - self.start
+
+    @property
+    def in_size(self) -> int | None:
+        """Rows in x·W orientation (matrices only), when the tensor's shape tells."""
+        shape = self.tensor.shape
+        if self.vector or not shape or len(shape) != 2:
+            return None
+        size = shape[1 if self.transposed else 0]
+        return size if isinstance(size, int) else None
+
+    def cols(self, start: int, stop: int) -> "Runtime":
+        return replace(self, start=self.start + start, stop=self.start + stop)
+
+    def scaled(self, c: float) -> "Runtime":
+        return replace(self, scale=self.scale * c)
+
+
+def _mulw(a, b):
+    """Product of two weights; a run-time weight only scales by a constant scalar."""
+    if isinstance(a, Runtime) or isinstance(b, Runtime):
+        rt, other = (a, b) if isinstance(a, Runtime) else (b, a)
+        if isinstance(other, Runtime) or np.ndim(other) != 0:
+            raise NoMatch(f"run-time weight '{rt.tensor.name}' is multiplied elementwise by a vector")
+        return rt.scaled(float(other))
+    return _broadcast(a, b, np.multiply)
+
+
+@dataclass(frozen=True, eq=False)
+class Term:
+    """``(factors multiplied elementwise) ⊙ weight`` or, with ``matrix``, ``(...)·weight``."""
+
+    factors: tuple  # of Leaf / Group, sorted by key; () for a run-time bias
+    weight: np.ndarray | Runtime  # float64: shape () or (n,) elementwise; (in, out) when matrix
+    matrix: bool = False
+
+    @property
+    def monomial(self) -> tuple:
+        """Identity of the factor product (a multiset of leaves and groups)."""
+        return tuple(f.key for f in self.factors)
+
+
+@dataclass(frozen=True, eq=False)
+class Poly:
+    terms: tuple = ()
+    bias: np.ndarray | None = None  # float64, shape () or (n,); None is zero
+
+    @property
+    def is_constant(self) -> bool:
+        return not self.terms
+
+    @property
+    def elementwise(self) -> bool:
+        return not any(t.matrix for t in self.terms)
+
+    def width(self) -> int | None:
+        """The last-axis size of the value, when a weight or the bias tells."""
+        for t in self.terms:
+            if isinstance(t.weight, Runtime):
+                if t.weight.width is not None:
+                    return t.weight.width
+            elif t.matrix:
+                return t.weight.shape[1]
+            elif t.weight.ndim == 1:
+                return t.weight.shape[0]
+        return self.bias.shape[0] if self.bias is not None and self.bias.ndim == 1 else None
+
+
+def leaf(tensor: gs.Tensor) -> Poly:
+    return Poly((Term((Leaf(tensor),), np.asarray(1.0)),))
+
+
+def constant(value) -> Poly:
+    return Poly((), np.asarray(value, np.float64))
+
+
+# -- arithmetic on polynomials ----------------------------------------------------------
+
+def _broadcast(a: np.ndarray, b: np.ndarray, op) -> np.ndarray:
+    if a.ndim and b.ndim and a.shape != b.shape:
+        raise NoMatch(f"sizes {a.shape[0]} and {b.shape[0]} do not match")
+    return op(a, b)
+
+
+def _add_bias(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return _broadcast(a, b, np.add)
+
+
+def add(*polys: Poly) -> Poly:
+    terms, bias = (), None
+    for p in polys:
+        terms += p.terms
+        bias = _add_bias(bias, p.bias)
+    return Poly(terms, bias)
+
+
+def scale(p: Poly, c: np.ndarray) -> Poly:
+    """``p ⊙ c`` for a constant scalar or vector c (a matrix term scales its columns)."""
+    c = np.asarray(c, np.float64)
+    terms = tuple(Term(t.factors, _broadcast_cols(t, c), t.matrix) for t in p.terms)
+    return Poly(terms, None if p.bias is None else _broadcast(p.bias, c, np.multiply))
+
+
+def _broadcast_cols(t: Term, c: np.ndarray) -> np.ndarray:
+    if isinstance(t.weight, Runtime):
+        return _mulw(t.weight, c)
+    if t.matrix:
+        if c.ndim and c.shape[0] != t.weight.shape[1]:
+            raise NoMatch(f"sizes {t.weight.shape[1]} and {c.shape[0]} do not match")
+        return t.weight * c
+    return _broadcast(t.weight, c, np.multiply)
+
+
+def _monomials(p: Poly) -> list[tuple[tuple, np.ndarray]]:
+    """(factors, elementwise weight) pairs; a sum with matrix terms stays one group."""
+    if not p.elementwise:
+        return [((Group(p),), np.asarray(1.0))]
+    out = [(t.factors, t.weight) for t in p.terms]
+    return out + ([((), p.bias)] if p.bias is not None else [])
+
+
+def mul(p: Poly, q: Poly) -> Poly:
+    """Elementwise product, distributed over elementwise sums."""
+    if p.is_constant or q.is_constant:
+        const, other = (p, q) if p.is_constant else (q, p)
+        return Poly() if const.bias is None else scale(other, const.bias)
+    terms, bias = [], None
+    for fa, wa in _monomials(p):
+        for fb, wb in _monomials(q):
+            w = _mulw(wa, wb)
+            factors = tuple(sorted(fa + fb, key=lambda f: f.key))
+            if factors or isinstance(w, Runtime):
+                terms.append(Term(factors, w))
+            else:
+                bias = _add_bias(bias, w)
+    return Poly(tuple(terms), bias)
+
+
+def matmul(p: Poly, w: np.ndarray) -> Poly:
+    """``p·W`` for a constant 2-D W [in, out]."""
+    w = np.asarray(w, np.float64)
+    terms = []
+    for t in p.terms:
+        if isinstance(t.weight, Runtime):
+            raise NoMatch(f"run-time weight '{t.weight.tensor.name}' is multiplied by a constant matrix")
+        if t.matrix:
+            if t.weight.shape[1] != w.shape[0]:
+                raise NoMatch(f"matrix sizes {t.weight.shape} and {w.shape} do not chain")
+            terms.append(Term(t.factors, t.weight @ w, True))
+        else:
+            s = t.weight
+            if s.ndim and s.shape[0] != w.shape[0]:
+                raise NoMatch(f"a size-{s.shape[0]} value cannot multiply a {w.shape} matrix")
+            terms.append(Term(t.factors, (s[:, None] if s.ndim else s) * w, True))
+    bias = None
+    if p.bias is not None:
+        b = p.bias if p.bias.ndim else np.full(w.shape[0], float(p.bias))
+        if b.shape[0] != w.shape[0]:
+            raise NoMatch(f"a size-{b.shape[0]} bias cannot multiply a {w.shape} matrix")
+        bias = b @ w
+    return Poly(tuple(terms), bias)
+
+
+def runtime_matmul(p: Poly, w: Runtime) -> Poly:
+    """``p·W`` for a run-time W: only a single product of leaves (no bias) can carry it."""
+    if len(p.terms) != 1 or p.bias is not None or p.terms[0].matrix or np.ndim(p.terms[0].weight) != 0:
+        raise NoMatch(f"run-time weight '{w.tensor.name}' multiplies a sum, not a single value")
+    (t,) = p.terms
+    return Poly((Term(t.factors, w.scaled(float(t.weight)), True),))
+
+
+def columns(p: Poly, start: int, stop: int) -> Poly:
+    """Columns [start, stop) of the last axis."""
+    terms = []
+    for t in p.terms:
+        if isinstance(t.weight, Runtime) and (t.matrix or not t.factors):
+            terms.append(Term(t.factors, t.weight.cols(start, stop), t.matrix))
+        elif t.matrix:
+            terms.append(Term(t.factors, t.weight[:, start:stop], True))
+        elif t.weight.ndim == 0 and all(isinstance(f, Group) for f in t.factors):
+            terms.append(Term(tuple(Group(columns(f.poly, start, stop)) for f in t.factors), t.weight))
+        else:
+            names = ", ".join(f"'{f.tensor.name}'" for f in t.factors if isinstance(f, Leaf))
+            raise NoMatch(f"a Split/Slice cuts {names} itself, not a matrix product")
+    bias = p.bias if p.bias is None or p.bias.ndim == 0 else p.bias[start:stop]
+    return Poly(tuple(terms), bias)
+
+
+# -- reading the graph -----------------------------------------------------------------
+
+def producer(tensor: gs.Tensor) -> gs.Node | None:
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
+
+
+def resolve(tensor: gs.Tensor) -> gs.Tensor:
+    """Follow Identity nodes back to the value they copy."""
+    node = producer(tensor)
+    while node is not None and is_op(node, "Identity"):
+        tensor = node.inputs[0]
+        node = producer(tensor)
+    return tensor
+
+
+def is_algebra(node: gs.Node) -> bool:
+    """True for the ops :class:`Algebra` expands (everything else makes a leaf)."""
+    return node.op in _HANDLERS and is_op(node, node.op)
+
+
+def describe(tensor: gs.Tensor) -> str:
+    """``'name' (Op output)`` or ``'name'`` for an input: for reasons a user can read."""
+    node = producer(tensor)
+    return f"'{tensor.name}' ({node.op} output)" if node is not None else f"'{tensor.name}'"
+
+
+class Algebra:
+    """Expands body values into :class:`Poly`, memoized; ``stops`` are kept as leaves.
+
+    ``rank(tensor)`` (optional) gives a value's rank, needed to tell that a Split,
+    Slice or Concat works on the last axis when its axis is given as non-negative.
+    """
+
+    def __init__(self, rank=None, stops: Iterable[gs.Tensor] = (), body: gs.Graph | None = None,
+                 varying: Iterable[gs.Tensor] = ()):
+        self._rank = rank or (lambda t: None)
+        self._stops = {id(t) for t in stops}
+        # With ``body``, only its nodes are expanded; every other non-constant value it reads
+        # (an enclosing graph's value, a body input not in ``varying``) is a run-time constant.
+        self._local = None if body is None else {id(n) for n in body.nodes}
+        self._varying = {id(t) for t in varying}
+        self._memo: dict[int, Poly] = {}
+
+    def poly(self, tensor: gs.Tensor) -> Poly:
+        """What ``tensor`` computes; it is expanded even if it is a stop."""
+        return self._expand(tensor)
+
+    def value(self, tensor: gs.Tensor) -> Poly:
+        if id(tensor) in self._stops:
+            return leaf(tensor)
+        if id(tensor) not in self._memo:
+            self._memo[id(tensor)] = self._expand(tensor)
+        return self._memo[id(tensor)]
+
+    def _expand(self, tensor: gs.Tensor) -> Poly:
+        value = constant_value(tensor)
+        if value is not None:
+            return self._constant(tensor, value)
+        if self.is_runtime(tensor) and self._rank(tensor) == 1:
+            return Poly((Term((), Runtime(tensor, vector=True)),))
+        node = producer(tensor)
+        handler = _HANDLERS.get(node.op) if node is not None and is_op(node, node.op) else None
+        if handler is None:
+            return leaf(tensor)
+        return handler(self, node, tensor)
+
+    def is_runtime(self, tensor: gs.Tensor) -> bool:
+        """A value the body reads but does not compute and that does not vary per step."""
+        if self._local is None or id(tensor) in self._varying or constant_value(tensor) is not None:
+            return False
+        node = producer(tensor)
+        return node is None or id(node) not in self._local
+
+    def _constant(self, tensor, value: np.ndarray) -> Poly:
+        if value.dtype.kind != "f":
+            raise NoMatch(f"'{tensor.name}' is a {value.dtype} constant in float arithmetic")
+        if value.ndim > 1 and any(d != 1 for d in value.shape[:-1]):
+            raise NoMatch(f"constant '{tensor.name}' of shape {list(value.shape)} is not a scalar or a row vector")
+        return constant(value.reshape(-1) if value.ndim else value)
+
+    def is_last_axis(self, tensor: gs.Tensor, axis: int) -> bool:
+        if axis == -1:
+            return True
+        rank = self._rank(tensor)
+        return rank is not None and axis == rank - 1
+
+    def column_range(self, node: gs.Node, out: gs.Tensor, width: int | None) -> tuple[int, int]:
+        """The [start, stop) that a last-axis Split/Slice ``node`` gives output ``out``."""
+        data = node.inputs[0]
+        if is_op(node, "Split"):
+            if not self.is_last_axis(data, node.attrs.get("axis", 0)):
+                raise NoMatch(f"Split '{node.name}' does not cut the last axis")
+            sizes = _split_sizes(node, width)
+            index = next(i for i, t in enumerate(node.outputs) if t is out)
+            start = sum(sizes[:index])
+            return start, start + sizes[index]
+        starts, ends, axes, steps = _slice_args(node)
+        if len(starts) != 1 or not self.is_last_axis(data, axes[0] if axes else 0):
+            raise NoMatch(f"Slice '{node.name}' does not cut the last axis alone")
+        if steps and steps[0] != 1:
+            raise NoMatch(f"Slice '{node.name}' has step {steps[0]}")
+        if width is None:
+            raise NoMatch(f"the size cut by Slice '{node.name}' is unknown")
+        start, stop, _ = slice(int(starts[0]), int(min(ends[0], INT64_MAX))).indices(width)
+        return start, max(start, stop)
+
+
+def _split_sizes(node: gs.Node, width: int | None) -> list[int]:
+    sizes = node.attrs.get("split")
+    if sizes is None and len(node.inputs) > 1 and node.inputs[1].name:
+        sizes = constant_value(node.inputs[1])
+        if sizes is None:
+            raise NoMatch(f"Split '{node.name}' sizes are not constant")
+    if sizes is not None:
+        return [int(s) for s in np.asarray(sizes).reshape(-1)]
+    n = len(node.outputs)
+    if width is None:
+        raise NoMatch(f"the size cut by Split '{node.name}' is unknown")
+    chunk = -(-width // n)  # opset 18 num_outputs: equal chunks, the last one smaller
+    if n * chunk != width and "num_outputs" not in node.attrs:
+        raise NoMatch(f"Split '{node.name}' cannot cut {width} into {n} equal parts")
+    return [min(chunk, width - i * chunk) for i in range(n)]
+
+
+def _slice_args(node: gs.Node):
+    if "starts" in node.attrs:  # Slice-1
+        return node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"), None
+    args = []
+    for i in range(1, 5):
+        t = node.inputs[i] if i < len(node.inputs) and node.inputs[i].name else None
+        value = None if t is None else constant_value(t)
+        if t is not None and value is None:
+            raise NoMatch(f"Slice '{node.name}' bounds are not constant")
+        args.append(None if value is None else [int(v) for v in np.asarray(value).reshape(-1)])
+    return tuple(args)
+
+
+# -- per-op expansion -------------------------------------------------------------------
+
+def _identity(alg: Algebra, node, out):
+    return alg.value(node.inputs[0])
+
+
+def _add(alg, node, out):
+    return add(*(alg.value(t) for t in node.inputs))
+
+
+def _sub(alg, node, out):
+    return add(alg.value(node.inputs[0]), scale(alg.value(node.inputs[1]), -1.0))
+
+
+def _neg(alg, node, out):
+    return scale(alg.value(node.inputs[0]), -1.0)
+
+
+def _mul(alg, node, out):
+    return mul(alg.value(node.inputs[0]), alg.value(node.inputs[1]))
+
+
+def _weight(tensor, node) -> np.ndarray:
+    value = constant_value(tensor)
+    if value is None:
+        raise NoMatch(f"{node.op} '{node.name}' multiplies by '{tensor.name}', which is not a constant")
+    if value.ndim != 2 or value.dtype.kind != "f":
+        raise NoMatch(f"{node.op} '{node.name}' weight '{tensor.name}' is not a 2-D float matrix")
+    return value.astype(np.float64)
+
+
+def _matmul(alg, node, out):
+    a, b = node.inputs
+    if alg.is_runtime(b):
+        if alg._rank(b) != 2:
+            raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
+        return runtime_matmul(alg.value(a), Runtime(b))
+    left = constant_value(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
+    if left and constant_value(b) is None and not alg.is_runtime(b):
+        if alg._rank(b) != 1:  # W @ v equals v @ Wᵀ only for a vector v
+            raise NoMatch(f"MatMul '{node.name}' has the weight on the left of a non-vector")
+        if alg.is_runtime(a):
+            return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
+        return matmul(alg.value(b), _weight(a, node).T)
+    w = _weight(b, node)
+    src = producer(a)
+    if src is not None and is_op(src, "Concat") and alg.is_last_axis(a, src.attrs.get("axis", 0)):
+        parts, start = [], 0
+        for piece in src.inputs:
+            p = alg.value(piece)
+            size = _last_dim(alg, piece, p)
+            parts.append(matmul(p, w[start:start + size]))
+            start += size
+        if start != w.shape[0]:
+            raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
+        return add(*parts)
+    return matmul(alg.value(a), w)
+
+
+def _last_dim(alg, tensor, p: Poly) -> int:
+    shape = tensor.shape
+    if shape and isinstance(shape[-1], int):
+        return shape[-1]
+    width = p.width()
+    if width is None:
+        raise NoMatch(f"the width of '{tensor.name}' in a Concat is unknown")
+    return width
+
+
+def _gemm(alg, node, out):
+    if node.attrs.get("transA", 0):
+        raise NoMatch(f"Gemm '{node.name}' transposes its data operand (transA=1)")
+    alpha, trans_b = float(node.attrs.get("alpha", 1.0)), bool(node.attrs.get("transB", 0))
+    if alg.is_runtime(node.inputs[1]):
+        result = runtime_matmul(alg.value(node.inputs[0]), Runtime(node.inputs[1], transposed=trans_b, scale=alpha))
+    else:
+        w = _weight(node.inputs[1], node)
+        result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        c = node.inputs[2]
+        if constant_value(c) is None and not alg.is_runtime(c):
+            raise NoMatch(f"Gemm '{node.name}' bias '{c.name}' is not a constant")
+        result = add(result, scale(alg.value(c), float(node.attrs.get("beta", 1.0))))
+    return result
+
+
+def _reshape_lead(alg, node, out):
+    """Unsqueeze/Squeeze of leading axes (an exporter's [H] <-> [1, H]): the last axis,
+    which all of the algebra works on, is untouched, so the value is the same polynomial."""
+    data = node.inputs[0]
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
+        axes = constant_value(node.inputs[1])
+    rank = alg._rank(out if node.op == "Unsqueeze" else data)
+    if axes is None or rank is None:
+        raise NoMatch(f"{node.op} '{node.name}' has unknown axes or rank")
+    axes = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+    if rank - 1 in axes:
+        raise NoMatch(f"{node.op} '{node.name}' changes the last axis")
+    return alg.value(data)
+
+
+def _cut(alg, node, out):
+    whole = alg.value(node.inputs[0])
+    start, stop = alg.column_range(node, out, whole.width())
+    return columns(whole, start, stop)
+
+
+_HANDLERS = {
+    "Identity": _identity,
+    "Add": _add,
+    "Sum": _add,
+    "Sub": _sub,
+    "Neg": _neg,
+    "Mul": _mul,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Split": _cut,
+    "Slice": _cut,
+    "Unsqueeze": _reshape_lead,
+    "Squeeze": _reshape_lead,
+}
+
+
+def format_poly(p: Poly, names: dict[int, str] | None = None) -> str:
+    """A short human-readable form for reasons, e.g. ``a + -1·z⊙a + z⊙h``."""
+    names = names or {}
+
+    def factor(f) -> str:
+        if isinstance(f, Leaf):
+            return names.get(id(f.tensor), f"'{f.tensor.name}'")
+        return "(" + format_poly(f.poly, names) + ")"
+
+    parts = []
+    for t in p.terms:
+        body = "⊙".join(factor(f) for f in t.factors)
+        if isinstance(t.weight, Runtime):
+            parts.append(f"{body}{'·' if t.matrix else ''}{'⊙' if body and not t.matrix else ''}'{t.weight.tensor.name}'")
+        elif t.matrix:
+            parts.append(f"{body}·W{list(t.weight.shape)}")
+        elif t.weight.ndim == 0 and t.weight == 1:
+            parts.append(body)
+        else:
+            w = f"{float(t.weight):g}" if t.weight.ndim == 0 else "c"
+            parts.append(f"{w}·{body}")
+    if p.bias is not None:
+        parts.append("b")
+    return " + ".join(parts) or "0"

@@ -1,0 +1,336 @@
+"""Recurrent cells written as Scan bodies in the forms exporters and people write, for the
+fuse tests. Weights are given in ONNX layout (W [G*H, I], gate order of the native op)
+and each builder writes them the way its form needs (transposed for MatMul, reordered
+to PyTorch's gate order, split per gate...); the tests then compare the original Scan
+with the fused model numerically, so no expected value comes from the code under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+H, I = 4, 3
+
+
+def rand(seed, *shape, scale=0.5):
+    return np.random.default_rng(seed).uniform(-scale, scale, shape).astype(np.float32)
+
+
+class Body:
+    """A body under construction; ``where`` says where constants live: body initializers,
+    outer-scope initializers, or Constant nodes in the body."""
+
+    def __init__(self, batch: bool = True, where: str = "body", opset: int = 17, hidden: int = H, inputs: int = I,
+                 prefix: str = ""):
+        self.batch, self.where, self.opset, self.prefix = batch, where, opset, prefix
+        self.H, self.I = hidden, inputs
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.outer: list[onnx.TensorProto] = []
+        self.count = 0
+
+    def _name(self, hint):
+        self.count += 1
+        return f"{self.prefix}{hint}_{self.count}"
+
+    def const(self, value, hint="w", where=None):
+        where = where or self.where
+        name = self._name(hint)
+        tensor = numpy_helper.from_array(np.asarray(value), name)
+        if where == "node":
+            self.nodes.append(h.make_node("Constant", [], [name], value=tensor))
+        else:
+            (self.outer if where == "outer" else self.inits).append(tensor)
+        return name
+
+    def op(self, op_type, *inputs, outputs=1, **attrs):
+        names = [self._name(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(h.make_node(op_type, list(inputs), names, **attrs))
+        return names[0] if outputs == 1 else names
+
+    def linear(self, src, W, b=None, form="matmul"):
+        """src·Wᵀ (+ b) for W [out, in] in one of the forms exporters use."""
+        if form == "gemm":
+            args = [src, self.const(W)] + ([self.const(b, "b")] if b is not None else [])
+            return self.op("Gemm", *args, transB=1)
+        if form == "gemm_t":
+            args = [src, self.const(W.T.copy())] + ([self.const(b, "b")] if b is not None else [])
+            return self.op("Gemm", *args)
+        if form == "matvec":  # W @ v, for bodies without a batch axis
+            out = self.op("MatMul", self.const(W), src)
+        else:
+            out = self.op("MatMul", src, self.const(W.T.copy()))
+        if b is None:
+            return out
+        return self.op("Add", self.const(b, "b"), out) if form == "bias_first" else self.op("Add", out, self.const(b, "b"))
+
+    def split(self, value, parts, how="split"):
+        """Equal last-axis parts of ``value`` by Split or by Slice."""
+        axis = -1 if how != "split_pos" else (1 if self.batch else 0)
+        if how in ("split", "split_pos"):
+            if self.opset >= 18:
+                return self.op("Split", value, outputs=parts, axis=axis, num_outputs=parts)
+            if self.opset < 13:
+                return self.op("Split", value, outputs=parts, axis=axis, split=[self.H] * parts)
+            sizes = self.const(np.array([self.H] * parts, np.int64), "sizes", where="body")
+            return self.op("Split", value, sizes, outputs=parts, axis=axis)
+        outs = []
+        for k in range(parts):
+            c = [self.const(np.array([v], np.int64), "s", where="body") for v in (k * self.H, (k + 1) * self.H, -1)]
+            outs.append(self.op("Slice", value, *c))
+        return outs
+
+
+def shape(body: Body, size, lead=None):
+    return (["batch", size] if body.batch else [size]) if lead is None else lead
+
+
+def scan_model(body: Body, states, x="x", ys=("y",), *, in_axis=0, out_axes=None, in_dir=0, out_dirs=None,
+               opset=None, finals=True):
+    """Wrap ``body`` in a Scan. ``states``: [(input name, output name, size)]; ``ys``: body
+    output names of the scan outputs (each gets an Identity, as exporters write it)."""
+    opset = opset or body.opset
+    k = len(ys)
+    out_axes = list(out_axes or [0] * k)
+    out_dirs = list(out_dirs or [0] * k)
+    nodes = list(body.nodes)
+    y_names = []
+    for i, y in enumerate(ys):
+        y_names.append(f"y_t{i}")
+        nodes.append(h.make_node("Identity", [y], [f"y_t{i}"]))
+    vi = h.make_tensor_value_info
+    b_in = [vi(name, TP.FLOAT, shape(body, size)) for name, _, size in states]
+    b_in += [vi(x, TP.FLOAT, shape(body, body.I))]
+    b_out = [vi(out, TP.FLOAT, shape(body, size)) for _, out, size in states]
+    b_out += [vi(n, TP.FLOAT, shape(body, body.H)) for n in y_names]
+    graph = h.make_graph(nodes, "cell_body", b_in, b_out, initializer=body.inits)
+    attrs = {"num_scan_inputs": 1, "body": graph}
+    if in_axis:
+        attrs["scan_input_axes"] = [in_axis]
+    if in_dir:
+        attrs["scan_input_directions"] = [1]
+    if any(out_axes):
+        attrs["scan_output_axes"] = out_axes
+    if any(out_dirs):
+        attrs["scan_output_directions"] = out_dirs
+
+    def outer_shape(size, axis):
+        s = list(shape(body, size))
+        s.insert(axis, "seq")
+        return s
+
+    scan = h.make_node("Scan", [f"{name}0" for name, _, _ in states] + ["X"],
+                       [f"{name}_n" for name, _, _ in states] + [f"Y{i}" for i in range(k)], name="cell_scan", **attrs)
+    inputs = [vi("X", TP.FLOAT, outer_shape(body.I, in_axis))]
+    inputs += [vi(f"{name}0", TP.FLOAT, shape(body, size)) for name, _, size in states]
+    outputs = [vi(f"{name}_n", TP.FLOAT, shape(body, size)) for name, _, size in states] if finals else []
+    outputs += [vi(f"Y{i}", TP.FLOAT, outer_shape(body.H, a)) for i, a in enumerate(out_axes)]
+    g = h.make_graph([scan], "cell_model", inputs, outputs, initializer=body.outer)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+def scan8_model(body: Body, states, ys=("y",), *, lens=True, reverse=False, finals=True):
+    """A Scan-8 (opset 8) over X [batch, seq, I] with a body without batch axis; optional
+    sequence_lens input ``lens`` [batch]."""
+    vi = h.make_tensor_value_info
+    nodes = list(body.nodes) + [h.make_node("Identity", [y], [f"y_t{i}"]) for i, y in enumerate(ys)]
+    graph = h.make_graph(
+        nodes, "cell_body",
+        [vi(name, TP.FLOAT, [size]) for name, _, size in states] + [vi("x", TP.FLOAT, [body.I])],
+        [vi(out, TP.FLOAT, [size]) for _, out, size in states] + [vi(f"y_t{i}", TP.FLOAT, [body.H]) for i in range(len(ys))],
+        initializer=body.inits)
+    attrs = {"num_scan_inputs": 1, "body": graph}
+    if reverse:
+        attrs["directions"] = [1]
+    scan = h.make_node("Scan", ["lens" if lens else ""] + [f"{name}0" for name, _, _ in states] + ["X"],
+                       [f"{name}_n" for name, _, _ in states] + [f"Y{i}" for i in range(len(ys))], name="cell_scan8", **attrs)
+    inputs = ([vi("lens", TP.INT64, ["batch"])] if lens else []) + [vi("X", TP.FLOAT, ["batch", "seq", body.I])]
+    inputs += [vi(f"{name}0", TP.FLOAT, ["batch", size]) for name, _, size in states]
+    outputs = [vi(f"{name}_n", TP.FLOAT, ["batch", size]) for name, _, size in states] if finals else []
+    outputs += [vi(f"Y{i}", TP.FLOAT, ["batch", "seq", body.H]) for i in range(len(ys))]
+    g = h.make_graph([scan], "cell_model8", inputs, outputs, initializer=body.outer)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 8)], ir_version=8)
+
+
+def two_scans(first, second, suffix="_b"):
+    """One model running both models' Scans over the same X; ``second``'s other inputs and
+    its outputs get ``suffix`` (its body names must already differ: use a Body prefix)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(first)
+    g2 = second.graph
+    rename = {v.name: v.name + suffix for v in list(g2.input) + list(g2.output) if v.name != "X"}
+    rename.update({i.name: i.name + suffix for i in g2.initializer})
+    scan = onnx.NodeProto()
+    scan.CopyFrom(g2.node[0])
+    scan.name += suffix
+    scan.input[:] = [rename.get(n, n) for n in scan.input]
+    scan.output[:] = [rename.get(n, n) for n in scan.output]
+    model.graph.node.append(scan)
+    for v in g2.input:
+        if v.name != "X":
+            model.graph.input.append(h.make_tensor_value_info(rename[v.name], v.type.tensor_type.elem_type,
+                                                              [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]))
+    for v in g2.output:
+        model.graph.output.append(h.make_tensor_value_info(rename[v.name], v.type.tensor_type.elem_type,
+                                                           [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]))
+    for init in g2.initializer:
+        model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(init), rename[init.name]))
+    return model
+
+
+def weights_as_inputs(model):
+    """Every float initializer of the main graph becomes a graph input (a run-time weight)."""
+    for init in [i for i in model.graph.initializer if i.data_type == TP.FLOAT]:
+        model.graph.initializer.remove(init)
+        model.graph.input.append(h.make_tensor_value_info(init.name, TP.FLOAT, list(init.dims)))
+    return model
+
+
+def feeds(model, T=6, B=3, seed=0, lens=None):
+    """Inputs with seq = T and batch = B (longer than the verifier's synthesized ones)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for v in model.graph.input:
+        dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        dims = [T if d == "seq" else B if d == "batch" else d for d in dims]
+        if v.type.tensor_type.elem_type == TP.INT64:  # sequence_lens
+            out[v.name] = np.asarray(lens if lens is not None else rng.integers(1, T + 1, dims), np.int64)
+        else:
+            out[v.name] = rng.standard_normal(dims).astype(np.float32)
+    return [out]
+
+
+# -- cells ---------------------------------------------------------------------------------
+
+def rnn(body, x, hs, seed=0, act="Tanh", form="matmul", bias="split", order="xh", act_attrs=None, clip=None):
+    """h' = act(x·Wᵀ + h·Rᵀ + Wb + Rb)."""
+    H, I = body.H, body.I
+    W, R, Wb, Rb = rand(seed, H, I), rand(seed + 1, H, H), rand(seed + 2, H), rand(seed + 3, H)
+    if bias == "merged":
+        xw, hr = body.linear(x, W, form=form), body.linear(hs, R, form=form)
+        terms = [xw, hr, body.const(Wb + Rb, "b")]
+        pre = body.op("Sum", *terms) if order == "sum" else body.op("Add", body.op("Add", *terms[:2]), terms[2])
+    elif bias == "none":
+        xw, hr = body.linear(x, W, form=form), body.linear(hs, R, form=form)
+        pre = body.op("Add", xw, hr)
+    else:
+        xw, hr = body.linear(x, W, Wb, form=form), body.linear(hs, R, Rb, form=form)
+        pre = body.op("Add", *((xw, hr) if order == "xh" else (hr, xw)))
+    if clip is not None:
+        pre = body.op("Clip", pre, body.const(np.float32(-clip), "lo"), body.const(np.float32(clip), "hi"))
+    return body.op(act, pre, **(act_attrs or {}))
+
+
+def gru(body, x, hs, seed=0, lbr=0, order="onnx", fused=True, cut="split", update="standard", form="matmul"):
+    """ONNX GRU (z, r, h) written in ONNX or PyTorch (r, z, n) gate order."""
+    H, I = body.H, body.I
+    W, R = rand(seed, 3 * H, I), rand(seed + 1, 3 * H, H)
+    Wb, Rb = rand(seed + 2, 3 * H), rand(seed + 3, 3 * H)
+    gates = {"z": 0, "r": 1, "h": 2}
+    names = ["r", "z", "h"] if order == "torch" else ["z", "r", "h"]
+    rows = lambda a, g: a[gates[g] * H:(gates[g] + 1) * H]  # noqa: E731
+    stack = lambda a, gs: np.concatenate([rows(a, g) for g in gs])  # noqa: E731
+    if fused:
+        xi = body.split(body.linear(x, stack(W, names), stack(Wb, names), form=form), 3, cut)
+        xg = dict(zip(names, xi))
+        if lbr:
+            hi = body.split(body.linear(hs, stack(R, names), stack(Rb, names), form=form), 3, cut)
+            hg = dict(zip(names, hi))
+        else:
+            zr = [g for g in names if g != "h"]
+            hi = body.split(body.linear(hs, stack(R, zr), stack(Rb, zr), form=form), 2, cut)
+            hg = dict(zip(zr, hi))
+    else:
+        xg = {g: body.linear(x, rows(W, g), rows(Wb, g), form=form) for g in names}
+        hg = {g: body.linear(hs, rows(R, g), rows(Rb, g), form=form) for g in names if lbr or g != "h"}
+    z = body.op("Sigmoid", body.op("Add", xg["z"], hg["z"]))
+    r = body.op("Sigmoid", body.op("Add", hg["r"], xg["r"]))
+    if lbr:
+        cand_in = body.op("Add", xg["h"], body.op("Mul", r, hg["h"]))
+    else:
+        rh = body.op("Mul", hs, r)
+        cand_in = body.op("Add", xg["h"], body.linear(rh, rows(R, "h"), rows(Rb, "h"), form=form))
+    n = body.op("Tanh", cand_in)
+    one = body.const(np.float32(1.0), "one", where="body")
+    if update == "standard":  # (1 - z) * n + z * h
+        return body.op("Add", body.op("Mul", body.op("Sub", one, z), n), body.op("Mul", z, hs))
+    if update == "lerp":  # n + z * (h - n)
+        return body.op("Add", n, body.op("Mul", z, body.op("Sub", hs, n)))
+    if update == "expanded":  # z*h + n - z*n
+        return body.op("Sub", body.op("Add", body.op("Mul", hs, z), n), body.op("Mul", n, z))
+    raise ValueError(update)
+
+
+def lstm(body, x, hs, cs, seed=0, order="onnx", cut="split", peep=False, form="matmul", acts=("Sigmoid", "Tanh", "Tanh")):
+    """LSTM written with one fused matmul per source, gates in ONNX (i, o, f, c) or PyTorch
+    (i, f, g, o) order; optional peepholes (i, f read c; o reads the new c)."""
+    H, I = body.H, body.I
+    W, R = rand(seed, 4 * H, I), rand(seed + 1, 4 * H, H)
+    Wb, Rb = rand(seed + 2, 4 * H), rand(seed + 3, 4 * H)
+    P = rand(seed + 4, 3 * H)
+    onnx_order = ["i", "o", "f", "c"]
+    names = ["i", "f", "c", "o"] if order == "torch" else onnx_order
+    rows = lambda a, g: a[onnx_order.index(g) * H:(onnx_order.index(g) + 1) * H]  # noqa: E731
+    stack = lambda a: np.concatenate([rows(a, g) for g in names])  # noqa: E731
+    gates = body.op("Add", body.linear(x, stack(W), stack(Wb), form=form), body.linear(hs, stack(R), stack(Rb), form=form))
+    pre = dict(zip(names, body.split(gates, 4, cut)))
+    f_act, g_act, h_act = acts
+    if peep:
+        pre["i"] = body.op("Add", pre["i"], body.op("Mul", body.const(P[:H], "pi"), cs))
+        pre["f"] = body.op("Add", body.op("Mul", cs, body.const(P[2 * H:], "pf")), pre["f"])
+    i = body.op(f_act, pre["i"])
+    f = body.op(f_act, pre["f"])
+    g = body.op(g_act, pre["c"])
+    c_new = body.op("Add", body.op("Mul", f, cs), body.op("Mul", i, g))
+    if peep:
+        pre["o"] = body.op("Add", pre["o"], body.op("Mul", c_new, body.const(P[H:2 * H], "po")))
+    o = body.op(f_act, pre["o"])
+    h_new = body.op("Mul", o, body.op(h_act, c_new))
+    return h_new, c_new
+
+
+def cell(kind, body, seed=0, **kw):
+    """(states for scan_model, new hidden state) of a ``kind`` cell in ``body``."""
+    if kind == "RNN":
+        h_new = rnn(body, "x", "h", seed=seed, **kw)
+        return [("h", h_new, body.H)], h_new
+    if kind == "GRU":
+        h_new = gru(body, "x", "h", seed=seed, **kw)
+        return [("h", h_new, body.H)], h_new
+    h_new, c_new = lstm(body, "x", "h", "c", seed=seed, **kw)
+    return [("h", h_new, body.H), ("c", c_new, body.H)], h_new
+
+
+# -- running the pass ----------------------------------------------------------------------
+
+def fuse(model, passes=("fuse", "cleanup")):
+    """(optimized model, fuse outcomes) without the pipeline's own verification."""
+    import scanopt
+
+    out, report = scanopt.optimize(model, passes=list(passes), verify=False)
+    return out, [o for o in report.outcomes if o.pass_name == "fuse"]
+
+
+def native(model):
+    """The one RNN/GRU/LSTM node of a model."""
+    (node,) = [n for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]
+    return node, {a.name: h.get_attribute_value(a) for a in node.attribute}
+
+
+def matches_torch(model, name, models_dir):
+    """Run ``model`` in onnxruntime on the inputs stored with sample ``name`` and compare
+    with the outputs PyTorch computed when the sample was exported."""
+    import os
+
+    import onnxruntime as ort
+
+    expected = np.load(os.path.join(models_dir, f"{name}.expected.npz"))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: expected[i.name] for i in sess.get_inputs()}
+    names = [o.name for o in sess.get_outputs()]
+    for key, got in zip(names, sess.run(names, feeds)):
+        np.testing.assert_allclose(got, expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
