@@ -57,7 +57,8 @@ class Unroll(ScanPass):
         if steps > limit:
             return Skip(f"over threshold ({steps} steps > unroll_max {limit}); raise it with --unroll-max")
         fuse = registered_passes().get("fuse")
-        if fuse is not None and ("fuse", node_label(node)) not in ctx.denied:
+        fuse_runs = ctx.selected is None or "fuse" in ctx.selected
+        if fuse is not None and fuse_runs and ("fuse", node_label(node)) not in ctx.denied:
             if isinstance(fuse().match(node, view, level, ctx), Match):
                 return Skip("left to fuse: it becomes a native op")
         empty = []

@@ -76,6 +76,30 @@ def run(model: ModelLike, feeds: Feeds, engine: str = "ort", *, path: str | os.P
     return prepare(model, engine, path=path)(feeds)
 
 
+def ort_miscomputes(model: onnx.ModelProto) -> str | None:
+    """Why onnxruntime 1.31 would give wrong numbers for ``model`` without an error, or None.
+
+    Known case: a Scan body that returns one of its own inputs directly (no node in
+    between) yields zeros or stale memory for that output. Verification must not
+    trust onnxruntime on such a model.
+    """
+    from scanopt.protos import in_default_domain, walk_proto_graphs
+
+    for graph in walk_proto_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type != "Scan" or not in_default_domain(node.domain):
+                continue
+            body = next((a.g for a in node.attribute if a.name == "body"), None)
+            if body is None:
+                continue
+            inputs = {v.name for v in body.input}
+            passed = [v.name for v in body.output if v.name in inputs]
+            if passed:
+                label = node.name or node.op_type
+                return f"onnxruntime miscomputes Scan '{label}' (body output '{passed[0]}' is a body input)"
+    return None
+
+
 def ort_load_error(model: ModelLike, *, path: str | os.PathLike | None = None) -> str | None:
     """Why onnxruntime cannot load ``model`` (one line), or None when it can."""
     model, path = resolve_model(model, path)

@@ -61,11 +61,12 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
     model = gs.export_onnx(graph, do_type_check=False)
     _place_initializers(model.graph, graph)
-    order = getattr(graph, ORDER, {})
-    value_metadata = getattr(graph, VALUE_METADATA, {})
+    # vars(): gs.Graph.__getattr__ logs every missing attribute as an error.
+    order = vars(graph).get(ORDER, {})
+    value_metadata = vars(graph).get(VALUE_METADATA, {})
     for proto_graph, gs_graph, _ in _paired_graphs(model.graph, graph):
-        proto_graph.metadata_props.extend(getattr(gs_graph, GRAPH_METADATA, []))
-        _restore_value_info(proto_graph, getattr(gs_graph, VALUE_INFO, []))
+        proto_graph.metadata_props.extend(vars(gs_graph).get(GRAPH_METADATA, []))
+        _restore_value_info(proto_graph, vars(gs_graph).get(VALUE_INFO, []))
         for value in list(proto_graph.input) + list(proto_graph.output) + list(proto_graph.value_info):
             if not len(value.metadata_props):
                 value.metadata_props.extend(value_metadata.get(value.name, []))

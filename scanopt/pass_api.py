@@ -54,6 +54,8 @@ class PassContext:
     names: NameAllocator
     shapes: ShapeTable
     options: dict[str, Any] = field(default_factory=dict)
+    # names of the passes this run executes (None: unknown, e.g. a pass used alone)
+    selected: tuple[str, ...] | None = None
     # (pass name, node label) pairs a pass must not rewrite, e.g. after a failed verification
     denied: frozenset[tuple[str, str]] = frozenset()
 

@@ -115,7 +115,12 @@ def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, pro
     opset = default_opset(model)
     report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
     ctx = PassContext(
-        opset=opset or 0, names=NameAllocator(graph), shapes=ShapeTable(model), options=options, denied=denied
+        opset=opset or 0,
+        names=NameAllocator(graph),
+        shapes=ShapeTable(model),
+        options=options,
+        denied=denied,
+        selected=tuple(p.name for p in chosen),
     )
     has_scan = any(True for _ in scan_nodes(graph))
     report.scans = describe_scans(graph, ctx) if has_scan else []

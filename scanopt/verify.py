@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from scanopt.engines import EngineError, Feeds, ModelLike, Runner, prepare, resolve_model
+from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError
 from scanopt.inputs import InputSynthesizer, TensorSpec, check_feeds, input_specs, output_specs
 
@@ -359,6 +359,11 @@ def compare_models(
 def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
     """(engine, original runner, candidate runner or load error) per engine to use, and notes."""
     notes: list[str] = []
+    if engine == "auto":
+        wrong = ort_miscomputes(original) or ort_miscomputes(candidate)
+        if wrong:
+            notes.append(f"using the reference executor: {wrong}")
+            engine = "reference"
     if engine == "auto":
         try:
             original_runner = prepare(original, "ort", path=original_path)

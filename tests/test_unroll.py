@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -326,8 +328,11 @@ class _FakeFuse(ScanPass):
 def test_fusable_scan_is_left_to_fuse(monkeypatch):
     monkeypatch.setattr(unroll_module, "registered_passes", lambda: {"fuse": _FakeFuse})
     m = sample("scan_short_static")
-    out, outcomes = unroll(m)
-    assert out is m and outcomes == [("scan_short", False, "left to fuse: it becomes a native op")]
+    graph = import_model(m)
+    ctx = PassContext(opset=16, names=NameAllocator(graph), shapes=ShapeTable(m), selected=("fuse", "unroll"))
+    result = unroll_module.Unroll()(graph, ctx)
+    assert not result.modified
+    assert [(o.node, o.detail) for o in result.outcomes] == [("scan_short", "left to fuse: it becomes a native op")]
     # a Scan the fuse pass declines is unrolled
     out, outcomes = unroll(b.scan9_sum(opset=16, steps=2))
     assert outcomes[0][1] is True
@@ -417,3 +422,15 @@ def test_bodies_that_pass_values_through():
     np.testing.assert_array_equal(expected["kf"], feeds["k0"])  # the spec's answer
     for name, value in run(out, feeds, "ort").items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-6)
+
+
+def test_fusable_scan_is_unrolled_when_fuse_does_not_run():
+    """`--skip fuse` / `--passes unroll`: nothing would fuse it, so unroll must not defer."""
+    import onnx as _onnx
+    from scanopt.pipeline import optimize as _optimize
+
+    m = _onnx.load(os.path.join(os.path.dirname(__file__), "..", "models", "scan_short_static.onnx"))
+    out, report = _optimize(m, passes=["unroll"])
+    assert "Scan" not in ops(out)
+    out, report = _optimize(m)
+    assert "Scan" not in ops(out) and ops(out)["RNN"] == 1
