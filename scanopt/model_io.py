@@ -62,13 +62,14 @@ def load(path: str) -> LoadedModel:
         raise InvalidModelError(f"{path}: not an ONNX model (protobuf parse failed; truncated or not ONNX?)") from None
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         raise InvalidModelError(f"{path}: not an ONNX model (no graph, IR version or opset import)")
-    warnings = validate_model(model, name=path)
     had_external = uses_external_data(model)
     if had_external:
         try:
             onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-        except (OSError, ValueError) as exc:
-            raise InvalidModelError(f"{path}: cannot read its external data ({exc})") from None
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
+    warnings = validate_model(model, name=path)
     return LoadedModel(model, path, had_external, warnings)
 
 

@@ -16,16 +16,17 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from scanopt.reference.loop import Loop
 from scanopt.reference.scan import Scan
 
 
 def scanopt_ops() -> list[type[OpRun]]:
-    """Scan, plus the full-spec recurrent ops when their module is available."""
+    """Scan and Loop, plus the full-spec recurrent ops when their module is available."""
     try:
         from scanopt.reference.rnn import RECURRENT_OPS
     except ImportError:
         RECURRENT_OPS = []
-    return [Scan, *RECURRENT_OPS]
+    return [Scan, Loop, *RECURRENT_OPS]
 
 
 class ScanoptEvaluator(ReferenceEvaluator):
