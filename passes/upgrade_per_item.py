@@ -16,7 +16,6 @@ Loop here could not be verified by the second engine.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.rewrite import new_graph, rebind_outputs

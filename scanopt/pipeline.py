@@ -18,7 +18,7 @@ from scanopt.errors import ScanoptError
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
-from scanopt.pass_api import Pass, PassContext, ScanPass, registered_passes, scan_nodes
+from scanopt.pass_api import Pass, PassContext, registered_passes, scan_nodes
 from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable
 from scanopt.validate import default_opset, validate_model

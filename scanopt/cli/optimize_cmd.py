@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from scanopt.cli.common import check_output_path, comma_list, info, same_file
+from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, write_text
 from scanopt.errors import ScanoptError, VerificationError
-from scanopt.model_io import load, save_bytes, save_model, write_atomically
+from scanopt.model_io import save_bytes, save_model
 from scanopt.pipeline import PIPELINE_ORDER, optimize
 
 EPILOG = """\
@@ -34,32 +34,17 @@ def register(subparsers) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("input", metavar="IN", help="model to optimize (never modified)")
-    parser.add_argument("output", metavar="OUT", help="where to write the optimized model")
+    add_job_arguments(parser, verb="optimize")
     parser.add_argument("--passes", type=comma_list, metavar="A,B", help=f"passes to run (default: all; order {','.join(PIPELINE_ORDER)})")
     parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
-    parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
-    parser.add_argument("--no-verify", action="store_true", help="skip numeric verification (not recommended)")
-    parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
-    parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
-    parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
     parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
     parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
     parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
-    parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show every pass's verdict and progress")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if same_file(args.input, args.output) and not args.in_place:
-        raise ScanoptError(f"{args.output}: OUT is the input file; pass --in-place to replace it")
-    loaded = load(args.input)
-    check_output_path(args.output)
-    if args.report:
-        check_output_path(args.report)
-    feeds = _load_inputs(args.inputs, loaded.model) if args.inputs else None
+    loaded, feeds = start_job(args)
     progress = info if args.verbose and not args.quiet else None
     result, report = optimize(
         loaded.model,
@@ -84,13 +69,7 @@ def run(args) -> int:
     else:
         save_model(result, args.output, external_data=loaded.had_external_data or None)
     if args.report:
-        text = report.to_json() + "\n"
-
-        def write_report(staged: str) -> None:
-            with open(staged, "w", encoding="utf-8") as handle:
-                handle.write(text)
-
-        write_atomically(args.report, write_report)
+        write_text(args.report, report.to_json() + "\n")
     if not args.quiet:
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"
@@ -108,9 +87,3 @@ def _pass_options(args) -> dict:
             raise ScanoptError("--unroll-max must be 0 or more")
         options["unroll_max"] = args.unroll_max
     return options
-
-
-def _load_inputs(path: str, model) -> list[dict]:
-    from scanopt.inputs import load_feeds
-
-    return [load_feeds(model, npz=path)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from scanopt.cli.common import check_output_path, info, same_file
+from scanopt.cli.common import add_job_arguments, info, start_job, write_text
 from scanopt.errors import ScanoptError
-from scanopt.model_io import load, save_model, write_atomically
+from scanopt.model_io import save_model
 from scanopt.opset import MIN_TARGET, NEWEST_TARGET, migrate_verified
 from scanopt.report import count_ops
 
@@ -38,33 +38,14 @@ def register(subparsers) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("input", metavar="IN", help="model to upgrade (never modified)")
-    parser.add_argument("output", metavar="OUT", help="where to write the upgraded model")
+    add_job_arguments(parser, verb="upgrade")
     parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET}..{NEWEST_TARGET})")
     parser.add_argument("--strategy", choices=("auto", "a", "b", "c"), default="auto", help="force one strategy for every Scan-8 (default: the cheapest correct one)")
-    parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
-    parser.add_argument("--no-verify", action="store_true", help="skip numeric verification (not recommended)")
-    parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
-    parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
-    parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
-    parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show progress")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if same_file(args.input, args.output) and not args.in_place:
-        raise ScanoptError(f"{args.output}: OUT is the input file; pass --in-place to replace it")
-    loaded = load(args.input)
-    check_output_path(args.output)
-    if args.report:
-        check_output_path(args.report)
-    feeds = None
-    if args.inputs:
-        from scanopt.inputs import load_feeds
-
-        feeds = [load_feeds(loaded.model, npz=args.inputs)]
+    loaded, feeds = start_job(args)
     if args.verbose and not args.quiet:
         info(f"moving {args.input} to opset {args.target_opset}")
     options = {} if args.strategy == "auto" else {"upgrade_strategy": args.strategy}
@@ -78,13 +59,7 @@ def run(args) -> int:
     save_model(migration.model, args.output, external_data=loaded.had_external_data or None)
     report = _report(migration, loaded.model)
     if args.report:
-        text = json.dumps(report, indent=2) + "\n"
-
-        def write_report(staged: str) -> None:
-            with open(staged, "w", encoding="utf-8") as handle:
-                handle.write(text)
-
-        write_atomically(args.report, write_report)
+        write_text(args.report, json.dumps(report, indent=2) + "\n")
     if not args.quiet:
         print(_format(report))
         print(f"wrote {args.output} (opset {migration.target_opset})")
