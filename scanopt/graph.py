@@ -125,6 +125,13 @@ class NameAllocator:
                 self._taken.update(t.name for t in node.inputs + node.outputs)
         self._taken.discard("")
 
+    @classmethod
+    def from_names(cls, names: set[str]) -> "NameAllocator":
+        """An allocator over names gathered elsewhere (e.g. from protos, all levels)."""
+        allocator = cls.__new__(cls)
+        allocator._taken = set(names) - {""}
+        return allocator
+
     def fresh(self, hint: str) -> str:
         """``hint`` if free, else ``hint_1``, ``hint_2``, ... (the first free one)."""
         hint = hint or "v"

@@ -33,6 +33,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.errors import ScanoptError, UnsupportedModelError
+from scanopt.graph import NameAllocator
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names, walk_proto_graphs
 from scanopt.rewrite import Builder
 
@@ -290,15 +291,7 @@ def _spell_out_hardmax(model: onnx.ModelProto) -> onnx.ModelProto:
     if not hardmax:
         return model
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    taken = _all_names(model)
-
-    def fresh(hint: str) -> str:
-        name, i = hint, 0
-        while name in taken:
-            i += 1
-            name = f"{hint}_{i}"
-        taken.add(name)
-        return name
+    fresh = NameAllocator.from_names(_all_names(model)).fresh
 
     for g in walk_proto_graphs(model.graph):
         nodes = []
@@ -416,15 +409,7 @@ def _all_names(model: onnx.ModelProto) -> set[str]:
 def _rename_new_names(model: onnx.ModelProto, before: set[str]) -> None:
     """Give every value the converter invented a model-wide unique name (scoped renaming:
     a graph's readers, nested graphs included, follow the definition they see)."""
-    taken = _all_names(model)
-
-    def fresh(hint: str) -> str:
-        name, i = hint, 0
-        while name in taken:
-            i += 1
-            name = f"{hint}_{i}"
-        taken.add(name)
-        return name
+    fresh = NameAllocator.from_names(_all_names(model)).fresh
 
     def visit(g: onnx.GraphProto, inherited: dict[str, str]) -> None:
         mapping = dict(inherited)
