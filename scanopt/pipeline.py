@@ -66,6 +66,15 @@ def optimize(
     # rest). A migration is all or nothing, so it is verified on its own and raises when it
     # fails; the other passes then run on, and are rolled back against, the migrated model.
     original = model
+    prefused = _fuse_before_migration(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
+    if prefused is not None:
+        model = prefused[0]
+        if inputs is None:
+            # The fused model's lengths feed a native op, which the synthesizer does not
+            # read as sequence_lens: keep drawing inputs from the original's Scan-8.
+            from scanopt.inputs import synthesize_inputs
+
+            inputs = [synthesize_inputs(original, seed) for seed in range(seeds)]
     migration = _migrate(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if migration is not None:
         model = migration.model
@@ -79,7 +88,39 @@ def optimize(
         result = _verify_and_roll_back(model, candidate, report, chosen, options or {}, inputs, engine, seeds, progress)
     if migration is not None:
         _report_migration(result[1], migration, original, result[0])
+    if prefused is not None:
+        result[1].outcomes[:0] = [o for o in prefused[1].outcomes if o.applied]
+        result[1].scans = prefused[1].scans + [s for s in result[1].scans if s not in prefused[1].scans]
+        fused_check = (prefused[1].verification or {}).get("summary")
+        if fused_check and result[1].verification is not None:
+            summary = result[1].verification["summary"]
+            result[1].verification["summary"] = f"fuse at opset {default_opset(original)}: {fused_check}; {summary}"
+        result[1].modified = True
+        result[1].ops_before = count_ops(original)
+        result[1].ops_after = count_ops(result[0])
     return result
+
+
+def _fuse_before_migration(model, options, chosen, verify, inputs, engine, seeds, progress):
+    """With a target opset, fuse recurrent Scan-8 cells while the model is still at its
+    source opset: the native ops take ``sequence_lens`` directly, whereas after the
+    upgrade the Scan is masked and no longer matches a cell. Returns (model, report) when
+    something fused and verified, else None."""
+    if options.get("target_opset") is None or (default_opset(model) or 0) >= 9:
+        return None
+    fuse = [p for p in chosen if p.name == "fuse"]
+    if not fuse:
+        return None
+    if progress:
+        progress("fusing recurrent Scan-8 cells before the migration")
+    fused, report = _run_passes(model, fuse, options, frozenset(), progress)
+    if not report.modified:
+        return None
+    if verify:
+        fused, report = _verify_and_roll_back(model, fused, report, fuse, options, inputs, engine, seeds, progress)
+        if not report.modified:
+            return None
+    return fused, report
 
 
 def _migrate(model, options, chosen, verify, inputs, engine, seeds, progress):

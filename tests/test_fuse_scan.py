@@ -283,3 +283,18 @@ def test_a_declined_scan_leaves_the_model_as_it_was():
     before = m.SerializeToString()
     out, report = scanopt.optimize(m, passes=["fuse"], verify=False)
     assert out is m and not report.modified and m.SerializeToString() == before
+
+
+def test_scan8_cell_with_sequence_lens_fuses_when_migrating():
+    """--target-opset: the cell fuses at opset 8 (sequence_lens straight into the native
+    op), then the model migrates; upgrade's masking would hide the cell from fuse."""
+    from scanopt.pipeline import optimize
+
+    body = cb.Body(batch=False, opset=8)
+    states, h_new = cb.cell("GRU", body, lbr=1, order="torch", form="matvec")
+    m = cb.scan8_model(body, states, ys=[h_new], lens=True)
+    out, report = optimize(m, options={"target_opset": 17}, seeds=2)
+    assert out.opset_import[0].version == 17
+    assert ops(out)["GRU"] == 1 and "Scan" not in ops(out)
+    assert any(o.pass_name == "fuse" and o.applied for o in report.outcomes)
+    assert_equivalent(m, out, inputs=cb.feeds(m, T=5, B=3, lens=[5, 2, 1]))
