@@ -10,7 +10,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/builders.py and friends
 
+from hypothesis import settings  # noqa: E402
+
 from scanopt.cli import main  # noqa: E402
+
+# CI replays the same examples every run (a red CI must mean a change broke something);
+# locally hypothesis explores new examples each run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @dataclass
