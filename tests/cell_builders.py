@@ -315,6 +315,21 @@ def fuse(model, passes=("fuse", "cleanup")):
     return out, [o for o in report.outcomes if o.pass_name == "fuse"]
 
 
+def check_fused(model, kind, inputs=True, **feed_kw):
+    """Fuse ``model``: exactly one Scan, replaced by one ``kind`` op, equivalent on both
+    engines on synthesized inputs and (``inputs``) on fixed T=7, B=3 feeds."""
+    from equivalence import assert_equivalent, ops
+
+    out, outcomes = fuse(model)
+    assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
+    counts = ops(out)
+    assert counts["Scan"] == 0 and counts[kind] == 1, counts
+    assert_equivalent(model, out)
+    if inputs:
+        assert_equivalent(model, out, inputs=feeds(model, T=7, B=3, **feed_kw))
+    return out
+
+
 def native(model):
     """The one RNN/GRU/LSTM node of a model."""
     (node,) = [n for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]

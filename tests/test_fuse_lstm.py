@@ -28,13 +28,7 @@ def lstm_model(batch=True, where="body", opset=17, c_first=False, ys="h", scan=N
 
 
 def check_fused(model, inputs=True):
-    out, outcomes = cb.fuse(model)
-    assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
-    assert ops(out)["Scan"] == 0 and ops(out)["LSTM"] == 1, ops(out)
-    assert_equivalent(model, out)
-    if inputs:
-        assert_equivalent(model, out, inputs=cb.feeds(model, T=7, B=3))
-    return out
+    return cb.check_fused(model, "LSTM", inputs)
 
 
 @pytest.mark.parametrize(

@@ -23,15 +23,8 @@ def rnn_model(batch=True, where="body", opset=17, ys=None, finals=True, scan=Non
                          finals=finals, **(scan or {}))
 
 
-def check_fused(model, kind="RNN", inputs=True):
-    out, outcomes = cb.fuse(model)
-    assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
-    counts = ops(out)
-    assert counts["Scan"] == 0 and counts[kind] == 1, counts
-    assert_equivalent(model, out)  # synthesized inputs (sizes 1..4, seq 1..4)
-    if inputs:
-        assert_equivalent(model, out, inputs=cb.feeds(model, T=7, B=3))
-    return out
+def check_fused(model, kind="RNN", inputs=True, **feed_kw):
+    return cb.check_fused(model, kind, inputs, **feed_kw)
 
 
 @pytest.mark.parametrize(
@@ -97,11 +90,7 @@ def test_torch_exported_rnn_fuses_and_matches_torch():
     path = os.path.join(MODELS, "torch_scan_rnn.onnx")
     model = onnx.load(path)
     out = check_fused(model, inputs=False)
-    expected = np.load(os.path.join(MODELS, "torch_scan_rnn.expected.npz"))
-    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
-    y, h_n = sess.run(["y", "h_n"], {"x": expected["x"], "h0": expected["h0"]})
-    np.testing.assert_allclose(y, expected["y"], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(h_n, expected["h_n"], rtol=1e-5, atol=1e-6)
+    cb.matches_torch(out, "torch_scan_rnn", MODELS)
 
 
 def test_torch_reverse_dim1_rnn_fuses_after_canonicalize():

@@ -24,14 +24,7 @@ def model(kind, batch=True, opset=17, prefix="", seed=0, ys=1, cell=None, **scan
     return cb.scan_model(body, states, ys=[h_new] * ys, opset=opset, **scan)
 
 
-def check_fused(m, kind, inputs=True, **kw):
-    out, outcomes = cb.fuse(m)
-    assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
-    assert ops(out)["Scan"] == 0 and ops(out)[kind] == 1, ops(out)
-    assert_equivalent(m, out)
-    if inputs:
-        assert_equivalent(m, out, inputs=cb.feeds(m, T=7, B=3, **kw))
-    return out
+check_fused = cb.check_fused
 
 
 def declined(m) -> str:
