@@ -91,7 +91,8 @@ def rebind_outputs(old: gs.Node, new_values: Sequence[gs.Tensor | None], graph: 
                 old_tensor.dtype = new_value.dtype
             bound[id(new_value)] = old_tensor
         else:
-            graph.nodes.append(gs.Node("Identity", name=f"{old_tensor.name}_link", inputs=[source], outputs=[old_tensor]))
+            # Unnamed: node names are optional, and a made-up one could collide.
+            graph.nodes.append(gs.Node("Identity", inputs=[source], outputs=[old_tensor]))
 
 
 def consumers(tensor: gs.Tensor) -> list[gs.Node]:
