@@ -188,9 +188,8 @@ def test_run_with_the_reference_engine(cli, files):
 
 
 def test_run_engine_ort_on_a_model_it_cannot_load_exit_2(cli, files, tmp_path):
-    model = builders.scan9_sum()
-    model.ir_version = 14
-    path = tmp_path / "ir14.onnx"
+    model = builders.ort_unloadable(builders.scan9_sum())
+    path = tmp_path / "refused.onnx"
     onnx.save(model, path)
     result = cli("run", path, "--engine", "ort")
     assert result.code == 2 and "onnxruntime cannot load the model" in result.err
