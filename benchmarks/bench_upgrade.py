@@ -6,7 +6,7 @@
 The model is a BiDAF-style recurrence written as a Scan-8 (the form old TensorFlow/Keras
 converters emit): h = tanh(concat(x_t, h) @ W + b) with W and b outer-scope initializers,
 x [B, T, hidden], h [B, hidden]. Two variants: without sequence_lens, and with lengths
-drawn in [T/2, T]. Every strategy that applies to a case is forced in turn (scanopt.opset.
+drawn in [T/2, T]. Every strategy that applies to a case is forced in turn (scanopt.migrate.
 migrate with options upgrade_strategy): (a) only at batch 1 without lengths, (b) and (c)
 always. Each upgraded model is checked equal to the original on the benchmark inputs
 first. Latencies are medians over blocks of interleaved runs (~``--seconds`` per model),
@@ -27,7 +27,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper
 
-from scanopt.opset import migrate
+from scanopt.migrate import migrate
 
 F = TP.FLOAT
 

@@ -36,7 +36,7 @@ import onnx_graphsurgeon as gs
 from scanopt.cells import Cell, Sum, recognize
 from scanopt.errors import ScanoptError
 from scanopt.graph import dtype_of, is_op, is_topologically_sorted, node_label
-from scanopt.opset import INT64_MAX, Emitter
+from scanopt.emit import INT64_MAX, Emitter
 from scanopt.pass_api import Match, ScanPass, Skip, register_pass
 from scanopt.pattern import NoMatch, describe, resolve
 from scanopt.rewrite import Builder, is_read, rebind_outputs

@@ -24,7 +24,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.clone import BodyInliner
 from scanopt.graph import GraphLevel, dtype_of, node_label
-from scanopt.opset import Emitter
+from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
 from scanopt.rewrite import Builder, rebind_outputs
 from scanopt.scan_view import ScanView

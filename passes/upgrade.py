@@ -19,7 +19,7 @@ scan-output positions at and past ``len[b]`` are zero. Strategies, cheapest corr
 benchmarks); a forced strategy that does not apply is a skip with the reason.
 
 A Scan-9 is valid only at opset >= 9, and the rest of the model must be converted
-around it, so this pass rewrites only inside :func:`scanopt.opset.migrate` (which sets
+around it, so this pass rewrites only inside :func:`scanopt.migrate.migrate` (which sets
 ``options["target_opset"]`` and converts everything else). Emitted nodes are written at
 the target opset in the hold domain until the migration releases them. Without a target
 opset a Scan-8 is kept, with a reason that says how to ask for the migration.
@@ -34,7 +34,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, dtype_of, node_label
-from scanopt.opset import HOLD_DOMAIN, MIN_TARGET, NEWEST_TARGET, Emitter, supports
+from scanopt.emit import HOLD_DOMAIN, MIN_TARGET, NEWEST_TARGET, Emitter, supports
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.upgrade_proof import BatchPlan, prove_batch_polymorphic
 from scanopt.rewrite import Builder, rebind_outputs
@@ -161,7 +161,7 @@ def _rewrite_batch_one(node: gs.Node, match: UpgradeMatch, level: GraphLevel, ct
 
 
 def held(graph: gs.Graph, match: UpgradeMatch, ctx: PassContext) -> Emitter:
-    """An Emitter of ops at the target opset, in the hold domain (see scanopt.opset)."""
+    """An Emitter of ops at the target opset, in the hold domain (see scanopt.migrate)."""
     return Emitter(Builder(graph, ctx.names), match.target, domain=HOLD_DOMAIN)
 
 

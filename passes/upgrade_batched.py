@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.opset import Emitter
+from scanopt.emit import Emitter
 from scanopt.rewrite import rebind_outputs
 
 

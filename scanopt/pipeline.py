@@ -62,7 +62,7 @@ def optimize(
     warnings = validate_model(model)
     chosen = select_passes(passes, skip)
     # options["target_opset"] (issue 4): the whole model moves to that opset first
-    # (scanopt.opset: the upgrade pass rewrites every Scan-8, onnx.version_converter the
+    # (scanopt.migrate: the upgrade pass rewrites every Scan-8, onnx.version_converter the
     # rest). A migration is all or nothing, so it is verified on its own and raises when it
     # fails; the other passes then run on, and are rolled back against, the migrated model.
     original = model
@@ -130,7 +130,7 @@ def _migrate(model, options, chosen, verify, inputs, engine, seeds, progress):
         return None
     if not any(p.name == "upgrade" for p in chosen):
         raise ScanoptError("--target-opset needs the upgrade pass, which is not selected")
-    from scanopt.opset import migrate_verified
+    from scanopt.migrate import migrate_verified
 
     if progress:
         progress(f"moving the model to opset {target}")

@@ -1,4 +1,4 @@
-"""The upgrade pass and scanopt.opset.migrate: Scan-8 -> opset-9+ constructions, whole-model
+"""The upgrade pass and scanopt.migrate.migrate: Scan-8 -> opset-9+ constructions, whole-model
 migration. Every rewrite is checked for structure and, on onnxruntime and the reference
 executor, for numbers; every decline for its reason."""
 
@@ -16,7 +16,8 @@ from builders import vi
 from equivalence import assert_equivalent, assert_valid, ops
 from scanopt import optimize
 from scanopt.errors import ScanoptError, VerificationError
-from scanopt.opset import HOLD_DOMAIN, NEWEST_TARGET, migrate, migrate_verified
+from scanopt.emit import HOLD_DOMAIN, NEWEST_TARGET
+from scanopt.migrate import migrate, migrate_verified
 from scanopt.protos import walk_proto_graphs
 from scanopt.validate import default_opset
 from scanopt.verify import compare_models

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 
 from builders import vi
 from equivalence import assert_equivalent, assert_valid
-from scanopt.opset import migrate
+from scanopt.migrate import migrate
 from scanopt.verify import compare_models
 
 TARGETS = (9, 10, 11, 13, 16, 18, 21, 26)

@@ -8,7 +8,8 @@ import json
 from scanopt.cli.common import add_job_arguments, info, start_job, write_text
 from scanopt.errors import ScanoptError
 from scanopt.model_io import save_model
-from scanopt.opset import MIN_TARGET, NEWEST_TARGET, migrate_verified
+from scanopt.emit import MIN_TARGET, NEWEST_TARGET
+from scanopt.migrate import migrate_verified
 from scanopt.report import count_ops
 
 EPILOG = f"""\
