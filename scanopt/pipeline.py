@@ -224,7 +224,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         report.verification = {
             "passed": None,
             "rolled_back": [f"{p} on {n}" for p, n in applied_keys(report)],
-            "summary": f"cannot verify, so nothing was rewritten: {exc}",
+            "summary": f"cannot verify, so nothing was rewritten: {str(exc).removeprefix('cannot verify: ')}",
         }
         report.modified = False
         report.ops_after = report.ops_before

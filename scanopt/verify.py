@@ -260,8 +260,16 @@ def compare_outputs(
     rtol: float | None = None,
     atol: float | None = None,
 ) -> list[OutputCheck]:
-    """Every output of ``expected`` against the same-named output of ``actual``."""
+    """Every output of ``expected`` against the same-named output of ``actual``, and the
+    order of the outputs: a consumer that reads outputs by position (onnxruntime's
+    ``run(None, ...)``, a model that embeds this one) breaks when two are swapped."""
     checks = []
+    for position, (want, got) in enumerate(zip(expected, actual)):
+        if want != got:
+            checks.append(OutputCheck(
+                f"#{position}", "-", (), False,
+                note=f"output #{position} is '{got}', expected '{want}' (outputs are reordered)",
+            ))
     for name, value in expected.items():
         if name not in actual:
             value = np.asarray(value)
