@@ -374,6 +374,18 @@ def compare_models(
     return VerifyResult(resolved, comparisons, notes, sizes)
 
 
+def runnable_feeds(model: ModelLike, *, seeds: int = 2, engine: str = "auto") -> list[dict]:
+    """Synthesized input sets, one per seed, that ``model`` runs on (the search
+    :func:`compare_models` makes). For checking a model derived from ``model`` whose own
+    signature says less, e.g. after an opset migration turned Scan-8's sequence_lens into
+    a plain int64 input."""
+    model, path = resolve_model(model)
+    engine = "auto" if engine == "both" else engine
+    pairs, notes = _prepare_pairs(model, path, model, path, engine)
+    _, runs, _ = _synthesized_runs(model, model, path, pairs, seeds, engine, notes)
+    return [feeds for _, feeds, _ in runs]
+
+
 class CannotVerifyError(EngineError):
     """No synthesized input runs the original (or none fits the memory budget).
 

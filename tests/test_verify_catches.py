@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP
 from onnx import helper as h
 
 import builders
