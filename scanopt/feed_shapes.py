@@ -136,11 +136,11 @@ class InputShapes:
         self._read_inference(model)
         opset = next((o.version for o in model.opset_import if in_default_domain(o.domain)), 0)
         env = {name: t for name, t in self.templates.items() if t is not None}
-        self._constrain(graph, env, opset)
-        # An input no declaration reaches keeps an unknown rank.
-        for name in names:
-            if self.templates[name] is None and name in env:
-                self.templates[name] = env[name]
+        try:
+            self._constrain(graph, env, opset)
+        except Exception as exc:  # noqa: BLE001 - a model this walk misreads still gets its declared shapes
+            self.dims.conflicts.append(f"shape derivation stopped: {type(exc).__name__}: {exc}")
+        # An input no declaration reaches keeps an unknown rank (None).
 
     # -- templates ---------------------------------------------------------------------
 
@@ -199,6 +199,8 @@ class InputShapes:
         """The template of an operand: known, or from shape inference (computed values)."""
         if name in env:
             return env[name]
+        if self.templates.get(name) is not None:  # a graph input sized inside a nested body
+            return self.templates[name]
         if name in self._initializers:
             env[name] = [self.dims.new(d, f"{name}[{i}]") for i, d in enumerate(self._initializers[name])]
             return env[name]
@@ -210,6 +212,12 @@ class InputShapes:
         return None
 
     # -- constraints -----------------------------------------------------------------------
+
+    def _set_input(self, name: str, template: Template, env: dict[str, Template]) -> None:
+        """Give a graph input without a declared rank the template its use implies."""
+        env[name] = template
+        if self.templates.get(name, ()) is None:
+            self.templates[name] = template
 
     def _unify(self, a: Template, b: Template) -> None:
         if len(a) == len(b):
@@ -251,14 +259,14 @@ class InputShapes:
         inner_in, inner_out = self._body_inputs(body), self._body_outputs(body)
         lead: list[int] = []
         if v8:
-            lead = [self.dims.new(None, f"{node.name or 'scan'}.batch")]
+            lead = [self.dims.new(None, f"{node.name or 'Scan'}.batch")]
             if node.input and node.input[0]:
                 lens = self._lookup(node.input[0], env, graph)
                 if lens is None and node.input[0] in self.templates:
-                    lens = env[node.input[0]] = lead[:]
+                    self._set_input(node.input[0], lead[:], env)
                 elif lens is not None and len(lens) == 1:
                     self.dims.union(lead[0], lens[0])
-        trip = self.dims.new(None, f"{node.name or 'scan'}.length")
+        trip = self.dims.new(None, f"{node.name or 'Scan'}.length")
         self.dims.trip.add(trip)
         axes = [a for a in attrs["scan_input_axes"].ints] if "scan_input_axes" in attrs else [0] * m
         body_env = dict(env)
@@ -272,7 +280,7 @@ class InputShapes:
                     if i < len(inner_out) and inner_out[i] is not None:
                         self._unify(inner, inner_out[i])
                     if outer is None and name in self.templates:
-                        env[name] = lead + inner
+                        self._set_input(name, lead + inner, env)
                     elif outer is not None:
                         self._unify(outer, lead + inner)
             else:  # scan input: outer = lead + inner with the sequence axis inserted
@@ -292,7 +300,7 @@ class InputShapes:
                 if full is None:
                     continue
                 if outer is None and name in self.templates:
-                    env[name] = full
+                    self._set_input(name, full, env)
                 elif outer is not None:
                     self._unify(outer, full)
             if inner is not None:
@@ -316,7 +324,7 @@ class InputShapes:
             if outer is not None:
                 self._unify(outer, inner)
             elif name in self.templates:
-                env[name] = inner
+                self._set_input(name, inner, env)
             if k + 1 < len(inner_out) and inner_out[k + 1] is not None:
                 self._unify(inner, inner_out[k + 1])
             body_env[body.input[i].name] = inner
@@ -390,6 +398,9 @@ class InputShapes:
                 else:
                     size = DIM_SIZES[seed % len(DIM_SIZES)]
                 sizes[root] = size
-                labels[d.name(root)] = size
+                label, count = d.name(root), 2
+                while label in labels:
+                    label, count = f"{d.name(root)}#{count}", count + 1
+                labels[label] = size
         shapes = {n: tuple(sizes[d.find(v)] for v in self.templates[n]) for n in self.names if self.templates.get(n) is not None}
         return Attempt(shapes, labels, "seed" if free is None else "fallback")
