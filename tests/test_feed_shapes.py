@@ -170,3 +170,15 @@ def test_an_undeclared_input_read_by_a_scan_inside_an_if_branch_gets_its_shape()
     got = shapes(model)
     assert got["s0"] == (2,) and got["X"] == (TRIP_SIZES[0], 2)
     assert compare_models(model, model, seeds=2).passed
+
+
+def test_an_undeclared_input_behind_shape_preserving_ops_gets_the_scan_shape():
+    scan = h.make_node("Scan", ["s0", "x2"], ["s", "y"], body=builders.sum_body(), num_scan_inputs=1)
+    graph = h.make_graph(
+        [h.make_node("Identity", ["X"], ["x1"]), h.make_node("Relu", ["x1"], ["x2"]), scan], "main",
+        [builders.vi("s0", [2]), builders.vi("X", None)],
+        [builders.vi("s", None), builders.vi("y", None)],
+    )
+    model = builders.model(graph)
+    assert shapes(model)["X"] == (TRIP_SIZES[0], 2)
+    assert compare_models(model, model, seeds=2).passed
