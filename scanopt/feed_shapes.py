@@ -24,6 +24,7 @@ caller runs the model on each attempt and keeps the first one it accepts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -385,6 +386,15 @@ class InputShapes:
             elif len(target) == len(template) and all(s > 0 for s in target):
                 for var, size in zip(template, target):
                     self.dims.hint.setdefault(self.dims.find(var), size)
+            elif all(s > 0 for s in target):  # same element count: the free dims make up the rest
+                roots = [self.dims.find(v) for v in template]
+                free = [r for r in roots if r not in self.dims.fixed]
+                fixed = math.prod(self.dims.fixed[r] for r in roots if r in self.dims.fixed)
+                total = math.prod(target)
+                if free and fixed and total % fixed == 0:
+                    self.dims.hint.setdefault(free[0], total // fixed)
+                    for root in free[1:]:
+                        self.dims.hint.setdefault(root, 1)
 
     # -- sizes ---------------------------------------------------------------------------
 
