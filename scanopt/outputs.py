@@ -114,15 +114,6 @@ def check_output_path(path: str, label: str = "output") -> None:
     directory, base = os.path.split(absolute)
     if not os.path.isdir(directory):
         raise ScanoptError(f"{path}: output directory does not exist")
-    try:
-        st = os.stat(absolute)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise ScanoptError(f"{path}: {label} cannot be checked ({exc.strerror})") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        what = file_kind(st.st_mode)
-        raise ScanoptError(f"{path}: {label} is {what}, not a regular file; scanopt only replaces regular files")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ScanoptError(f"{path}: output directory is not writable")
     name_max = _limit(directory, "PC_NAME_MAX", 255)
@@ -132,6 +123,15 @@ def check_output_path(path: str, label: str = "output") -> None:
     path_max = _limit(directory, "PC_PATH_MAX", 4096)
     if len(os.fsencode(os.path.join(directory, STAGING_PREFIX + "0" * 24, base))) >= path_max:
         raise ScanoptError(f"{path}: {label}'s path is longer than this file system allows ({path_max} bytes)")
+    try:
+        st = os.stat(absolute)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ScanoptError(f"{path}: {label} cannot be checked ({exc.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = file_kind(st.st_mode)
+        raise ScanoptError(f"{path}: {label} is {what}, not a regular file; scanopt only replaces regular files")
 
 
 def _limit(directory: str, name: str, default: int) -> int:
