@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 
 from scanopt.errors import InvalidModelError, ScanoptError
 from scanopt.outputs import Writer, file_kind, write_output
-from scanopt.validate import validate_model
+from scanopt.validate import sort_nodes, validate_model
 
 # Protobuf cannot serialize a message of 2 GiB or more; such models keep their
 # tensors in an external data file.
@@ -35,6 +35,7 @@ class LoadedModel:
     had_external_data: bool = False
     warnings: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)  # every file read: the model, its external data
+    sorted_nodes: bool = False  # nodes were out of order and have been sorted: the file's bytes are not the model
 
 
 def load_model(path: str) -> onnx.ModelProto:
@@ -70,7 +71,8 @@ def load(path: str) -> LoadedModel:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
     warnings = validate_model(model, name=path)
-    return LoadedModel(model, path, had_external, warnings, files)
+    sorted_nodes = sort_nodes(model)
+    return LoadedModel(model, path, had_external, warnings, files, sorted_nodes)
 
 
 def read_regular_file(path: str, *, what: str, limit: int) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Iterator
 
 import onnx
@@ -61,9 +62,10 @@ def _label(node: onnx.NodeProto) -> str:
 
 
 def topological_order(graph: onnx.GraphProto) -> tuple[list[int], list[str]]:
-    """A topological order of ``graph``'s nodes (this level; a node with subgraphs also
-    depends on the values they capture) and, when there is none, one cycle as a list of
-    "'node' reads 'value' from 'producer'" steps (else an empty list)."""
+    """A topological order of ``graph``'s node indices (this level; a node with subgraphs
+    also depends on the values they capture): ``list(range(n))`` when the nodes are already
+    sorted. When there is none, also one cycle as a list of "'node' reads 'value' from
+    'producer'" steps (else an empty list)."""
     producer = {name: i for i, node in enumerate(graph.node) for name in node.output if name}
     needs: list[list[tuple[str, int]]] = []
     for node in graph.node:
@@ -72,16 +74,18 @@ def topological_order(graph: onnx.GraphProto) -> tuple[list[int], list[str]]:
             for sub in attribute_graphs(attr):
                 names += outer_names(sub)
         needs.append([(n, producer[n]) for n in dict.fromkeys(names) if n in producer])
+    if all(p < i for i, deps in enumerate(needs) for _, p in deps):
+        return list(range(len(graph.node))), []
     users: list[list[int]] = [[] for _ in graph.node]
     waiting = [0] * len(graph.node)
     for i, deps in enumerate(needs):
         for _, p in deps:
             users[p].append(i)
             waiting[i] += 1
-    ready = [i for i, w in enumerate(waiting) if w == 0]
+    ready = collections.deque(i for i, w in enumerate(waiting) if w == 0)
     order: list[int] = []
     while ready:
-        i = ready.pop()
+        i = ready.popleft()
         order.append(i)
         for u in users[i]:
             waiting[u] -= 1
@@ -102,4 +106,5 @@ def _one_cycle(graph: onnx.GraphProto, needs, stuck: set[int]) -> list[str]:
         path.append((node, value, producer))
         node = producer
     cycle = path[seen[node]:]
-    return [f"'{_label(graph.node[n])}' reads '{v}' from '{_label(graph.node[p])}'" for n, v, p in cycle]
+    steps = [f"reads '{v}' from '{_label(graph.node[p])}'" for _, v, p in cycle]
+    return [f"'{_label(graph.node[cycle[0][0]])}' {steps[0]}"] + [f"which {step}" for step in steps[1:]]

@@ -132,12 +132,29 @@ def _check_node_order(model: onnx.ModelProto) -> list[str]:
         order, cycle = topological_order(graph)
         where = _graph_label(graph, model.graph)
         if cycle:
-            raise InvalidModelError(f"{where} has a cycle: " + ", which ".join(cycle))
+            raise InvalidModelError(f"{where} has a cycle: " + ", ".join(cycle))
         if order != sorted(order):
             unsorted.append(where)
     if unsorted:
-        return [f"nodes out of topological order in {_listed(unsorted, quote=False)} (onnx.checker rejects that; onnxruntime sorts them)"]
+        return [f"nodes out of topological order in {_listed(unsorted, quote=False)} (onnx.checker rejects that, onnxruntime too inside a body; scanopt writes them sorted)"]
     return []
+
+
+def sort_nodes(model: onnx.ModelProto) -> bool:
+    """Put every graph's nodes (bodies included) in topological order, in place, keeping
+    the order of nodes that are already in order. True if any graph changed. Call after
+    :func:`validate_model` (which refuses cycles)."""
+    changed = False
+    for graph in walk_proto_graphs(model.graph):
+        order, _ = topological_order(graph)
+        if order != sorted(order):
+            nodes = [onnx.NodeProto() for _ in order]
+            for target, index in zip(nodes, order):
+                target.CopyFrom(graph.node[index])
+            del graph.node[:]
+            graph.node.extend(nodes)
+            changed = True
+    return changed
 
 
 def _listed(names: list[str], *, quote: bool = True, most: int = 8) -> str:
@@ -153,6 +170,7 @@ def _check_with_onnx_checker(model: onnx.ModelProto) -> list[str]:
         return ["over 2 GB: onnx.checker skipped (scanopt's own structural checks ran)"]
     tidy = onnx.ModelProto()
     tidy.CopyFrom(model)
+    sort_nodes(tidy)
     _tidy_for_checker(tidy)
     shapeless = _give_shapeless_types_a_shape(tidy.graph)
     try:
@@ -170,7 +188,7 @@ def _one_line(exc: Exception) -> str:
 
 
 def _tidy_for_checker(model: onnx.ModelProto) -> None:
-    """On a throw-away copy only: one import per domain, nodes sorted, typeless values given
+    """On a throw-away copy only: one import per domain, typeless values given
     a placeholder type, value_info of values nothing computes dropped."""
     seen, imports = set(), []
     for entry in model.opset_import:
@@ -183,13 +201,6 @@ def _tidy_for_checker(model: onnx.ModelProto) -> None:
         del model.opset_import[:]
         model.opset_import.extend(kept)
     for graph in walk_proto_graphs(model.graph):
-        order, _ = topological_order(graph)
-        if order != sorted(order):
-            nodes = [onnx.NodeProto() for _ in order]
-            for target, index in zip(nodes, order):
-                target.CopyFrom(graph.node[index])
-            del graph.node[:]
-            graph.node.extend(nodes)
         computed = {o for n in graph.node for o in n.output if o} | {v.name for v in graph.input}
         computed |= {i.name for i in graph.initializer}
         kept_info = [v for v in graph.value_info if v.HasField("type") and v.name in computed]

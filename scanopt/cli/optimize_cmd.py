@@ -64,7 +64,7 @@ def run(args) -> int:
         if not args.quiet:
             print(report.format(verbose=args.verbose))
         raise VerificationError(f"{args.input}: {report.verification['summary']} (--strict: nothing written)")
-    if result is loaded.model and not loaded.had_external_data:
+    if result is loaded.model and not loaded.had_external_data and not loaded.sorted_nodes:
         writer = bytes_writer(read_regular_file(args.input, what="model", limit=PROTOBUF_LIMIT))
     else:
         writer = model_writer(result, args.output, external_data=loaded.had_external_data or None)
