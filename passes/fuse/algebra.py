@@ -18,7 +18,8 @@ from typing import Iterable
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import constant_value, is_op
+from scanopt.constexpr import ConstantFolder
+from scanopt.graph import is_op
 from scanopt.passes.fuse.poly import (
     INT64_MAX, NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -57,14 +58,52 @@ class Algebra:
     """
 
     def __init__(self, rank=None, stops: Iterable[gs.Tensor] = (), body: gs.Graph | None = None,
-                 varying: Iterable[gs.Tensor] = ()):
+                 varying: Iterable[gs.Tensor] = (), folder: ConstantFolder | None = None):
         self._rank = rank or (lambda t: None)
         self._stops = {id(t) for t in stops}
         # With ``body``, only its nodes are expanded; every other non-constant value it reads
         # (an enclosing graph's value, a body input not in ``varying``) is a run-time constant.
         self._local = None if body is None else {id(n) for n in body.nodes}
         self._varying = {id(t) for t in varying}
-        self._memo: dict[int, Poly] = {}
+        self._memo: dict[int, Poly | NoMatch] = {}
+        self.const = (folder or ConstantFolder()).value  # tensor -> its constant value, or None
+
+    def _deps(self, tensor: gs.Tensor) -> list[gs.Tensor]:
+        """The values :meth:`_expand` reads to expand ``tensor`` (none for a leaf)."""
+        if id(tensor) in self._stops or self.const(tensor) is not None:
+            return []
+        if self.is_runtime(tensor) and self._rank(tensor) == 1:
+            return []
+        node = producer(tensor)
+        if node is None or not is_algebra(node):
+            return []
+        data_only = node.op in ("Split", "Slice", "Unsqueeze", "Squeeze")
+        deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
+        src = producer(node.inputs[0]) if is_op(node, "MatMul") else None
+        if src is not None and is_op(src, "Concat"):
+            deps += [t for t in src.inputs if t.name]
+        return deps
+
+    def _fill(self, tensor: gs.Tensor) -> None:
+        """Expand everything ``tensor`` depends on, inputs first, without recursion: a body
+        of any depth costs one visit per value and no stack."""
+        stack, expanded = [tensor], set()
+        while stack:
+            t = stack[-1]
+            if id(t) in self._memo or id(t) in self._stops:
+                stack.pop()
+                continue
+            if id(t) not in expanded:
+                expanded.add(id(t))
+                stack.extend(d for d in self._deps(t) if id(d) not in self._memo and id(d) not in expanded)
+                continue
+            stack.pop()
+            try:
+                self._memo[id(t)] = self._expand(t)
+            except NoMatch as exc:
+                # Kept, raised only to a reader that needs the value: not every input is read as a
+                # polynomial (a MatMul's constant weight), and each value is expanded once.
+                self._memo[id(t)] = exc
 
     def poly(self, tensor: gs.Tensor) -> Poly:
         """What ``tensor`` computes; it is expanded even if it is a stop."""
@@ -74,11 +113,14 @@ class Algebra:
         if id(tensor) in self._stops:
             return leaf(tensor)
         if id(tensor) not in self._memo:
-            self._memo[id(tensor)] = self._expand(tensor)
-        return self._memo[id(tensor)]
+            self._fill(tensor)
+        found = self._memo[id(tensor)]
+        if isinstance(found, NoMatch):
+            raise type(found)(*found.args)  # a fresh one: re-raising one instance grows its traceback
+        return found
 
     def _expand(self, tensor: gs.Tensor) -> Poly:
-        value = constant_value(tensor)
+        value = self.const(tensor)
         if value is not None:
             return self._constant(tensor, value)
         if self.is_runtime(tensor) and self._rank(tensor) == 1:
@@ -91,7 +133,7 @@ class Algebra:
 
     def is_runtime(self, tensor: gs.Tensor) -> bool:
         """A value the body reads but does not compute and that does not vary per step."""
-        if self._local is None or id(tensor) in self._varying or constant_value(tensor) is not None:
+        if self._local is None or id(tensor) in self._varying or self.const(tensor) is not None:
             return False
         node = producer(tensor)
         return node is None or id(node) not in self._local
@@ -115,11 +157,11 @@ class Algebra:
         if is_op(node, "Split"):
             if not self.is_last_axis(data, node.attrs.get("axis", 0)):
                 raise NoMatch(f"Split '{node.name}' does not cut the last axis")
-            sizes = _split_sizes(node, width)
+            sizes = _split_sizes(self, node, width)
             index = next(i for i, t in enumerate(node.outputs) if t is out)
             start = sum(sizes[:index])
             return start, start + sizes[index]
-        starts, ends, axes, steps = _slice_args(node)
+        starts, ends, axes, steps = _slice_args(self, node)
         if len(starts) != 1 or not self.is_last_axis(data, axes[0] if axes else 0):
             raise NoMatch(f"Slice '{node.name}' does not cut the last axis alone")
         if steps and steps[0] != 1:
@@ -130,10 +172,10 @@ class Algebra:
         return start, max(start, stop)
 
 
-def _split_sizes(node: gs.Node, width: int | None) -> list[int]:
+def _split_sizes(alg, node: gs.Node, width: int | None) -> list[int]:
     sizes = node.attrs.get("split")
     if sizes is None and len(node.inputs) > 1 and node.inputs[1].name:
-        sizes = constant_value(node.inputs[1])
+        sizes = alg.const(node.inputs[1])
         if sizes is None:
             raise NoMatch(f"Split '{node.name}' sizes are not constant")
     if sizes is not None:
@@ -147,13 +189,13 @@ def _split_sizes(node: gs.Node, width: int | None) -> list[int]:
     return [min(chunk, width - i * chunk) for i in range(n)]
 
 
-def _slice_args(node: gs.Node):
+def _slice_args(alg, node: gs.Node):
     if "starts" in node.attrs:  # Slice-1
         return node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"), None
     args = []
     for i in range(1, 5):
         t = node.inputs[i] if i < len(node.inputs) and node.inputs[i].name else None
-        value = None if t is None else constant_value(t)
+        value = None if t is None else alg.const(t)
         if t is not None and value is None:
             raise NoMatch(f"Slice '{node.name}' bounds are not constant")
         args.append(None if value is None else [int(v) for v in np.asarray(value).reshape(-1)])
@@ -182,8 +224,8 @@ def _mul(alg, node, out):
     return mul(alg.value(node.inputs[0]), alg.value(node.inputs[1]))
 
 
-def _weight(tensor, node) -> np.ndarray:
-    value = constant_value(tensor)
+def _weight(alg, tensor, node) -> np.ndarray:
+    value = alg.const(tensor)
     if value is None:
         raise NoMatch(f"{node.op} '{node.name}' multiplies by '{tensor.name}', which is not a constant")
     if value.ndim != 2 or value.dtype.kind != "f":
@@ -197,14 +239,14 @@ def _matmul(alg, node, out):
         if alg._rank(b) != 2:
             raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
         return runtime_matmul(alg.value(a), Runtime(b))
-    left = constant_value(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
-    if left and constant_value(b) is None and not alg.is_runtime(b):
+    left = alg.const(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
+    if left and alg.const(b) is None and not alg.is_runtime(b):
         if alg._rank(b) != 1:  # W @ v equals v @ Wᵀ only for a vector v
             raise NoMatch(f"MatMul '{node.name}' has the weight on the left of a non-vector")
         if alg.is_runtime(a):
             return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
-        return matmul(alg.value(b), _weight(a, node).T)
-    w = _weight(b, node)
+        return matmul(alg.value(b), _weight(alg, a, node).T)
+    w = _weight(alg, b, node)
     src = producer(a)
     if src is not None and is_op(src, "Concat") and alg.is_last_axis(a, src.attrs.get("axis", 0)):
         parts, start = [], 0
@@ -236,11 +278,11 @@ def _gemm(alg, node, out):
     if alg.is_runtime(node.inputs[1]):
         result = runtime_matmul(alg.value(node.inputs[0]), Runtime(node.inputs[1], transposed=trans_b, scale=alpha))
     else:
-        w = _weight(node.inputs[1], node)
+        w = _weight(alg, node.inputs[1], node)
         result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)
     if len(node.inputs) > 2 and node.inputs[2].name:
         c = node.inputs[2]
-        if constant_value(c) is None and not alg.is_runtime(c):
+        if alg.const(c) is None and not alg.is_runtime(c):
             raise NoMatch(f"Gemm '{node.name}' bias '{c.name}' is not a constant")
         result = add(result, scale(alg.value(c), float(node.attrs.get("beta", 1.0))))
     return result
@@ -252,7 +294,7 @@ def _reshape_lead(alg, node, out):
     data = node.inputs[0]
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
-        axes = constant_value(node.inputs[1])
+        axes = alg.const(node.inputs[1])
     rank = alg._rank(out if node.op == "Unsqueeze" else data)
     if axes is None or rank is None:
         raise NoMatch(f"{node.op} '{node.name}' has unknown axes or rank")

@@ -55,7 +55,7 @@ class FusePlan(Match):
 
 
 
-def _direction(node, view, level, ctx):
+def _direction(node, view, level, ctx, folder=None):
     """(Direction, batched, in_axis) for one Scan, or Skip(reason)."""
     if view.num_scan_inputs != 1:
         return Skip(f"{view.num_scan_inputs} scan inputs; the native ops read one sequence X")
@@ -69,7 +69,7 @@ def _direction(node, view, level, ctx):
     invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
     recurrent = [i for i in range(n) if i not in invariant]
     try:
-        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body)
+        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder)
     except NoMatch as exc:
         return Skip(f"not fused: {exc}")
     roles = {id(cell.h): "h", id(cell.c): "c"}
@@ -116,12 +116,16 @@ def _guard(finals_read, view) -> str | None:
     return "empty" if finals_read and not (view.trip_count and view.trip_count >= 1) else None
 
 
-def _partner(node, direction, in_axis, level, ctx) -> Direction | None:
+def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) -> Direction | None:
     """A Scan over the same X and axis in the other direction, with a cell one native op can
-    run beside this one (same kind, sizes, clip, linear_before_reset)."""
+    run beside this one (same kind, sizes, clip, linear_before_reset). Only X's readers are
+    looked at (gs tracks them), so finding partners costs O(readers) per Scan, not O(graph);
+    ``members`` (ids of the level's nodes) tells which of them live in this graph."""
     x = node.inputs[-1]
-    for other in level.graph.nodes:
-        if other is node or not is_op(other, "Scan") or other.inputs[-1] is not x:
+    for other in list(x.outputs):
+        if other is node or not is_op(other, "Scan") or not other.inputs or other.inputs[-1] is not x:
+            continue
+        if members is not None and id(other) not in members:
             continue
         if ("fuse", node_label(other)) in ctx.denied:
             continue
@@ -129,7 +133,7 @@ def _partner(node, direction, in_axis, level, ctx) -> Direction | None:
             view = ScanView.from_gs(other, ctx.opset, ctx.shapes)
         except ScanoptError:
             continue
-        found = _direction(other, view, level, ctx)
+        found = _direction(other, view, level, ctx, folder)
         if isinstance(found, Skip):
             continue
         d, _, axis = found

@@ -6,24 +6,57 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_topologically_sorted, node_label
 from scanopt.pass_api import ScanPass, Skip, register_pass
 from scanopt.passes.fuse.directions import FusePlan, _direction, _partner
 from scanopt.passes.fuse.glue import FuseEmitter
 from scanopt.rewrite import Builder, is_read, rebind_outputs
 
+
+class _RunState:
+    """What one run of the pass shares across Scans, so its cost stays linear in the model:
+    evaluated constants, each level's node ids (for partner lookup), emitted weights."""
+
+    def __init__(self, opset: int):
+        self.folder = ConstantFolder(opset)
+        self.members: dict[int, tuple[gs.Graph, set[int]]] = {}
+        self.weights: dict = {}  # (id(graph), dtype, shape, digest) -> gs.Constant
+
+    def nodes_of(self, graph: gs.Graph) -> set[int]:
+        found = self.members.get(id(graph))
+        if found is None or found[0] is not graph:
+            found = (graph, {id(n) for n in graph.nodes})
+            self.members[id(graph)] = found
+        return found[1]
+
+
 @register_pass
 class Fuse(ScanPass):
     name = "fuse"
     summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
 
+    def __call__(self, graph, ctx):
+        self._run = _RunState(ctx.opset)
+        try:
+            return super().__call__(graph, ctx)
+        finally:
+            self._run = None
+
+    def _state(self, ctx) -> _RunState:
+        if getattr(self, "_run", None) is None:  # a dry run (inspect) calls match alone
+            self._run = _RunState(ctx.opset)
+        return self._run
+
     def match(self, node, view, level, ctx):
-        found = _direction(node, view, level, ctx)
+        run = self._state(ctx)
+        found = _direction(node, view, level, ctx, run.folder)
         if isinstance(found, Skip):
             return found
         direction, batched, in_axis = found
         dirs = [direction]
-        partner = None if view.batched else _partner(node, direction, in_axis, level, ctx)
+        partner = None if view.batched else _partner(node, direction, in_axis, level, ctx, run.folder,
+                                                     run.nodes_of(level.graph))
         if partner is not None:
             dirs = sorted([direction, partner], key=lambda d: d.reverse)
         # onnxruntime 1.31 refuses layout=1 ("Batchwise recurrent operations are not supported"),
@@ -36,7 +69,7 @@ class Fuse(ScanPass):
         graph = level.graph
         top = level.parents[0] if level.parents else graph
         b = Builder(graph, ctx.names)
-        emit = FuseEmitter(b, ctx.opset)
+        emit = FuseEmitter(b, ctx.opset, self._state(ctx).weights)
         first = plan.dirs[0]
         cell, kind, n_dirs = first.cell, first.cell.kind, len(plan.dirs)
         x = first.node.inputs[-1]

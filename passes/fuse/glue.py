@@ -4,6 +4,8 @@ picks, axis moves, the zero-length and length-0 guards. Opset-dependent forms co
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 
@@ -15,8 +17,9 @@ from scanopt.rewrite import Builder
 class FuseEmitter(Emitter):
     """The glue around the native op; opset-dependent forms come from :class:`Emitter`."""
 
-    def __init__(self, b: Builder, opset: int):
+    def __init__(self, b: Builder, opset: int, shared: dict | None = None):
         super().__init__(b, opset, domain=None)
+        self._shared = {} if shared is None else shared  # weights already emitted, by content
         self._steps: dict = {}  # (id(X), axis) -> "X has steps" (opset 8: "X is empty" as 0/1)
         self._masks: dict = {}  # id(sequence_lens) -> [B, 1] float mask of length-0 items
 
@@ -34,6 +37,18 @@ class FuseEmitter(Emitter):
             joined = blocks[0] if len(blocks) == 1 else self.op("Concat", blocks, axis=0)
             dirs.append(self.unsqueeze(joined, [0]))
         return dirs[0] if len(dirs) == 1 else self.op("Concat", dirs, axis=0)
+
+    def const(self, hint, value):
+        """A new initializer for ``value``, or the one already emitted into this graph with the
+        same content: Scans that share a weight keep sharing it after fusion (and the glue's
+        small constants are not repeated per Scan)."""
+        value = np.asarray(value)
+        key = (id(self.b.graph), value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
+        found = self._shared.get(key)
+        if found is None or found[0] is not self.b.graph:
+            found = (self.b.graph, super().const(hint, value))
+            self._shared[key] = found
+        return found[1]
 
     def block(self, piece, outer):
         if isinstance(piece, np.ndarray):

@@ -105,11 +105,11 @@ def _last_dim(tensor):
     return shape[-1] if shape and isinstance(shape[-1], int) else None
 
 
-def _symmetric_clip(node: gs.Node) -> float:
+def _symmetric_clip(node: gs.Node, const=constant_value) -> float:
     if "min" in node.attrs or "max" in node.attrs or len(node.inputs) == 1:
         lo, hi = node.attrs.get("min"), node.attrs.get("max")
     else:
-        bounds = [constant_value(t) if t.name else None for t in node.inputs[1:3]] + [None]
+        bounds = [const(t) if t.name else None for t in node.inputs[1:3]] + [None]
         if any(t.name and b is None for t, b in zip(node.inputs[1:3], bounds)):
             raise NoMatch(f"Clip '{node.name}' bounds are not constant")
         lo, hi = (None if b is None else float(b) for b in bounds[:2])

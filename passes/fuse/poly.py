@@ -17,6 +17,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 INT64_MAX = np.iinfo(np.int64).max
+# Bounds that real cells stay far below (a GRU expands to about 10 terms, 2 levels of groups);
+# past them a body is declined instead of costing quadratic time or the stack.
+MAX_TERMS = 256
+MAX_GROUP_DEPTH = 16
 
 
 class NoMatch(Exception):
@@ -35,6 +39,12 @@ class Leaf:
 @dataclass(frozen=True, eq=False)
 class Group:
     poly: "Poly"
+
+    def __post_init__(self):
+        inner = max((f.depth for t in self.poly.terms for f in t.factors if isinstance(f, Group)), default=0)
+        if inner + 1 > MAX_GROUP_DEPTH:
+            raise NoMatch(f"products of sums nest more than {MAX_GROUP_DEPTH} deep; no recurrent cell does")
+        object.__setattr__(self, "depth", inner + 1)
 
     @property
     def key(self):
@@ -110,6 +120,10 @@ class Poly:
     terms: tuple = ()
     bias: np.ndarray | None = None  # float64, shape () or (n,); None is zero
 
+    def __post_init__(self):
+        if len(self.terms) > MAX_TERMS:
+            raise NoMatch(f"a value expands to more than {MAX_TERMS} terms; no recurrent cell does")
+
     @property
     def is_constant(self) -> bool:
         return not self.terms
@@ -154,11 +168,24 @@ def _add_bias(a, b):
 
 
 def add(*polys: Poly) -> Poly:
-    terms, bias = (), None
+    """The sum; terms with the same factors and kind merge (``x + x`` is ``2·x``), so a long
+    chain of additions stays as small as what it computes."""
+    merged: dict = {}
+    bias = None
     for p in polys:
-        terms += p.terms
+        for t in p.terms:
+            key = (t.monomial, t.matrix, isinstance(t.weight, Runtime))
+            if key[2]:
+                key += (id(t),)
+            other = merged.get(key)
+            if other is None:
+                merged[key] = t
+            elif t.matrix and other.weight.shape != t.weight.shape:
+                merged[key + (id(t),)] = t
+            else:
+                merged[key] = Term(other.factors, _broadcast(other.weight, t.weight, np.add), t.matrix)
         bias = _add_bias(bias, p.bias)
-    return Poly(terms, bias)
+    return Poly(tuple(merged.values()), bias)
 
 
 def scale(p: Poly, c: np.ndarray) -> Poly:

@@ -16,8 +16,8 @@ from scanopt.passes.fuse.poly import Leaf, NoMatch, Poly, Runtime, columns, form
 
 
 class GateReader:
-    def __init__(self, x, rank, stops, body=None, varying=()):
-        self.alg = Algebra(rank, stops, body, varying)
+    def __init__(self, x, rank, stops, body=None, varying=(), folder=None):
+        self.alg = Algebra(rank, stops, body, varying, folder)
         self.x = x
         self.roles = {id(x): "x"}
         self.names = {id(x): "x"}
@@ -32,25 +32,50 @@ class GateReader:
         self.names[id(tensor)] = name
 
     # -- pieces -------------------------------------------------------------------------
-    def gate(self, tensor: gs.Tensor, what: str) -> tuple[Activation, float | None, Poly]:
+    def gate(self, tensor: gs.Tensor, what: str, scaled: bool = False) -> tuple[Activation, float | None, Poly]:
         """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one."""
+        cuts = []
         node = producer(tensor)
-        if node is not None and (is_op(node, "Split") or is_op(node, "Slice")):
-            act, clip, whole = self.gate(node.inputs[0], what)
-            start, stop = self.alg.column_range(node, tensor, whole.width())
-            return act, clip, columns(whole, start, stop)
-        if node is None or not is_op(node, node.op) or node.op not in ACTIVATION_OPS:
+        while node is not None and (is_op(node, "Split") or is_op(node, "Slice")):
+            cuts.append((node, tensor))
+            tensor = node.inputs[0]
+            node = producer(tensor)
+        found = self.activation(tensor, scaled)
+        if found is None:
             if node is None:
                 raise NoMatch(f"{what} {self.describe(tensor)} is not computed by an activation")
             why = NOT_FUSED.get(node.op, "not an activation the recurrent ops support")
             raise NoMatch(f"{what} {self.describe(tensor)} is a {node.op} output: {why}")
-        act = Activation(node.op, tuple((k, float(node.attrs.get(k, d))) for k, d in ACTIVATION_OPS[node.op]))
-        pre, clip = node.inputs[0], None
+        act, pre = found
+        clip = None
         clipper = producer(resolve(pre))
         if clipper is not None and is_op(clipper, "Clip"):
-            clip = _symmetric_clip(clipper)
+            clip = _symmetric_clip(clipper, self.alg.const)
             pre = clipper.inputs[0]
-        return act, clip, self.alg.value(pre)
+        whole = self.alg.value(pre)
+        for node, out in reversed(cuts):
+            start, stop = self.alg.column_range(node, out, whole.width())
+            whole = columns(whole, start, stop)
+        return act, clip, whole
+
+    def activation(self, tensor: gs.Tensor, scaled: bool = False) -> tuple[Activation, gs.Tensor] | None:
+        """(activation, its input) when ``tensor`` is an activation the native ops accept;
+        with ``scaled``, ``alpha ⊙ Tanh(v)`` too, as ScaledTanh(alpha, 1) (a beta inside the
+        Tanh stays in the pre-activation's weights)."""
+        node = producer(tensor)
+        if node is None or not is_op(node, node.op):
+            return None
+        if scaled and node.op == "Mul":
+            for k in (0, 1):
+                alpha, inner = self.alg.const(node.inputs[k]), producer(node.inputs[1 - k])
+                if alpha is not None and alpha.size == 1 and alpha.dtype.kind == "f" and inner is not None \
+                        and is_op(inner, "Tanh") and float(alpha.reshape(-1)[0]) != 0:
+                    return Activation("ScaledTanh", (("alpha", float(alpha.reshape(-1)[0])), ("beta", 1.0))), inner.inputs[0]
+            return None
+        if node.op not in ACTIVATION_OPS:
+            return None
+        act = Activation(node.op, tuple((k, float(node.attrs.get(k, d))) for k, d in ACTIVATION_OPS[node.op]))
+        return act, node.inputs[0]
 
     def linear(self, p: Poly, what: str, allowed: tuple[str, ...]) -> _Linear:
         mats, diags, rbias = {}, {}, []
@@ -138,7 +163,7 @@ class GateReader:
     # -- cells --------------------------------------------------------------------------
     def rnn(self, h, h_out) -> Cell:
         self.role(h, "h")
-        act, clip, pre = self.gate(h_out, "the new state")
+        act, clip, pre = self.gate(h_out, "the new state", scaled=True)
         lin = self.linear(pre, f"the pre-activation of {act}", ("x", "h"))
         hidden = self.hidden_of(lin, state=h)
         W, R, Wb, rows = self.weights([lin], ["RNN"], hidden)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from scanopt.constexpr import ConstantFolder
 from scanopt.passes.fuse.algebra import is_algebra, producer, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.gru import GruReader
@@ -26,20 +27,22 @@ class CellReader(GruReader, LstmReader):
     """Every cell form: RNN and the reading helpers (GateReader), GRU, LSTM."""
 
 
-def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None, body: gs.Graph | None = None) -> Cell:
+def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None, body: gs.Graph | None = None,
+              folder: ConstantFolder | None = None) -> Cell:
     """The cell that maps (x, states) to the states' new values, or NoMatch(reason).
 
     ``states`` are (body input, body output) pairs of the recurrent states; one state
     is tried as RNN then GRU, two as LSTM (either one may be the cell state). With
     ``body``, values the body reads but does not compute (other than x and the states)
-    may be run-time weights.
+    may be run-time weights. ``folder`` evaluates constant subgraphs (one per pass run
+    shares the work across Scans).
     """
     outs = [resolve(o) for _, o in states]
-    reader = CellReader(x, rank, stops=outs, body=body, varying=[x] + [i for i, _ in states])
+    reader = CellReader(x, rank, stops=outs, body=body, varying=[x] + [i for i, _ in states], folder=folder)
     if len(states) == 1:
         ((h, _),), (h_out,) = states, outs
         node = producer(h_out)
-        if node is not None and not is_algebra(node):
+        if node is not None and (not is_algebra(node) or reader.activation(h_out, scaled=True) is not None):
             cell = reader.rnn(h, h_out)
         else:
             cell = reader.gru(h, h_out)
