@@ -137,4 +137,4 @@ def test_partner_search_reads_only_the_readers_of_x(monkeypatch):
     n = 12
     out, outcomes = cb.fuse(shared_weight_model(n))
     assert len(outcomes) == n and all(o.applied for o in outcomes)
-    assert len(visited) <= n, len(visited)
+    assert len(visited) <= 4 * n, len(visited)  # a walk over the graph per Scan would be n²

@@ -77,8 +77,11 @@ class Algebra:
         node = producer(tensor)
         if node is None or not is_algebra(node):
             return []
-        data_only = node.op in ("Split", "Slice", "Unsqueeze", "Squeeze")
-        deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
+        if is_op(node, "SequenceAt"):
+            deps = [cut_source(node)] if cut_source(node) is not None else []
+        else:
+            data_only = node.op in ("Split", "Slice", "Unsqueeze", "Squeeze")
+            deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
         src = producer(node.inputs[0]) if is_op(node, "MatMul") else None
         if src is not None and is_op(src, "Concat"):
             deps += [t for t in src.inputs if t.name]
@@ -152,8 +155,11 @@ class Algebra:
         return rank is not None and axis == rank - 1
 
     def column_range(self, node: gs.Node, out: gs.Tensor, width: int | None) -> tuple[int, int]:
-        """The [start, stop) that a last-axis Split/Slice ``node`` gives output ``out``."""
-        data = node.inputs[0]
+        """The [start, stop) that a last-axis Split/Slice ``node`` gives output ``out`` (or
+        SequenceAt of a SplitToSequence, the unoptimized PyTorch exporter's chunk)."""
+        data = cut_source(node)
+        if is_op(node, "SequenceAt"):
+            return self._sequence_range(node, data, width)
         if is_op(node, "Split"):
             if not self.is_last_axis(data, node.attrs.get("axis", 0)):
                 raise NoMatch(f"Split '{node.name}' does not cut the last axis")
@@ -170,6 +176,41 @@ class Algebra:
             raise NoMatch(f"the size cut by Slice '{node.name}' is unknown")
         start, stop, _ = slice(int(starts[0]), int(min(ends[0], INT64_MAX))).indices(width)
         return start, max(start, stop)
+
+
+    def _sequence_range(self, node: gs.Node, data: gs.Tensor, width: int | None) -> tuple[int, int]:
+        splitter = producer(node.inputs[0])
+        if not self.is_last_axis(data, splitter.attrs.get("axis", 0)):
+            raise NoMatch(f"SplitToSequence '{splitter.name}' does not cut the last axis")
+        split = self.const(splitter.inputs[1]) if len(splitter.inputs) > 1 and splitter.inputs[1].name else None
+        index = self.const(node.inputs[1])
+        if split is None or index is None or width is None:
+            raise NoMatch(f"SplitToSequence '{splitter.name}' has no constant split, index or known width")
+        if split.ndim == 0:
+            size = int(split)
+            sizes = [min(size, width - k) for k in range(0, width, size)]
+        else:
+            sizes = [int(v) for v in split.reshape(-1)]
+        k = int(index.reshape(-1)[0])
+        if not -len(sizes) <= k < len(sizes):
+            raise NoMatch(f"SequenceAt '{node.name}' index {k} is out of range")
+        k %= len(sizes)
+        start = sum(sizes[:k])
+        return start, start + sizes[k]
+
+
+def cut_source(node: gs.Node) -> gs.Tensor | None:
+    """The value a last-axis cut reads: a Split's or Slice's data; for SequenceAt the data of
+    the SplitToSequence it indexes (None for any other SequenceAt)."""
+    if is_op(node, "SequenceAt"):
+        seq = producer(node.inputs[0])
+        return seq.inputs[0] if seq is not None and is_op(seq, "SplitToSequence") else None
+    return node.inputs[0]
+
+
+def is_cut(node: gs.Node | None) -> bool:
+    return node is not None and (is_op(node, "Split") or is_op(node, "Slice")
+                                 or (is_op(node, "SequenceAt") and cut_source(node) is not None))
 
 
 def _split_sizes(alg, node: gs.Node, width: int | None) -> list[int]:
@@ -305,7 +346,9 @@ def _reshape_lead(alg, node, out):
 
 
 def _cut(alg, node, out):
-    whole = alg.value(node.inputs[0])
+    if cut_source(node) is None:
+        return leaf(out)
+    whole = alg.value(cut_source(node))
     start, stop = alg.column_range(node, out, whole.width())
     return columns(whole, start, stop)
 
@@ -321,6 +364,7 @@ _HANDLERS = {
     "Gemm": _gemm,
     "Split": _cut,
     "Slice": _cut,
+    "SequenceAt": _cut,
     "Unsqueeze": _reshape_lead,
     "Squeeze": _reshape_lead,
 }

@@ -11,7 +11,8 @@ import onnx_graphsurgeon as gs
 from scanopt.errors import ScanoptError
 from scanopt.graph import dtype_of, is_op, node_label
 from scanopt.pass_api import Match, Skip
-from scanopt.passes.fuse.algebra import describe, resolve
+from scanopt.passes.canonicalize_analysis import reverses_axis
+from scanopt.passes.fuse.algebra import describe, producer, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
 from scanopt.passes.fuse.recognize import recognize
@@ -29,6 +30,11 @@ class Direction:
     outputs: list[tuple[bool, int]]  # per scan output: (reversed against the native Y, axis)
     guard: str | None  # final states need: "empty" the zero-length select, "lens" the length-0 items' one
     first: int = 0  # position of the first state among the node's inputs (Scan-8: 1)
+    source: gs.Tensor | None = None  # X the native op reads, when not the Scan's own (a reversal's input)
+
+    @property
+    def x(self) -> gs.Tensor:
+        return self.node.inputs[-1] if self.source is None else self.source
 
     def outer(self, tensor: gs.Tensor) -> gs.Tensor:
         """The value a run-time weight read by the body has outside: a loop-invariant
@@ -104,11 +110,32 @@ def _direction(node, view, level, ctx, folder=None):
         if problem:
             return Skip(problem)
     in_axis = view.input_axes[0] % (rank + 1)
+    source = _reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
+    if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
+        reverse = not reverse
     out_axes = [a % (rank + 1) for a in view.output_axes]
     outputs = [(bool(d) != reverse, a) for d, a in zip(view.output_directions, out_axes)]
     if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
         return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
-    return Direction(node, cell, reverse, states, outputs, _guard(finals_read, view)), rank == 2, in_axis
+    return Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source), rank == 2, in_axis
+
+
+def _reversed_source(x: gs.Tensor, axis: int, rank: int, ctx, folder) -> gs.Tensor | None:
+    """X when ``x`` is X reversed whole along ``axis``: a Slice with step -1, or a
+    ReverseSequence whose constant lengths all equal X's static length (with shorter lengths
+    the Scan would go on over the unreversed tail, which no native direction does)."""
+    node = producer(x)
+    if node is None:
+        return None
+    if reverses_axis(node, axis, rank, ctx.opset):
+        return node.inputs[0]
+    if not is_op(node, "ReverseSequence") or node.attrs.get("time_axis", 0) != axis or folder is None:
+        return None
+    lens, shape = folder.value(node.inputs[1]), ctx.shapes.shape(node.inputs[0])
+    length = shape[axis] if shape and len(shape) == rank else None
+    if lens is None or not isinstance(length, int) or lens.size == 0 or not np.all(lens == length):
+        return None
+    return node.inputs[0]
 
 
 def _guard(finals_read, view) -> str | None:
@@ -121,9 +148,11 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) ->
     run beside this one (same kind, sizes, clip, linear_before_reset). Only X's readers are
     looked at (gs tracks them), so finding partners costs O(readers) per Scan, not O(graph);
     ``members`` (ids of the level's nodes) tells which of them live in this graph."""
-    x = node.inputs[-1]
-    for other in list(x.outputs):
-        if other is node or not is_op(other, "Scan") or not other.inputs or other.inputs[-1] is not x:
+    x = direction.x
+    readers = list(x.outputs) + [r for t in x.outputs for o in t.outputs
+                                 if is_op(t, "Slice") or is_op(t, "ReverseSequence") for r in o.outputs]
+    for other in {id(r): r for r in readers}.values():
+        if other is node or not is_op(other, "Scan") or not other.inputs:
             continue
         if members is not None and id(other) not in members:
             continue
@@ -138,7 +167,7 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) ->
             continue
         d, _, axis = found
         a, c = direction.cell, d.cell
-        if (axis == in_axis and d.reverse != direction.reverse and a.kind == c.kind and a.hidden == c.hidden
+        if (d.x is x and axis == in_axis and d.reverse != direction.reverse and a.kind == c.kind and a.hidden == c.hidden
                 and a.input_size == c.input_size and a.clip == c.clip and a.linear_before_reset == c.linear_before_reset):
             return d
     return None

@@ -72,7 +72,7 @@ class Fuse(ScanPass):
         emit = FuseEmitter(b, ctx.opset, self._state(ctx).weights)
         first = plan.dirs[0]
         cell, kind, n_dirs = first.cell, first.cell.kind, len(plan.dirs)
-        x = first.node.inputs[-1]
+        x = first.x
         if plan.batched:
             perm = {0: None, 1: None if plan.layout else [1, 0, 2], 2: [2, 0, 1]}[plan.in_axis]
             xn = x if perm is None else b.op("Transpose", [x], perm=perm)

@@ -7,7 +7,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import is_op
-from scanopt.passes.fuse.algebra import Algebra, describe, producer, resolve
+from scanopt.passes.fuse.algebra import Algebra, cut_source, describe, is_cut, producer, resolve
 from scanopt.passes.fuse.cell import ACTIVATION_OPS, NOT_FUSED, Activation, Cell
 from scanopt.passes.fuse.linear import (
     _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip,
@@ -36,9 +36,9 @@ class GateReader:
         """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one."""
         cuts = []
         node = producer(tensor)
-        while node is not None and (is_op(node, "Split") or is_op(node, "Slice")):
+        while is_cut(node):
             cuts.append((node, tensor))
-            tensor = node.inputs[0]
+            tensor = cut_source(node)
             node = producer(tensor)
         found = self.activation(tensor, scaled)
         if found is None:
