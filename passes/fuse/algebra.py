@@ -290,10 +290,15 @@ def _matmul(alg, node, out):
     w = _weight(alg, b, node)
     src = producer(a)
     if src is not None and is_op(src, "Concat") and alg.is_last_axis(a, src.attrs.get("axis", 0)):
+        polys = [alg.value(piece) for piece in src.inputs]
+        sizes = [_last_dim(piece, p) for piece, p in zip(src.inputs, polys)]
+        if sizes.count(None) == 1:  # the weight's rows tell the one unknown width
+            sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
+        if None in sizes:
+            unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
+            raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
         parts, start = [], 0
-        for piece in src.inputs:
-            p = alg.value(piece)
-            size = _last_dim(alg, piece, p)
+        for p, size in zip(polys, sizes):
             parts.append(matmul(p, w[start:start + size]))
             start += size
         if start != w.shape[0]:
@@ -302,14 +307,11 @@ def _matmul(alg, node, out):
     return matmul(alg.value(a), w)
 
 
-def _last_dim(alg, tensor, p: Poly) -> int:
+def _last_dim(tensor, p: Poly) -> int | None:
     shape = tensor.shape
     if shape and isinstance(shape[-1], int):
         return shape[-1]
-    width = p.width()
-    if width is None:
-        raise NoMatch(f"the width of '{tensor.name}' in a Concat is unknown")
-    return width
+    return p.width()
 
 
 def _gemm(alg, node, out):
@@ -346,9 +348,12 @@ def _reshape_lead(alg, node, out):
 
 
 def _cut(alg, node, out):
-    if cut_source(node) is None:
-        return leaf(out)
-    whole = alg.value(cut_source(node))
+    source = cut_source(node)
+    src = None if source is None else producer(source)
+    if source is None or (alg.const(source) is None and not alg.is_runtime(source)
+                          and (src is None or not is_algebra(src))):
+        return leaf(out)  # a part of an activation (or input): its own value, as gates read it
+    whole = alg.value(source)
     start, stop = alg.column_range(node, out, whole.width())
     return columns(whole, start, stop)
 

@@ -65,6 +65,7 @@ class Cell:
     notes: tuple[str, ...] = field(default=())  # forms recognized, for the report
     h: gs.Tensor | None = None  # the body's hidden-state input
     c: gs.Tensor | None = None  # the body's cell-state input (LSTM)
+    input_forget: int = 0  # LSTM: f = 1 - i (the forget-gate weights are unused, zeros)
 
     def attrs(self) -> dict:
         """The native op's attributes for one direction (activations always explicit)."""
@@ -79,4 +80,6 @@ class Cell:
             attrs["clip"] = self.clip
         if self.kind == "GRU":
             attrs["linear_before_reset"] = self.linear_before_reset
+        if self.input_forget:
+            attrs["input_forget"] = 1
         return attrs

@@ -168,7 +168,8 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) ->
         d, _, axis = found
         a, c = direction.cell, d.cell
         if (d.x is x and axis == in_axis and d.reverse != direction.reverse and a.kind == c.kind and a.hidden == c.hidden
-                and a.input_size == c.input_size and a.clip == c.clip and a.linear_before_reset == c.linear_before_reset):
+                and a.input_size == c.input_size and a.clip == c.clip and a.linear_before_reset == c.linear_before_reset
+                and a.input_forget == c.input_forget):
             return d
     return None
 
