@@ -58,12 +58,9 @@ def numpy_dtype(elem_type: int, name: str = "value") -> np.dtype:
         raise ScanoptError(f"'{name}' has element type {elem_type}, which scanopt cannot feed or compare") from None
 
 
-UNKNOWN_TYPE = 0  # TensorProto.UNDEFINED: an output declared without a type (onnxscript writes them)
-
-
-def _spec(value: onnx.ValueInfoProto, required: bool = True, *, untyped_ok: bool = False) -> TensorSpec:
+def _spec(value: onnx.ValueInfoProto, required: bool = True, untyped_ok: bool = False) -> TensorSpec:
     if untyped_ok and value.type.WhichOneof("value") is None:
-        return TensorSpec(value.name, UNKNOWN_TYPE, None, required)
+        return TensorSpec(value.name, onnx.TensorProto.UNDEFINED, None, required)
     if not value.type.HasField("tensor_type"):
         kind = value.type.WhichOneof("value") or "no"
         raise ScanoptError(f"'{value.name}' has {kind} type; scanopt only feeds and compares tensors")
@@ -83,8 +80,7 @@ def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
 
 
 def output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
-    """The graph outputs; one declared without a type has elem_type UNKNOWN_TYPE (the engines
-    still return it, and its values are compared like any other)."""
+    """The graph outputs; one without a type (exporters write them) is compared as computed."""
     return [_spec(v, untyped_ok=True) for v in model.graph.output]
 
 

@@ -18,7 +18,6 @@ import onnx
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError
 from scanopt.inputs import (
-    UNKNOWN_TYPE,
     FeedBudgetError,
     InputSynthesizer,
     TensorSpec,
@@ -312,7 +311,7 @@ def check_signatures(original: onnx.ModelProto, candidate: onnx.ModelProto) -> N
             raise SignatureMismatchError(f"the models' signatures differ: {'; '.join(parts)}")
         for name, spec in a.items():
             other = b[name]
-            if spec.elem_type != other.elem_type and UNKNOWN_TYPE not in (spec.elem_type, other.elem_type):
+            if spec.elem_type != other.elem_type and onnx.TensorProto.UNDEFINED not in (spec.elem_type, other.elem_type):
                 raise SignatureMismatchError(
                     f"the models' signatures differ: {kind} '{name}' is {_type_name(spec)} in the original "
                     f"but {_type_name(other)} in the candidate"
