@@ -216,6 +216,8 @@ class InputShapes:
         if name in self._inferred:
             template = self._template(self._inferred[name], self._main, name)
             if template is not None:
+                if self._undeclared(name):  # computed from an undeclared input: that input gets it
+                    self._set_input(name, template, env)
                 env[name] = template
             return template
         return None
