@@ -27,8 +27,9 @@ onnx.version_converter then converts every other op. The result keeps the graph'
 and output names, types and shapes, and is verified numerically against the original
 before it is written. Targets: {MIN_TARGET}..{NEWEST_TARGET}.
 
-exit codes: 0 ok, 1 the result is not equivalent (nothing written), 2 bad input, an
-op the converter cannot convert, or usage (nothing written)
+exit codes: 0 ok, 1 the result is not equivalent or cannot be verified (no synthesized
+input runs the original: pass --inputs; nothing written), 2 bad input, an op the
+converter cannot convert, or usage (nothing written)
 """
 
 
