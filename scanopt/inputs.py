@@ -78,7 +78,12 @@ def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
 
 
 def output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
-    return [_spec(v) for v in model.graph.output]
+    """The graph outputs; one declared without a type (onnxscript writes them so) has
+    elem_type UNDEFINED and no shape: its outputs are compared as they come."""
+    return [
+        _spec(v) if v.HasField("type") else TensorSpec(v.name, onnx.TensorProto.UNDEFINED, None)
+        for v in model.graph.output
+    ]
 
 
 # -- synthesis ----------------------------------------------------------------------------
