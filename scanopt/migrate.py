@@ -20,6 +20,7 @@ The caller verifies the result numerically against the original.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import onnx
@@ -48,12 +49,36 @@ class Migration:
         return self.source_opset != self.target_opset
 
 
+@functools.lru_cache(maxsize=None)
+def newest_target() -> int:
+    """The newest opset scanopt migrates to: the newest the installed onnx knows that the
+    installed onnxruntime also loads (probed once with a one-node model, never assumed
+    per release: onnxruntime 1.31 stops at 26, 1.32 loads 28)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return NEWEST_TARGET
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for opset in range(NEWEST_TARGET, MIN_TARGET - 1, -1):
+        value = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+        graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe", [value],
+                                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=7)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - onnxruntime's errors share no useful base class
+            continue
+        return opset
+    return MIN_TARGET
+
+
 def check_target(source: int | None, target: int) -> None:
     """Raise a ScanoptError unless ``target`` is a valid migration target for ``source``."""
-    if not MIN_TARGET <= target <= NEWEST_TARGET:
+    if not MIN_TARGET <= target <= newest_target():
         raise ScanoptError(
             f"--target-opset {target} is out of range: scanopt moves models to opsets "
-            f"{MIN_TARGET}..{NEWEST_TARGET} (the newest that onnxruntime runs)"
+            f"{MIN_TARGET}..{newest_target()} (the newest that the installed onnxruntime loads)"
         )
     if source is None:
         raise UnsupportedModelError("the model imports no ai.onnx opset; there is nothing to migrate")
