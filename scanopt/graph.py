@@ -124,21 +124,28 @@ class NameAllocator:
                 self._taken.add(node.name)
                 self._taken.update(t.name for t in node.inputs + node.outputs)
         self._taken.discard("")
+        self._next: dict[str, int] = {}  # hint -> the suffix to try first (names are never freed)
 
     @classmethod
     def from_names(cls, names: set[str]) -> "NameAllocator":
         """An allocator over names gathered elsewhere (e.g. from protos, all levels)."""
         allocator = cls.__new__(cls)
         allocator._taken = set(names) - {""}
+        allocator._next = {}
         return allocator
 
     def fresh(self, hint: str) -> str:
         """``hint`` if free, else ``hint_1``, ``hint_2``, ... (the first free one)."""
         hint = hint or "v"
-        name, i = hint, 0
+        # Every name before the remembered suffix is taken, so probing starts there: the
+        # same answer as probing from 0, in O(1) per call (unrolling asks for the same hints
+        # once per step).
+        i = self._next.get(hint, 0)
+        name = hint if i == 0 else f"{hint}_{i}"
         while name in self._taken:
             i += 1
             name = f"{hint}_{i}"
+        self._next[hint] = i + 1
         self._taken.add(name)
         return name
 
