@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, NameAllocator, has_node, is_op, node_label, walk_graphs
+from scanopt.graph import GraphLevel, NameAllocator, editing, is_op, is_removed, node_label, walk_graphs
 from scanopt.scan_view import ScanView
 from scanopt.shapes import ShapeTable
 
@@ -92,11 +92,15 @@ class ScanPass(Pass):
         raise NotImplementedError
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+        with editing(graph):
+            return self._run(graph, ctx)
+
+    def _run(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         result = PassResult(graph, modified=False)
         # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
         # everything nested in it is settled before.
         for level, node in sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth):
-            if not has_node(level.graph, node):  # removed by an earlier rewrite in this run
+            if is_removed(node):  # by an earlier rewrite in this run
                 continue
             label = node_label(node)
             if (self.name, label) in ctx.denied:

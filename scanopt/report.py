@@ -37,8 +37,10 @@ class Report:
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:
         """Record outcomes once each: a fixpoint round repeats the same skips."""
+        seen = set(self.outcomes)  # NodeOutcome is frozen: hashable
         for outcome in outcomes:
-            if outcome not in self.outcomes:
+            if outcome not in seen:
+                seen.add(outcome)
                 self.outcomes.append(outcome)
 
     def op_changes(self) -> dict[str, tuple[int, int]]:

@@ -42,7 +42,11 @@ class ShapeTable:
         return None if shape is None else len(shape)
 
     def elem_type(self, tensor: gs.Tensor) -> int | None:
-        return self._table.get(tensor.name, (None, None))[0]
+        return self.elem_type_of(tensor.name)
+
+    def elem_type_of(self, name: str) -> int | None:
+        """The element type of the value called ``name`` at any level, or None."""
+        return self._table.get(name, (None, None))[0]
 
 
 def _type_of(value: onnx.ValueInfoProto) -> tuple[int | None, list[Dim] | None]:
