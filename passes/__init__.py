@@ -8,3 +8,4 @@ from scanopt.passes import cleanup  # noqa: F401
 from scanopt.passes import fuse  # noqa: F401
 from scanopt.passes import unroll  # noqa: F401
 from scanopt.passes import upgrade  # noqa: F401
+from scanopt.passes import vectorize  # noqa: F401

@@ -26,7 +26,7 @@ from scanopt.clone import BodyInliner
 from scanopt.graph import GraphLevel, dtype_of, node_label
 from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
-from scanopt.rewrite import Builder, rebind_outputs
+from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
 # From benchmarks/bench_unroll.py on this machine (README table): onnxruntime runs the
@@ -106,7 +106,7 @@ class Unroll(ScanPass):
                 for k, values in enumerate(elements)
             ]
         rebind_outputs(node, states + outputs, graph)
-        added = _move_to(graph, position, count_before - 1)
+        added = place_appended(graph, position, count_before - 1)
         if steps == 0:
             return f"unrolled 0 steps: states pass through, scan outputs empty ({added} nodes added)"
         return f"unrolled {steps} steps: {added} nodes added (body of {len(body.nodes)} nodes copied {steps} times)"
@@ -162,11 +162,3 @@ def _dynamic_reason(node: gs.Node, view: ScanView, ctx: PassContext) -> str:
             return f"scan input '{x.name}' has size {size or '?'} on its scan axis {axis}"
         sizes.append(size)
     return f"scan inputs disagree on the length ({sizes})"
-
-
-def _move_to(graph: gs.Graph, position: int, start: int) -> int:
-    """Move the nodes appended from ``start`` on to ``position`` (where the replaced node
-    stood), so the graph stays topologically sorted; return how many there are."""
-    added = graph.nodes[start:]
-    graph.nodes[:] = graph.nodes[:position] + added + graph.nodes[position:start]
-    return len(added)

@@ -107,8 +107,22 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             if doc:
                 proto_node.doc_string = doc
             proto_node.metadata_props.extend(metadata)
+    _restore_initializer_inputs(model.graph, original.graph)
     _copy_model_fields(original, model)
     return model
+
+
+def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProto) -> None:
+    """gs drops graph inputs that are also initializers (IR 3 requires them, e.g. onnx's
+    backend test models); put back each one that is still an initializer, in its place."""
+    present = {v.name for v in proto.input}
+    weights = {t.name for t in proto.initializer}
+    if all(v.name in present or v.name not in weights for v in original.input):
+        return
+    current = {v.name: v for v in proto.input}
+    restored = [current.get(v.name, v) for v in original.input if v.name in present or v.name in weights]
+    restored += [v for v in proto.input if v.name not in {r.name for r in restored}]
+    _replace_repeated(proto.input, restored, force=True)
 
 
 def _paired_graphs(

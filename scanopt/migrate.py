@@ -149,6 +149,11 @@ def _rewrite_scan8(model, source: int, target: int, options: dict, denied: froze
 def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, target: int) -> onnx.ModelProto:
     if source < 13 <= target:
         staged = _spell_out_hardmax(staged)
+    if staged.ir_version < 4 and _has_initializers(staged):
+        # IR 3 wants every initializer to be a graph input too, and the converter treats an
+        # initializer that is not one (the upgrade pass's constants) as undefined
+        staged = _copy(staged)
+        staged.ir_version = 4
     before = _all_names(staged)
     types = _known_types(staged)
     converted = _run_converter(staged, target, source, "")
@@ -166,7 +171,7 @@ def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, ta
     converted.opset_import.extend(imports)
     _rename_new_names(converted, before)
     if converted.ir_version < 4 and _has_initializers(converted):
-        converted.ir_version = 4  # IR 3 wants every initializer to be a graph input too
+        converted.ir_version = 4  # the converter's own constants (e.g. Squeeze axes at 13)
     _check_signature(original, converted)
     try:
         onnx.checker.check_model(converted)
@@ -187,7 +192,7 @@ def _spell_out_hardmax(model: onnx.ModelProto) -> onnx.ModelProto:
                if n.op_type == "Hardmax" and in_default_domain(n.domain)]
     if not hardmax:
         return model
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = _copy(model)
     fresh = NameAllocator.from_names(_all_names(model)).fresh
 
     for g in walk_proto_graphs(model.graph):
@@ -260,6 +265,12 @@ def _convert_lifted(root: onnx.GraphProto, staged: onnx.ModelProto, types: dict,
     _replace(root.node, converted.graph.node)
     _replace(root.initializer, converted.graph.initializer)
     _replace(root.value_info, [v for v in converted.graph.value_info if v.name not in captured_set])
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
 
 
 def _replace(field, items) -> None:

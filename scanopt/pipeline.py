@@ -73,12 +73,17 @@ def optimize(
         if inputs is None:
             # The fused model's lengths feed a native op, which the synthesizer does not
             # read as sequence_lens: keep drawing inputs from the original's Scan-8.
-            from scanopt.inputs import synthesize_inputs
+            from scanopt.verify import runnable_feeds
 
-            inputs = [synthesize_inputs(original, seed) for seed in range(seeds)]
+            inputs = runnable_feeds(original, seeds=seeds, engine=engine)
     migration = _migrate(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if migration is not None:
         model = migration.model
+        if inputs is None and verify:
+            # Same after a migration: the Scan-8 (its sequence_lens, its batch) is gone.
+            from scanopt.verify import runnable_feeds
+
+            inputs = runnable_feeds(original, seeds=seeds, engine=engine)
     options, tuning = _tuned(model, chosen, options or {}, progress)
     candidate, report = _run_passes(model, chosen, options, frozenset(), progress)
     report.tuning = tuning
@@ -258,7 +263,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         report.verification = {
             "passed": None,
             "rolled_back": [f"{p} on {n}" for p, n in applied_keys(report)],
-            "summary": f"cannot verify, so nothing was rewritten: {exc}",
+            "summary": f"cannot verify, so nothing was rewritten: {str(exc).removeprefix('cannot verify: ')}",
             "seconds": round(spent[0], 4),
         }
         report.modified = False

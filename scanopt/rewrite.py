@@ -131,3 +131,11 @@ def new_graph(name: str) -> gs.Graph:
     setattr(graph, GRAPH_METADATA, [])
     setattr(graph, VALUE_INFO, [])
     return graph
+
+
+def place_appended(graph: gs.Graph, position: int, start: int) -> int:
+    """Move the nodes appended from index ``start`` on to ``position`` (where a replaced node
+    stood), so the graph stays topologically sorted; return how many there are."""
+    added = graph.nodes[start:]
+    graph.nodes[:] = graph.nodes[:position] + added + graph.nodes[position:start]
+    return len(added)

@@ -25,19 +25,26 @@ class Body:
     outer-scope initializers, or Constant nodes in the body."""
 
     def __init__(self, batch: bool = True, where: str = "body", opset: int = 17, hidden: int = H, inputs: int = I,
-                 prefix: str = ""):
+                 prefix: str = "", wrap: str | None = None, wrap_where: str = "body"):
         self.batch, self.where, self.opset, self.prefix = batch, where, opset, prefix
         self.H, self.I = hidden, inputs
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.outer: list[onnx.TensorProto] = []
+        self.outer_nodes: list[onnx.NodeProto] = []
         self.count = 0
+        # ``wrap`` writes every float weight/bias behind nodes (see :meth:`wrapped`), placed
+        # in the body or (``wrap_where="outer"``) in the main graph.
+        self.wrap, self.wrap_where = wrap, wrap_where
 
     def _name(self, hint):
         self.count += 1
         return f"{self.prefix}{hint}_{self.count}"
 
     def const(self, value, hint="w", where=None):
+        value = np.asarray(value)
+        if self.wrap and value.dtype.kind == "f" and value.ndim >= 1 and where is None:
+            return self.wrapped(value, hint)
         where = where or self.where
         name = self._name(hint)
         tensor = numpy_helper.from_array(np.asarray(value), name)
@@ -45,6 +52,58 @@ class Body:
             self.nodes.append(h.make_node("Constant", [], [name], value=tensor))
         else:
             (self.outer if where == "outer" else self.inits).append(tensor)
+        return name
+
+    def wrapped(self, value, hint):
+        """``value`` computed from stored initializers by the nodes of form ``self.wrap``."""
+        store = "outer" if self.wrap_where == "outer" else self.where
+        nodes = self.outer_nodes if self.wrap_where == "outer" else self.nodes
+        raw = lambda v, k="raw": self.const(v, k, where=store)  # noqa: E731
+        ints = lambda v: self.const(np.asarray(v, np.int64), "i", where=store)  # noqa: E731
+        name = self._name(hint)
+        n, form = value.shape[0], self.wrap
+        node = h.make_node
+        if form == "transpose":
+            perm = list(range(value.ndim))[::-1]
+            nodes.append(node("Transpose", [raw(np.transpose(value).copy())], [name], perm=perm))
+        elif form == "cast16":
+            nodes.append(node("Cast", [raw(value.astype(np.float16))], [name], to=TP.FLOAT))
+        elif form == "reshape":
+            nodes.append(node("Reshape", [raw(value.reshape(-1)), ints(value.shape)], [name]))
+        elif form == "slice":
+            packed = np.concatenate([value, np.full_like(value, 9.0)])
+            if self.opset >= 10:
+                nodes.append(node("Slice", [raw(packed), ints([0]), ints([n]), ints([0])], [name]))
+            else:
+                nodes.append(node("Slice", [raw(packed)], [name], starts=[0], ends=[n], axes=[0]))
+        elif form == "split":
+            packed = np.concatenate([np.full_like(value[:1], 7.0), value])
+            junk = self._name("junk")
+            if self.opset >= 13:
+                nodes.append(node("Split", [raw(packed), ints([1, n])], [junk, name], axis=0))
+            else:
+                nodes.append(node("Split", [raw(packed)], [junk, name], axis=0, split=[1, n]))
+        elif form == "concat":
+            k = max(1, n // 2)
+            nodes.append(node("Concat", [raw(value[:k].copy()), raw(value[k:].copy())], [name], axis=0))
+        elif form == "unsqueeze":
+            mid = self._name("unsq")
+            if self.opset >= 13:
+                nodes.append(node("Unsqueeze", [raw(value), ints([0])], [mid if value.ndim > 1 else name]))
+                if value.ndim > 1:
+                    nodes.append(node("Squeeze", [mid, ints([0])], [name]))
+            else:
+                nodes.append(node("Unsqueeze", [raw(value)], [mid if value.ndim > 1 else name], axes=[0]))
+                if value.ndim > 1:
+                    nodes.append(node("Squeeze", [mid], [name], axes=[0]))
+        elif form == "identity":
+            mid = self._name("id")
+            nodes.append(node("Identity", [raw(value)], [mid]))
+            nodes.append(node("Identity", [mid], [name]))
+        elif form == "constant":
+            nodes.append(node("Constant", [], [name], value=numpy_helper.from_array(value, name + "_v")))
+        else:
+            raise ValueError(form)
         return name
 
     def op(self, op_type, *inputs, outputs=1, **attrs):
@@ -83,6 +142,17 @@ class Body:
             c = [self.const(np.array([v], np.int64), "s", where="body") for v in (k * self.H, (k + 1) * self.H, -1)]
             outs.append(self.op("Slice", value, *c))
         return outs
+
+
+def split_rows_of(body, value, parts=2):
+    """Rows of a packed [parts, n] tensor, each [1, n]."""
+    if body.opset >= 13:
+        return body.op("Split", value, body.const(np.array([1] * parts, np.int64), "rows", where="body"),
+                       outputs=parts, axis=0)
+    return body.op("Split", value, outputs=parts, axis=0, split=[1] * parts)
+
+
+Body.split_rows = split_rows_of
 
 
 def shape(body: Body, size, lead=None):
@@ -129,7 +199,7 @@ def scan_model(body: Body, states, x="x", ys=("y",), *, in_axis=0, out_axes=None
     inputs += [vi(f"{name}0", TP.FLOAT, shape(body, size)) for name, _, size in states]
     outputs = [vi(f"{name}_n", TP.FLOAT, shape(body, size)) for name, _, size in states] if finals else []
     outputs += [vi(f"Y{i}", TP.FLOAT, outer_shape(body.H, a)) for i, a in enumerate(out_axes)]
-    g = h.make_graph([scan], "cell_model", inputs, outputs, initializer=body.outer)
+    g = h.make_graph(body.outer_nodes + [scan], "cell_model", inputs, outputs, initializer=body.outer)
     return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
 
 
@@ -225,7 +295,8 @@ def rnn(body, x, hs, seed=0, act="Tanh", form="matmul", bias="split", order="xh"
     return body.op(act, pre, **(act_attrs or {}))
 
 
-def gru(body, x, hs, seed=0, lbr=0, order="onnx", fused=True, cut="split", update="standard", form="matmul"):
+def gru(body, x, hs, seed=0, lbr=0, order="onnx", fused=True, cut="split", update="standard", form="matmul",
+        acts=("Sigmoid", "Tanh"), act_attrs=({}, {})):
     """ONNX GRU (z, r, h) written in ONNX or PyTorch (r, z, n) gate order."""
     H, I = body.H, body.I
     W, R = rand(seed, 3 * H, I), rand(seed + 1, 3 * H, H)
@@ -247,14 +318,14 @@ def gru(body, x, hs, seed=0, lbr=0, order="onnx", fused=True, cut="split", updat
     else:
         xg = {g: body.linear(x, rows(W, g), rows(Wb, g), form=form) for g in names}
         hg = {g: body.linear(hs, rows(R, g), rows(Rb, g), form=form) for g in names if lbr or g != "h"}
-    z = body.op("Sigmoid", body.op("Add", xg["z"], hg["z"]))
-    r = body.op("Sigmoid", body.op("Add", hg["r"], xg["r"]))
+    z = body.op(acts[0], body.op("Add", xg["z"], hg["z"]), **act_attrs[0])
+    r = body.op(acts[0], body.op("Add", hg["r"], xg["r"]), **act_attrs[0])
     if lbr:
         cand_in = body.op("Add", xg["h"], body.op("Mul", r, hg["h"]))
     else:
         rh = body.op("Mul", hs, r)
         cand_in = body.op("Add", xg["h"], body.linear(rh, rows(R, "h"), rows(Rb, "h"), form=form))
-    n = body.op("Tanh", cand_in)
+    n = body.op(acts[1], cand_in, **act_attrs[1])
     one = body.const(np.float32(1.0), "one", where="body")
     if update == "standard":  # (1 - z) * n + z * h
         return body.op("Add", body.op("Mul", body.op("Sub", one, z), n), body.op("Mul", z, hs))
@@ -350,3 +421,101 @@ def matches_torch(model, name, models_dir):
     names = [o.name for o in sess.get_outputs()]
     for key, got in zip(names, sess.run(names, feeds)):
         np.testing.assert_allclose(got, expected[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+# -- more cell forms (issue 12): weights given in ONNX layout, written the way each tool does -----
+
+def _rows(a, gate, order, H):
+    k = order.index(gate)
+    return a[k * H:(k + 1) * H]
+
+
+def concat_rnn(body, x, hs, seed=0, act="Tanh"):
+    """Keras/TF1 BasicRNNCell: act(Concat([x, h]) @ K + b), K [I+H, H]."""
+    H, I = body.H, body.I
+    W, R, Wb = rand(seed, H, I), rand(seed + 1, H, H), rand(seed + 2, H)
+    K = np.concatenate([W.T, R.T])
+    cat = body.op("Concat", x, hs, axis=-1)
+    return body.op(act, body.op("Add", body.op("MatMul", cat, body.const(K)), body.const(Wb, "b")))
+
+
+def concat_gru(body, x, hs, seed=0):
+    """TF1 GRUCell: [r, u] = σ(Concat([x, h]) @ Kg + bg); c = tanh(Concat([x, r⊙h]) @ Kc + bc);
+    h' = u⊙h + (1-u)⊙c (linear_before_reset=0, update gate complemented)."""
+    H, I = body.H, body.I
+    W, R, Wb = rand(seed, 3 * H, I), rand(seed + 1, 3 * H, H), rand(seed + 2, 3 * H)
+    onnx_order = ["z", "r", "h"]
+    Kg = np.concatenate([np.concatenate([_rows(W, g, onnx_order, H) for g in "rz"]).T,
+                         np.concatenate([_rows(R, g, onnx_order, H) for g in "rz"]).T])
+    bg = np.concatenate([_rows(Wb, g, onnx_order, H) for g in "rz"])
+    Kc = np.concatenate([_rows(W, "h", onnx_order, H).T, _rows(R, "h", onnx_order, H).T])
+    gates = body.op("Sigmoid", body.op("Add", body.op("MatMul", body.op("Concat", x, hs, axis=-1), body.const(Kg)),
+                                       body.const(bg, "b")))
+    r, u = body.split(gates, 2)
+    rh = body.op("Mul", r, hs)
+    c = body.op("Tanh", body.op("Add", body.op("MatMul", body.op("Concat", x, rh, axis=-1), body.const(Kc)),
+                                body.const(_rows(Wb, "h", onnx_order, H), "b")))
+    one = body.const(np.float32(1.0), "one", where="body")
+    return body.op("Add", body.op("Mul", u, hs), body.op("Mul", body.op("Sub", one, u), c))
+
+
+def concat_lstm(body, x, hs, cs, seed=0, forget_bias=1.0):
+    """TF1 BasicLSTMCell: [i, j, f, o] = Concat([x, h]) @ K + b; c' = c⊙σ(f + forget_bias) +
+    σ(i)⊙tanh(j); h' = tanh(c')⊙σ(o)."""
+    H, I = body.H, body.I
+    W, R, Wb = rand(seed, 4 * H, I), rand(seed + 1, 4 * H, H), rand(seed + 2, 4 * H)
+    order = "ijfo"
+    K = np.concatenate([W.T, R.T])
+    pre = body.op("Add", body.op("MatMul", body.op("Concat", x, hs, axis=-1), body.const(K)), body.const(Wb, "b"))
+    g = dict(zip(order, body.split(pre, 4)))
+    f = body.op("Sigmoid", body.op("Add", g["f"], body.const(np.float32(forget_bias), "fb", where="body")))
+    c_new = body.op("Add", body.op("Mul", cs, f), body.op("Mul", body.op("Sigmoid", g["i"]), body.op("Tanh", g["j"])))
+    return body.op("Mul", body.op("Tanh", c_new), body.op("Sigmoid", g["o"])), c_new
+
+
+def keras_gru(body, x, hs, seed=0, bias_cut="gather"):
+    """Keras GRU with reset_after=True: kernel [I, 3H], recurrent_kernel [H, 3H] in gate order
+    z, r, h and one packed bias [2, 3H] (input row, recurrent row); h' = z⊙h + (1-z)⊙hh."""
+    H, I = body.H, body.I
+    W, R = rand(seed, 3 * H, I), rand(seed + 1, 3 * H, H)
+    bias = rand(seed + 2, 2, 3 * H)
+    packed = body.const(bias, "bias")
+    if bias_cut == "gather":
+        b_in = body.op("Gather", packed, body.const(np.int64(0), "i0", where="body"), axis=0)
+        b_rec = body.op("Gather", packed, body.const(np.int64(1), "i1", where="body"), axis=0)
+    else:  # Split into [1, 3H] rows, then Squeeze
+        rows = body.split_rows(packed)
+        b_in, b_rec = (body.op("Squeeze", r, body.const(np.array([0], np.int64), "ax", where="body")) for r in rows)
+    xz, xr, xh = body.split(body.op("Add", body.op("MatMul", x, body.const(W.T.copy(), "kernel")), b_in), 3)
+    hz, hr, hh = body.split(body.op("Add", body.op("MatMul", hs, body.const(R.T.copy(), "rkernel")), b_rec), 3)
+    z = body.op("Sigmoid", body.op("Add", xz, hz))
+    r = body.op("Sigmoid", body.op("Add", xr, hr))
+    cand = body.op("Tanh", body.op("Add", xh, body.op("Mul", r, hh)))
+    one = body.const(np.float32(1.0), "one", where="body")
+    return body.op("Add", body.op("Mul", z, hs), body.op("Mul", body.op("Sub", one, z), cand))
+
+
+def coupled_lstm(body, x, hs, cs, seed=0, write="forget"):
+    """Coupled input-forget gate LSTM: c' = f⊙c + (1-f)⊙g (``write="forget"``) or
+    c' = (1-i)⊙c + i⊙g (``"input"``); h' = o⊙tanh(c')."""
+    H = body.H
+    W, R = rand(seed, 3 * H, body.I), rand(seed + 1, 3 * H, H)
+    Wb = rand(seed + 2, 3 * H)
+    pre = body.op("Add", body.linear(x, W, Wb), body.linear(hs, R))
+    a, gpre, opre = body.split(pre, 3)
+    gate = body.op("Sigmoid", a)
+    g, o = body.op("Tanh", gpre), body.op("Sigmoid", opre)
+    one = body.const(np.float32(1.0), "one", where="body")
+    other = body.op("Sub", one, gate)
+    keep, take = (gate, other) if write == "forget" else (other, gate)
+    c_new = body.op("Add", body.op("Mul", keep, cs), body.op("Mul", take, g))
+    return body.op("Mul", o, body.op("Tanh", c_new)), c_new
+
+
+def many_bias_rnn(body, x, hs, seed=0, act="Tanh"):
+    """h' = act(Gemm(x, W, C=b1) + b2 + h·Rᵀ + b3): the bias in a Gemm's C and two more Adds."""
+    H, I = body.H, body.I
+    W, R = rand(seed, H, I), rand(seed + 1, H, H)
+    xw = body.op("Gemm", x, body.const(W), body.const(rand(seed + 2, H), "b"), transB=1, beta=0.5)
+    s = body.op("Add", body.op("Add", xw, body.const(rand(seed + 3, H), "b")), body.linear(hs, R))
+    return body.op(act, body.op("Add", body.const(rand(seed + 4, H), "b"), s))

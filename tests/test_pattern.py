@@ -1,4 +1,4 @@
-"""scanopt.pattern: every supported form of a value reduces to the same canonical
+"""the fuse algebra (scanopt.passes.fuse.algebra): every supported form of a value reduces to the same canonical
 polynomial, and the polynomial computes what onnxruntime computes for the graph."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper
 
-from scanopt.pattern import Algebra, Group, Leaf, NoMatch, Runtime, format_poly
+from scanopt.passes.fuse.algebra import Algebra
+from scanopt.passes.fuse.poly import Group, Leaf, NoMatch, Runtime, format_poly
 
 B, I, H = 3, 2, 4
 RNG = np.random.default_rng(7)

@@ -185,14 +185,21 @@ def test_signature_change_is_rolled_back(monkeypatch):
 
 
 def test_unverifiable_model_is_not_rewritten(test_passes):
-    """Inputs without a shape cannot be synthesized: nothing unverified is written."""
+    """A model no synthesized input runs cannot be verified: nothing unverified is written."""
     model = b.scan9_sum()
-    model.graph.input[1].type.tensor_type.ClearField("shape")
+    model.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 5  # the body adds [2] to it
     out, report = optimize(model, passes=["canonicalize"])
     assert out is model and not report.modified
     assert report.verification["summary"].startswith("cannot verify")
     out, report = optimize(model, passes=["canonicalize"], verify=False)
     assert out.graph.node[0].name == "scan_sum_b"
+
+
+def test_an_input_without_shape_gets_one_from_the_scan_body(test_passes):
+    model = b.scan9_sum()
+    model.graph.input[1].type.tensor_type.ClearField("shape")
+    out, report = optimize(model, passes=["canonicalize"])
+    assert report.modified and report.verification["passed"] is True
 
 
 def _two_independent_scans():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, write_text
+from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, text_writer
 from scanopt.errors import ScanoptError, VerificationError
-from scanopt.model_io import save_bytes, save_model
+from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
+from scanopt.outputs import write_outputs
 from scanopt.pipeline import PIPELINE_ORDER, optimize
 
 EPILOG = """\
@@ -47,7 +48,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    loaded, feeds = start_job(args)
+    loaded, feeds, _plan = start_job(args)
     progress = info if args.verbose and not args.quiet else None
     result, report = optimize(
         loaded.model,
@@ -66,13 +67,14 @@ def run(args) -> int:
         if not args.quiet:
             print(report.format(verbose=args.verbose))
         raise VerificationError(f"{args.input}: {report.verification['summary']} (--strict: nothing written)")
-    if result is loaded.model and not loaded.had_external_data:
-        with open(args.input, "rb") as handle:
-            save_bytes(handle.read(), args.output)
+    if result is loaded.model and not loaded.had_external_data and not loaded.sorted_nodes:
+        writer = bytes_writer(read_regular_file(args.input, what="model", limit=PROTOBUF_LIMIT))
     else:
-        save_model(result, args.output, external_data=loaded.had_external_data or None)
+        writer = model_writer(result, args.output, external_data=loaded.had_external_data or None)
+    outputs = [(args.output, writer)]
     if args.report:
-        write_text(args.report, report.to_json() + "\n")
+        outputs.append((args.report, text_writer(report.to_json() + "\n")))
+    write_outputs(outputs)
     if not args.quiet:
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"

@@ -6,10 +6,11 @@ import argparse
 
 import numpy as np
 
-from scanopt.cli.common import check_output_path
+from scanopt.cli.common import feed_files, input_files
 from scanopt.engines import prepare
 from scanopt.inputs import load_feeds, synthesize_inputs
-from scanopt.model_io import load_model, write_atomically
+from scanopt.model_io import load
+from scanopt.outputs import OutputPlan, write_output
 
 EPILOG = """\
 examples:
@@ -53,9 +54,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    model = load_model(args.model)
-    if args.out:
-        check_output_path(args.out)  # fail before running, not after
+    loaded = load(args.model)
+    model = loaded.model
+    if args.out:  # fail before running, not after
+        plan = OutputPlan(input_files(loaded, "MODEL") + feed_files(args.inputs, args.input))
+        plan.claim(args.out, "--out")
     feeds = load_feeds(model, npz=args.inputs, arrays=args.input)
     runner = prepare(model, args.engine, path=args.model)
     if feeds is None:
@@ -81,7 +84,7 @@ def _save_npz(outputs: dict[str, np.ndarray], path: str) -> None:
         with open(staged, "wb") as handle:  # a handle, so numpy does not append ".npz"
             np.savez(handle, **outputs)
 
-    write_atomically(path, write)
+    write_output(path, write)
 
 
 def _table(arrays: dict[str, np.ndarray]) -> str:

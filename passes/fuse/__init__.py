@@ -1,0 +1,35 @@
+"""fuse: a Scan whose body is an RNN, GRU or LSTM cell becomes the native op.
+
+Handles Scans at any nesting level with one scan input x, one recurrent state (RNN, GRU)
+or two (LSTM: h and the cell state c) and any number of loop-invariant states; bodies
+with a batch axis (x [B, I], h [B, H]) or without (x [I], h [H]); any scan axis; every
+input/output direction. The cell is recognized by :mod:`scanopt.passes.fuse.recognize` (algebra, not node
+order); weights come out in ONNX layout and gate order. The Scan is replaced by the
+native op plus the glue around it: X to [T, B, I] (``layout=1`` for [B, T, I] only at
+opset 14+ with the option ``fuse_layout=1``: onnxruntime 1.31 rejects layout=1), Y
+back to each scan output's axis, reversed where the output runs against the input (an
+appending output of a reverse scan lists states in processing order; the native op
+aligns them with input time), Y_h / Y_c to the final states. A forward and a reverse
+Scan over the same X with compatible cells merge into one bidirectional op.
+
+Exactness details: a zero-length sequence leaves a Scan's states at their initial
+values while the native ops return zeros, so a final state whose trip count is not
+statically >= 1 is selected by T > 0. Scan-8 is fused at its opset (8): sequence_lens
+becomes the native op's (int32) sequence_lens; final states of length-0 items, where the
+native op leaves exact zeros, become ``Y_h + h0 ⊙ (len == 0)`` (opset 8 has no Where;
+exact for finite initial states). A Scan-8 reverse scan output needs ReverseSequence
+(opset 10) and is declined.
+
+Declines (with the reason) anything else: other scan outputs, a non-float32 cell, batch
+sizes of x and the states that cannot be proven equal (a size-1 x would broadcast in
+the Scan but not in the native op), reversals needing Slice steps before opset 10.
+
+The package: ``fuse_pass`` (the pass: match, rewrite), ``directions`` (one Scan as one
+direction of the native op, bidirectional partners), ``glue`` (the ops around the native
+op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as polynomials),
+``recognize`` with ``reader``/``gru``/``lstm`` (cells), ``cell`` and ``linear`` (their terms).
+"""
+
+from scanopt.passes.fuse.fuse_pass import Fuse
+
+__all__ = ["Fuse"]

@@ -1,0 +1,375 @@
+"""What a body value computes, as a :class:`~scanopt.passes.fuse.poly.Poly`: match cells by algebra.
+
+``Algebra.poly(tensor)`` expands Add/Sum/Sub/Neg in any operand order, Mul (distributed),
+MatMul against a constant (either side for a vector), MatMul of a last-axis Concat, Gemm
+(transB, alpha, beta, bias), Split/Slice of the last axis, Unsqueeze/Squeeze of leading
+axes and Identity, so ``x·Wᵀ + b + h·Rᵀ``, ``Gemm(x, W, b) + Gemm(h, R)`` and one fused
+MatMul split into gates compare equal term by term. Constants are whatever
+:mod:`scanopt.constexpr` can evaluate (a weight behind Transpose/Cast/Slice/... of
+initializers). Given the body, values it reads but does not compute (an enclosing
+graph's value, a loop-invariant state) are :class:`Runtime` weights. Anything the algebra
+cannot express raises :class:`NoMatch` with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.constexpr import ConstantFolder
+from scanopt.graph import is_op
+from scanopt.passes.fuse.poly import (
+    INT64_MAX, NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
+)
+
+# -- reading the graph -----------------------------------------------------------------
+
+def producer(tensor: gs.Tensor) -> gs.Node | None:
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
+
+
+def resolve(tensor: gs.Tensor) -> gs.Tensor:
+    """Follow Identity nodes back to the value they copy."""
+    node = producer(tensor)
+    while node is not None and is_op(node, "Identity"):
+        tensor = node.inputs[0]
+        node = producer(tensor)
+    return tensor
+
+
+def is_algebra(node: gs.Node) -> bool:
+    """True for the ops :class:`Algebra` expands (everything else makes a leaf)."""
+    return node.op in _HANDLERS and is_op(node, node.op)
+
+
+def describe(tensor: gs.Tensor) -> str:
+    """``'name' (Op output)`` or ``'name'`` for an input: for reasons a user can read."""
+    node = producer(tensor)
+    return f"'{tensor.name}' ({node.op} output)" if node is not None else f"'{tensor.name}'"
+
+
+class Algebra:
+    """Expands body values into :class:`Poly`, memoized; ``stops`` are kept as leaves.
+
+    ``rank(tensor)`` (optional) gives a value's rank, needed to tell that a Split,
+    Slice or Concat works on the last axis when its axis is given as non-negative.
+    """
+
+    def __init__(self, rank=None, stops: Iterable[gs.Tensor] = (), body: gs.Graph | None = None,
+                 varying: Iterable[gs.Tensor] = (), folder: ConstantFolder | None = None):
+        self._rank = rank or (lambda t: None)
+        self._stops = {id(t) for t in stops}
+        # With ``body``, only its nodes are expanded; every other non-constant value it reads
+        # (an enclosing graph's value, a body input not in ``varying``) is a run-time constant.
+        self._local = None if body is None else {id(n) for n in body.nodes}
+        self._varying = {id(t) for t in varying}
+        self._memo: dict[int, Poly | NoMatch] = {}
+        self.const = (folder or ConstantFolder()).value  # tensor -> its constant value, or None
+
+    def _deps(self, tensor: gs.Tensor) -> list[gs.Tensor]:
+        """The values :meth:`_expand` reads to expand ``tensor`` (none for a leaf)."""
+        if id(tensor) in self._stops or self.const(tensor) is not None:
+            return []
+        if self.is_runtime(tensor) and self._rank(tensor) == 1:
+            return []
+        node = producer(tensor)
+        if node is None or not is_algebra(node):
+            return []
+        if is_op(node, "SequenceAt"):
+            deps = [cut_source(node)] if cut_source(node) is not None else []
+        else:
+            data_only = node.op in ("Split", "Slice", "Unsqueeze", "Squeeze")
+            deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
+        src = producer(node.inputs[0]) if is_op(node, "MatMul") else None
+        if src is not None and is_op(src, "Concat"):
+            deps += [t for t in src.inputs if t.name]
+        return deps
+
+    def _fill(self, tensor: gs.Tensor) -> None:
+        """Expand everything ``tensor`` depends on, inputs first, without recursion: a body
+        of any depth costs one visit per value and no stack."""
+        stack, expanded = [tensor], set()
+        while stack:
+            t = stack[-1]
+            if id(t) in self._memo or id(t) in self._stops:
+                stack.pop()
+                continue
+            if id(t) not in expanded:
+                expanded.add(id(t))
+                stack.extend(d for d in self._deps(t) if id(d) not in self._memo and id(d) not in expanded)
+                continue
+            stack.pop()
+            try:
+                self._memo[id(t)] = self._expand(t)
+            except NoMatch as exc:
+                # Kept, raised only to a reader that needs the value: not every input is read as a
+                # polynomial (a MatMul's constant weight), and each value is expanded once.
+                self._memo[id(t)] = exc
+
+    def poly(self, tensor: gs.Tensor) -> Poly:
+        """What ``tensor`` computes; it is expanded even if it is a stop."""
+        return self._expand(tensor)
+
+    def value(self, tensor: gs.Tensor) -> Poly:
+        if id(tensor) in self._stops:
+            return leaf(tensor)
+        if id(tensor) not in self._memo:
+            self._fill(tensor)
+        found = self._memo[id(tensor)]
+        if isinstance(found, NoMatch):
+            raise type(found)(*found.args)  # a fresh one: re-raising one instance grows its traceback
+        return found
+
+    def _expand(self, tensor: gs.Tensor) -> Poly:
+        value = self.const(tensor)
+        if value is not None:
+            return self._constant(tensor, value)
+        if self.is_runtime(tensor) and self._rank(tensor) == 1:
+            return Poly((Term((), Runtime(tensor, vector=True)),))
+        node = producer(tensor)
+        handler = _HANDLERS.get(node.op) if node is not None and is_op(node, node.op) else None
+        if handler is None:
+            return leaf(tensor)
+        return handler(self, node, tensor)
+
+    def is_runtime(self, tensor: gs.Tensor) -> bool:
+        """A value the body reads but does not compute and that does not vary per step."""
+        if self._local is None or id(tensor) in self._varying or self.const(tensor) is not None:
+            return False
+        node = producer(tensor)
+        return node is None or id(node) not in self._local
+
+    def _constant(self, tensor, value: np.ndarray) -> Poly:
+        if value.dtype.kind != "f":
+            raise NoMatch(f"'{tensor.name}' is a {value.dtype} constant in float arithmetic")
+        if value.ndim > 1 and any(d != 1 for d in value.shape[:-1]):
+            raise NoMatch(f"constant '{tensor.name}' of shape {list(value.shape)} is not a scalar or a row vector")
+        return constant(value.reshape(-1) if value.ndim else value)
+
+    def is_last_axis(self, tensor: gs.Tensor, axis: int) -> bool:
+        if axis == -1:
+            return True
+        rank = self._rank(tensor)
+        return rank is not None and axis == rank - 1
+
+    def column_range(self, node: gs.Node, out: gs.Tensor, width: int | None) -> tuple[int, int]:
+        """The [start, stop) that a last-axis Split/Slice ``node`` gives output ``out`` (or
+        SequenceAt of a SplitToSequence, the unoptimized PyTorch exporter's chunk)."""
+        data = cut_source(node)
+        if is_op(node, "SequenceAt"):
+            return self._sequence_range(node, data, width)
+        if is_op(node, "Split"):
+            if not self.is_last_axis(data, node.attrs.get("axis", 0)):
+                raise NoMatch(f"Split '{node.name}' does not cut the last axis")
+            sizes = _split_sizes(self, node, width)
+            index = next(i for i, t in enumerate(node.outputs) if t is out)
+            start = sum(sizes[:index])
+            return start, start + sizes[index]
+        starts, ends, axes, steps = _slice_args(self, node)
+        if len(starts) != 1 or not self.is_last_axis(data, axes[0] if axes else 0):
+            raise NoMatch(f"Slice '{node.name}' does not cut the last axis alone")
+        if steps and steps[0] != 1:
+            raise NoMatch(f"Slice '{node.name}' has step {steps[0]}")
+        if width is None:
+            raise NoMatch(f"the size cut by Slice '{node.name}' is unknown")
+        start, stop, _ = slice(int(starts[0]), int(min(ends[0], INT64_MAX))).indices(width)
+        return start, max(start, stop)
+
+
+    def _sequence_range(self, node: gs.Node, data: gs.Tensor, width: int | None) -> tuple[int, int]:
+        splitter = producer(node.inputs[0])
+        if not self.is_last_axis(data, splitter.attrs.get("axis", 0)):
+            raise NoMatch(f"SplitToSequence '{splitter.name}' does not cut the last axis")
+        split = self.const(splitter.inputs[1]) if len(splitter.inputs) > 1 and splitter.inputs[1].name else None
+        index = self.const(node.inputs[1])
+        if split is None or index is None or width is None:
+            raise NoMatch(f"SplitToSequence '{splitter.name}' has no constant split, index or known width")
+        if split.ndim == 0:
+            size = int(split)
+            sizes = [min(size, width - k) for k in range(0, width, size)]
+        else:
+            sizes = [int(v) for v in split.reshape(-1)]
+        k = int(index.reshape(-1)[0])
+        if not -len(sizes) <= k < len(sizes):
+            raise NoMatch(f"SequenceAt '{node.name}' index {k} is out of range")
+        k %= len(sizes)
+        start = sum(sizes[:k])
+        return start, start + sizes[k]
+
+
+def cut_source(node: gs.Node) -> gs.Tensor | None:
+    """The value a last-axis cut reads: a Split's or Slice's data; for SequenceAt the data of
+    the SplitToSequence it indexes (None for any other SequenceAt)."""
+    if is_op(node, "SequenceAt"):
+        seq = producer(node.inputs[0])
+        return seq.inputs[0] if seq is not None and is_op(seq, "SplitToSequence") else None
+    return node.inputs[0]
+
+
+def is_cut(node: gs.Node | None) -> bool:
+    return node is not None and (is_op(node, "Split") or is_op(node, "Slice")
+                                 or (is_op(node, "SequenceAt") and cut_source(node) is not None))
+
+
+def _split_sizes(alg, node: gs.Node, width: int | None) -> list[int]:
+    sizes = node.attrs.get("split")
+    if sizes is None and len(node.inputs) > 1 and node.inputs[1].name:
+        sizes = alg.const(node.inputs[1])
+        if sizes is None:
+            raise NoMatch(f"Split '{node.name}' sizes are not constant")
+    if sizes is not None:
+        return [int(s) for s in np.asarray(sizes).reshape(-1)]
+    n = len(node.outputs)
+    if width is None:
+        raise NoMatch(f"the size cut by Split '{node.name}' is unknown")
+    chunk = -(-width // n)  # opset 18 num_outputs: equal chunks, the last one smaller
+    if n * chunk != width and "num_outputs" not in node.attrs:
+        raise NoMatch(f"Split '{node.name}' cannot cut {width} into {n} equal parts")
+    return [min(chunk, width - i * chunk) for i in range(n)]
+
+
+def _slice_args(alg, node: gs.Node):
+    if "starts" in node.attrs:  # Slice-1
+        return node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"), None
+    args = []
+    for i in range(1, 5):
+        t = node.inputs[i] if i < len(node.inputs) and node.inputs[i].name else None
+        value = None if t is None else alg.const(t)
+        if t is not None and value is None:
+            raise NoMatch(f"Slice '{node.name}' bounds are not constant")
+        args.append(None if value is None else [int(v) for v in np.asarray(value).reshape(-1)])
+    return tuple(args)
+
+
+# -- per-op expansion -------------------------------------------------------------------
+
+def _identity(alg: Algebra, node, out):
+    return alg.value(node.inputs[0])
+
+
+def _add(alg, node, out):
+    return add(*(alg.value(t) for t in node.inputs))
+
+
+def _sub(alg, node, out):
+    return add(alg.value(node.inputs[0]), scale(alg.value(node.inputs[1]), -1.0))
+
+
+def _neg(alg, node, out):
+    return scale(alg.value(node.inputs[0]), -1.0)
+
+
+def _mul(alg, node, out):
+    return mul(alg.value(node.inputs[0]), alg.value(node.inputs[1]))
+
+
+def _weight(alg, tensor, node) -> np.ndarray:
+    value = alg.const(tensor)
+    if value is None:
+        raise NoMatch(f"{node.op} '{node.name}' multiplies by '{tensor.name}', which is not a constant")
+    if value.ndim != 2 or value.dtype.kind != "f":
+        raise NoMatch(f"{node.op} '{node.name}' weight '{tensor.name}' is not a 2-D float matrix")
+    return value.astype(np.float64)
+
+
+def _matmul(alg, node, out):
+    a, b = node.inputs
+    if alg.is_runtime(b):
+        if alg._rank(b) != 2:
+            raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
+        return runtime_matmul(alg.value(a), Runtime(b))
+    left = alg.const(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
+    if left and alg.const(b) is None and not alg.is_runtime(b):
+        if alg._rank(b) != 1:  # W @ v equals v @ Wᵀ only for a vector v
+            raise NoMatch(f"MatMul '{node.name}' has the weight on the left of a non-vector")
+        if alg.is_runtime(a):
+            return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
+        return matmul(alg.value(b), _weight(alg, a, node).T)
+    w = _weight(alg, b, node)
+    src = producer(a)
+    if src is not None and is_op(src, "Concat") and alg.is_last_axis(a, src.attrs.get("axis", 0)):
+        polys = [alg.value(piece) for piece in src.inputs]
+        sizes = [_last_dim(piece, p) for piece, p in zip(src.inputs, polys)]
+        if sizes.count(None) == 1:  # the weight's rows tell the one unknown width
+            sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
+        if None in sizes:
+            unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
+            raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
+        parts, start = [], 0
+        for p, size in zip(polys, sizes):
+            parts.append(matmul(p, w[start:start + size]))
+            start += size
+        if start != w.shape[0]:
+            raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
+        return add(*parts)
+    return matmul(alg.value(a), w)
+
+
+def _last_dim(tensor, p: Poly) -> int | None:
+    shape = tensor.shape
+    if shape and isinstance(shape[-1], int):
+        return shape[-1]
+    return p.width()
+
+
+def _gemm(alg, node, out):
+    if node.attrs.get("transA", 0):
+        raise NoMatch(f"Gemm '{node.name}' transposes its data operand (transA=1)")
+    alpha, trans_b = float(node.attrs.get("alpha", 1.0)), bool(node.attrs.get("transB", 0))
+    if alg.is_runtime(node.inputs[1]):
+        result = runtime_matmul(alg.value(node.inputs[0]), Runtime(node.inputs[1], transposed=trans_b, scale=alpha))
+    else:
+        w = _weight(alg, node.inputs[1], node)
+        result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        c = node.inputs[2]
+        if alg.const(c) is None and not alg.is_runtime(c):
+            raise NoMatch(f"Gemm '{node.name}' bias '{c.name}' is not a constant")
+        result = add(result, scale(alg.value(c), float(node.attrs.get("beta", 1.0))))
+    return result
+
+
+def _reshape_lead(alg, node, out):
+    """Unsqueeze/Squeeze of leading axes (an exporter's [H] <-> [1, H]): the last axis,
+    which all of the algebra works on, is untouched, so the value is the same polynomial."""
+    data = node.inputs[0]
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
+        axes = alg.const(node.inputs[1])
+    rank = alg._rank(out if node.op == "Unsqueeze" else data)
+    if axes is None or rank is None:
+        raise NoMatch(f"{node.op} '{node.name}' has unknown axes or rank")
+    axes = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+    if rank - 1 in axes:
+        raise NoMatch(f"{node.op} '{node.name}' changes the last axis")
+    return alg.value(data)
+
+
+def _cut(alg, node, out):
+    source = cut_source(node)
+    src = None if source is None else producer(source)
+    if source is None or (alg.const(source) is None and not alg.is_runtime(source)
+                          and (src is None or not is_algebra(src))):
+        return leaf(out)  # a part of an activation (or input): its own value, as gates read it
+    whole = alg.value(source)
+    start, stop = alg.column_range(node, out, whole.width())
+    return columns(whole, start, stop)
+
+
+_HANDLERS = {
+    "Identity": _identity,
+    "Add": _add,
+    "Sum": _add,
+    "Sub": _sub,
+    "Neg": _neg,
+    "Mul": _mul,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Split": _cut,
+    "Slice": _cut,
+    "SequenceAt": _cut,
+    "Unsqueeze": _reshape_lead,
+    "Squeeze": _reshape_lead,
+}

@@ -1,0 +1,188 @@
+"""One Scan as one direction of a native recurrent op: what it reads and writes, whether it
+can be fused (with the reason when not), and its bidirectional partner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.errors import ScanoptError
+from scanopt.graph import dtype_of, is_op, node_label
+from scanopt.pass_api import Match, Skip
+from scanopt.passes.canonicalize_analysis import reverses_axis
+from scanopt.passes.fuse.algebra import describe, producer, resolve
+from scanopt.passes.fuse.cell import Cell
+from scanopt.passes.fuse.poly import NoMatch
+from scanopt.passes.fuse.recognize import recognize
+from scanopt.rewrite import is_read
+from scanopt.scan_view import ScanView
+
+@dataclass
+class Direction:
+    """One Scan as one direction of the native op."""
+
+    node: gs.Node
+    cell: Cell
+    reverse: bool
+    states: list[tuple[str, int]]  # per Scan state: ("h" | "c" | "invariant", state index)
+    outputs: list[tuple[bool, int]]  # per scan output: (reversed against the native Y, axis)
+    guard: str | None  # final states need: "empty" the zero-length select, "lens" the length-0 items' one
+    first: int = 0  # position of the first state among the node's inputs (Scan-8: 1)
+    source: gs.Tensor | None = None  # X the native op reads, when not the Scan's own (a reversal's input)
+
+    @property
+    def x(self) -> gs.Tensor:
+        return self.node.inputs[-1] if self.source is None else self.source
+
+    def outer(self, tensor: gs.Tensor) -> gs.Tensor:
+        """The value a run-time weight read by the body has outside: a loop-invariant
+        state's initial value, else the enclosing graph's value itself."""
+        body = self.node.attrs["body"]
+        for i, t in enumerate(body.inputs[:len(self.states)]):
+            if t is tensor:
+                return self.node.inputs[self.first + i]
+        return tensor
+
+    def initial(self, kind: str) -> gs.Tensor:
+        """The outer initial value of state ``kind`` ("h" or "c")."""
+        return self.node.inputs[self.first + dict(self.states)[kind]]
+
+
+@dataclass
+class FusePlan(Match):
+    batched: bool  # the outer states have a batch axis ([B, H]); X is [.., B, .., I]
+    in_axis: int  # of X, with batched X of rank 3 (Scan-8: 1)
+    layout: int
+    sequence_lens: gs.Tensor | None
+    dirs: list[Direction]  # one, or forward then reverse
+
+
+
+
+def _direction(node, view, level, ctx, folder=None):
+    """(Direction, batched, in_axis) for one Scan, or Skip(reason)."""
+    if view.num_scan_inputs != 1:
+        return Skip(f"{view.num_scan_inputs} scan inputs; the native ops read one sequence X")
+    body = node.attrs["body"]
+    n = view.num_states
+    x = body.inputs[n]
+    if dtype_of(x) != np.float32:
+        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused "
+                    "(onnxruntime has no double GRU/LSTM kernel)")
+    ins, outs = body.inputs[:n], body.outputs[:n]
+    invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
+    recurrent = [i for i in range(n) if i not in invariant]
+    try:
+        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder)
+    except NoMatch as exc:
+        return Skip(f"not fused: {exc}")
+    roles = {id(cell.h): "h", id(cell.c): "c"}
+    states = [("invariant", i) if i in invariant else (roles[id(ins[i])], i) for i in range(n)]
+    h_out = resolve(outs[next(i for kind, i in states if kind == "h")])
+    c_out = resolve(outs[next(i for kind, i in states if kind == "c")]) if cell.c is not None else None
+    for k, y in enumerate(body.outputs[n:]):
+        if resolve(y) is c_out:
+            return Skip(f"scan output {k} is the cell state; LSTM's Y holds only the hidden state")
+        if resolve(y) is not h_out:
+            return Skip(f"scan output {k} is {describe(resolve(y))}, not the hidden state; the native op cannot produce it")
+
+    rank = ctx.shapes.rank(x)
+    state_ranks = {ctx.shapes.rank(ins[i]) for kind, i in states if kind != "invariant"}
+    if rank not in (1, 2) or state_ranks != {rank} or (view.batched and rank != 1):
+        return Skip(f"x has rank {rank} and the states {sorted(state_ranks, key=str)} in the body; "
+                    "fused are [B, I] with [B, H] and [I] with [H] (Scan-8: [I] with [H])")
+    top = level.parents[0] if level.parents else level.graph
+    reverse = bool(view.input_directions[0])
+    finals_read = any(is_read(node.outputs[i], top) for kind, i in states if kind != "invariant")
+    ys_read = any(is_read(t, top) for t in node.outputs[n:])
+    if view.batched:  # Scan-8: X [B, T, I], states [B, H], outputs [B, T, H]
+        if reverse and ys_read:
+            return Skip("Scan-8 reverse scan outputs need ReverseSequence (opset 10) to reorder")
+        guard = _guard(finals_read, view)
+        if view.sequence_lens and finals_read:
+            guard = "lens"
+        outputs = [(reverse, 1) for _ in view.output_axes]
+        return Direction(node, cell, reverse, states, outputs, guard, first=1), True, 1
+    if rank == 2:
+        problem = _batch_problem(node, view, ctx, [i for kind, i in states if kind != "invariant"])
+        if problem:
+            return Skip(problem)
+    in_axis = view.input_axes[0] % (rank + 1)
+    source = _reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
+    if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
+        reverse = not reverse
+    out_axes = [a % (rank + 1) for a in view.output_axes]
+    outputs = [(bool(d) != reverse, a) for d, a in zip(view.output_directions, out_axes)]
+    if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
+        return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
+    return Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source), rank == 2, in_axis
+
+
+def _reversed_source(x: gs.Tensor, axis: int, rank: int, ctx, folder) -> gs.Tensor | None:
+    """X when ``x`` is X reversed whole along ``axis``: a Slice with step -1, or a
+    ReverseSequence whose constant lengths all equal X's static length (with shorter lengths
+    the Scan would go on over the unreversed tail, which no native direction does)."""
+    node = producer(x)
+    if node is None:
+        return None
+    if reverses_axis(node, axis, rank, ctx.opset):
+        return node.inputs[0]
+    if not is_op(node, "ReverseSequence") or node.attrs.get("time_axis", 0) != axis or folder is None:
+        return None
+    lens, shape = folder.value(node.inputs[1]), ctx.shapes.shape(node.inputs[0])
+    length = shape[axis] if shape and len(shape) == rank else None
+    if lens is None or not isinstance(length, int) or lens.size == 0 or not np.all(lens == length):
+        return None
+    return node.inputs[0]
+
+
+def _guard(finals_read, view) -> str | None:
+    """A Scan over zero steps returns its initial states; the native ops return zeros."""
+    return "empty" if finals_read and not (view.trip_count and view.trip_count >= 1) else None
+
+
+def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) -> Direction | None:
+    """A Scan over the same X and axis in the other direction, with a cell one native op can
+    run beside this one (same kind, sizes, clip, linear_before_reset). Only X's readers are
+    looked at (gs tracks them), so finding partners costs O(readers) per Scan, not O(graph);
+    ``members`` (ids of the level's nodes) tells which of them live in this graph."""
+    x = direction.x
+    readers = list(x.outputs) + [r for t in x.outputs for o in t.outputs
+                                 if is_op(t, "Slice") or is_op(t, "ReverseSequence") for r in o.outputs]
+    for other in {id(r): r for r in readers}.values():
+        if other is node or not is_op(other, "Scan") or not other.inputs:
+            continue
+        if members is not None and id(other) not in members:
+            continue
+        if ("fuse", node_label(other)) in ctx.denied:
+            continue
+        try:
+            view = ScanView.from_gs(other, ctx.opset, ctx.shapes)
+        except ScanoptError:
+            continue
+        found = _direction(other, view, level, ctx, folder)
+        if isinstance(found, Skip):
+            continue
+        d, _, axis = found
+        a, c = direction.cell, d.cell
+        if (d.x is x and axis == in_axis and d.reverse != direction.reverse and a.kind == c.kind and a.hidden == c.hidden
+                and a.input_size == c.input_size and a.clip == c.clip and a.linear_before_reset == c.linear_before_reset
+                and a.input_forget == c.input_forget):
+            return d
+    return None
+
+
+def _batch_problem(node, view, ctx, state_positions) -> str | None:
+    """Why the batch sizes of X and the initial states may differ, or None if provably equal."""
+    x_shape = ctx.shapes.shape(node.inputs[-1])
+    batch_axis = 1 if view.input_axes[0] % 3 == 0 else 0
+    dims = [x_shape[batch_axis] if x_shape else None]
+    for i in state_positions:
+        shape = ctx.shapes.shape(node.inputs[i])
+        dims.append(shape[0] if shape else None)
+    if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
+        return None
+    return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
+            "the Scan would broadcast a size-1 batch, the native op would not")

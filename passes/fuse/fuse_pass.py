@@ -1,0 +1,179 @@
+"""The fuse pass: match a Scan (and its reverse partner), emit the native op and rebind
+the Scan's outputs to it. See the package docstring for what is fused and how."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.constexpr import ConstantFolder
+from scanopt.graph import is_topologically_sorted, node_label
+from scanopt.pass_api import ScanPass, Skip, register_pass
+from scanopt.passes.fuse.directions import FusePlan, _direction, _partner
+from scanopt.passes.fuse.glue import FuseEmitter
+from scanopt.rewrite import Builder, is_read, rebind_outputs
+
+
+class _RunState:
+    """What one run of the pass shares across Scans, so its cost stays linear in the model:
+    evaluated constants, each level's node ids (for partner lookup), emitted weights."""
+
+    def __init__(self, opset: int):
+        self.folder = ConstantFolder(opset)
+        self.members: dict[int, tuple[gs.Graph, set[int]]] = {}
+        self.weights: dict = {}  # (id(graph), dtype, shape, digest) -> gs.Constant
+
+    def nodes_of(self, graph: gs.Graph) -> set[int]:
+        found = self.members.get(id(graph))
+        if found is None or found[0] is not graph:
+            found = (graph, {id(n) for n in graph.nodes})
+            self.members[id(graph)] = found
+        return found[1]
+
+
+@register_pass
+class Fuse(ScanPass):
+    name = "fuse"
+    summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
+
+    def __call__(self, graph, ctx):
+        self._run_state = _RunState(ctx.opset)
+        try:
+            return super().__call__(graph, ctx)
+        finally:
+            self._run_state = None
+
+    def _state(self, ctx) -> _RunState:
+        if getattr(self, "_run_state", None) is None:  # a dry run (inspect) calls match alone
+            self._run_state = _RunState(ctx.opset)
+        return self._run_state
+
+    def match(self, node, view, level, ctx):
+        run = self._state(ctx)
+        found = _direction(node, view, level, ctx, run.folder)
+        if isinstance(found, Skip):
+            return found
+        direction, batched, in_axis = found
+        dirs = [direction]
+        partner = None if view.batched else _partner(node, direction, in_axis, level, ctx, run.folder,
+                                                     run.nodes_of(level.graph))
+        if partner is not None:
+            dirs = sorted([direction, partner], key=lambda d: d.reverse)
+        # onnxruntime 1.31 refuses layout=1 ("Batchwise recurrent operations are not supported"),
+        # so a [B, T, I] input is transposed unless options["fuse_layout"] = 1 asks otherwise.
+        layout = int(batched and in_axis == 1 and ctx.opset >= 14 and ctx.options.get("fuse_layout") == 1)
+        lens = node.inputs[0] if view.batched and view.sequence_lens else None
+        return FusePlan(batched, in_axis, layout, lens, dirs)
+
+    def rewrite(self, node, plan: FusePlan, level, ctx):
+        graph = level.graph
+        top = level.parents[0] if level.parents else graph
+        b = Builder(graph, ctx.names)
+        emit = FuseEmitter(b, ctx.opset, self._state(ctx).weights)
+        first = plan.dirs[0]
+        cell, kind, n_dirs = first.cell, first.cell.kind, len(plan.dirs)
+        x = first.x
+        if plan.batched:
+            perm = {0: None, 1: None if plan.layout else [1, 0, 2], 2: [2, 0, 1]}[plan.in_axis]
+            xn = x if perm is None else b.op("Transpose", [x], perm=perm)
+            state_axes, dir_axis = [plan.layout], plan.layout
+        else:
+            xn = x if plan.in_axis == 0 else b.op("Transpose", [x], perm=[1, 0])
+            xn = emit.unsqueeze(xn, [1])
+            state_axes, dir_axis = [0, 1], 0
+
+        def initial(kind_):
+            parts = [emit.unsqueeze(d.initial(kind_), state_axes) for d in plan.dirs]
+            return parts[0] if n_dirs == 1 else b.op("Concat", parts, axis=dir_axis)
+
+        def weight(name, of):
+            return emit.weight(f"{kind}_{name}", [(of(d.cell), d.outer) for d in plan.dirs])
+
+        inputs = [xn, weight("W", lambda c: c.W), weight("R", lambda c: c.R), weight("B", lambda c: c.B)]
+        inputs.append(emit.cast_int32(plan.sequence_lens) if plan.sequence_lens is not None else gs.Variable.empty())
+        inputs.append(initial("h"))
+        if kind == "LSTM":
+            inputs.append(initial("c"))
+            if any(d.cell.P is not None for d in plan.dirs):
+                inputs.append(weight("P", lambda c: np.zeros(3 * c.hidden) if c.P is None else c.P))
+
+        finals = {id(d.node): {k: d.node.outputs[i] for k, i in d.states} for d in plan.dirs}
+        want_y = any(is_read(t, top) for d in plan.dirs for t in d.node.outputs[len(d.states):])
+        want = [want_y] + [any(is_read(finals[id(d.node)][k], top) for d in plan.dirs)
+                           for k in (("h", "c") if kind == "LSTM" else ("h",))]
+        while len(want) > 1 and not want[-1]:
+            want.pop()
+        outs = [b.variable(f"{kind}_{name}", np.float32) if w else gs.Variable.empty()
+                for name, w in zip(("Y", "Y_h", "Y_c"), want)]
+        attrs = _attrs(plan, n_dirs)
+        b.op(kind, inputs, outputs=outs, **attrs)
+
+        for index, d in enumerate(plan.dirs):
+            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top)
+            rebind_outputs(d.node, values, graph)
+        if not is_topologically_sorted(graph):  # new nodes were appended after the Scan's readers
+            graph.toposort(recurse_subgraphs=False)
+        where = f"{'bidirectional' if n_dirs == 2 else ('reverse' if first.reverse else 'forward')}"
+        merged = f", merged with Scan '{node_label(plan.dirs[1].node)}'" if n_dirs == 2 else ""
+        notes = ", ".join(dict.fromkeys(n for d in plan.dirs for n in d.cell.notes))
+        return (f"fused into {kind} (hidden {cell.hidden}, input {cell.input_size}, {where}{merged}, activations "
+                f"{', '.join(str(a) for d in plan.dirs for a in d.cell.activations)}"
+                + (f", clip {cell.clip:g}" if cell.clip is not None else "")
+                + (", sequence_lens" if plan.sequence_lens is not None else "") + (f", {notes}" if notes else "") + ")")
+
+    @staticmethod
+    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top):
+        """New values for one Scan's outputs, taken from the shared native outputs."""
+        node, values = d.node, []
+        for kind_, i in d.states:
+            t = node.outputs[i]
+            if kind_ == "invariant":
+                values.append(node.inputs[d.first + i] if is_read(t, top) else None)
+                continue
+            slot = 1 if kind_ == "h" else 2
+            if not is_read(t, top) or not want[slot:slot + 1] == [True]:
+                values.append(None)
+                continue
+            # Y_h [D, B, H] (layout 1: [B, D, H]); without a batch axis also drop B.
+            v = emit.pick(outs[slot], index, n_dirs, plan.layout if plan.batched else 0)
+            if not plan.batched:
+                v = emit.squeeze(v, [0])
+            if d.guard == "empty":
+                v = emit.keep_initial_if_empty(v, node.inputs[d.first + i], x, plan.in_axis)
+            elif d.guard == "lens":
+                v = emit.keep_initial_where_length_0(v, node.inputs[d.first + i], plan.sequence_lens)
+            values.append(v)
+        ys = node.outputs[len(d.states):]
+        if not any(is_read(t, top) for t in ys):
+            return values + [None] * len(ys)
+        # Y [T, D, B, H] (layout 1: [B, T, D, H]); drop D, and B without a batch axis.
+        y = emit.pick(outs[0], index, n_dirs, 1 + plan.layout)
+        if not plan.batched:
+            y = emit.squeeze(y, [1])
+        time_axis, rank = plan.layout, 3 if plan.batched else 2
+        done: dict = {}
+        for (flip, axis), t in zip(d.outputs, ys):
+            if not is_read(t, top):
+                values.append(None)
+                continue
+            if (flip, axis) not in done:
+                v = emit.reverse(y, time_axis) if flip else y
+                done[(flip, axis)] = emit.move_axis(v, time_axis, axis, rank)
+            values.append(done[(flip, axis)])
+        return values
+
+
+def _attrs(plan: FusePlan, n_dirs: int) -> dict:
+    per_dir = [d.cell.attrs() for d in plan.dirs]
+    attrs = dict(per_dir[0])
+    for key in ("activations", "activation_alpha", "activation_beta"):
+        values = [v for a in per_dir for v in a.get(key, [])]
+        if values:
+            attrs[key] = values
+    if n_dirs == 2:
+        attrs["direction"] = "bidirectional"
+    elif plan.dirs[0].reverse:
+        attrs["direction"] = "reverse"
+    if plan.layout:
+        attrs["layout"] = 1
+    return attrs

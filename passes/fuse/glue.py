@@ -1,0 +1,117 @@
+"""The ops around the native op: weights (constant or computed at run time), direction
+picks, axis moves, the zero-length and length-0 guards. Opset-dependent forms come from
+:class:`scanopt.emit.Emitter`."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+
+from scanopt.emit import INT64_MAX, Emitter
+from scanopt.passes.fuse.cell import Sum
+from scanopt.rewrite import Builder
+
+
+class FuseEmitter(Emitter):
+    """The glue around the native op; opset-dependent forms come from :class:`Emitter`."""
+
+    def __init__(self, b: Builder, opset: int, shared: dict | None = None):
+        super().__init__(b, opset, domain=None)
+        self._shared = {} if shared is None else shared  # weights already emitted, by content
+        self._steps: dict = {}  # (id(X), axis) -> "X has steps" (opset 8: "X is empty" as 0/1)
+        self._masks: dict = {}  # id(sequence_lens) -> [B, 1] float mask of length-0 items
+
+    def _const(self, hint, value):
+        return self.const(hint, np.asarray(value))
+
+    def weight(self, name, per_dir):
+        """One weight input [D, ...] from each direction's (value, outer) where value is an
+        array or a tuple of blocks (see :class:`scanopt.passes.fuse.cell.Cell`)."""
+        if all(isinstance(v, np.ndarray) for v, _ in per_dir):
+            return self.const(name, np.stack([v for v, _ in per_dir]).astype(np.float32))
+        dirs = []
+        for value, outer in per_dir:
+            blocks = [self.block(p, outer) for p in ((value,) if isinstance(value, np.ndarray) else value)]
+            joined = blocks[0] if len(blocks) == 1 else self.op("Concat", blocks, axis=0)
+            dirs.append(self.unsqueeze(joined, [0]))
+        return dirs[0] if len(dirs) == 1 else self.op("Concat", dirs, axis=0)
+
+    def const(self, hint, value):
+        """A new initializer for ``value``, or the one already emitted into this graph with the
+        same content: Scans that share a weight keep sharing it after fusion (and the glue's
+        small constants are not repeated per Scan)."""
+        value = np.asarray(value)
+        key = (id(self.b.graph), value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
+        found = self._shared.get(key)
+        if found is None or found[0] is not self.b.graph:
+            found = (self.b.graph, super().const(hint, value))
+            self._shared[key] = found
+        return found[1]
+
+    def block(self, piece, outer):
+        if isinstance(piece, np.ndarray):
+            return self.const("block", piece.astype(np.float32))
+        if isinstance(piece, Sum):
+            parts = [self.block(r, outer) for r in piece.runtimes]
+            if np.any(piece.const):
+                parts.insert(0, self.const("bias", piece.const.astype(np.float32)))
+            total = parts[0]
+            for part in parts[1:]:
+                total = self.op("Add", [total, part])
+            return total
+        # A Runtime in x·W orientation: cut its columns, bring it to ONNX layout [out, in].
+        t = outer(piece.tensor)
+        axis = 0 if piece.vector or piece.transposed else 1
+        if piece.start or piece.stop is not None:
+            t = self.slice(t, [piece.start], [INT64_MAX if piece.stop is None else piece.stop], [axis])
+        if not piece.vector and not piece.transposed:
+            t = self.op("Transpose", [t], perm=[1, 0])
+        if piece.scale != 1.0:
+            t = self.op("Mul", [t, self.const("scale", np.float32(piece.scale))])
+        return t
+
+    def pick(self, x, index, count, axis):
+        """Direction ``index`` of ``count`` along ``axis``, that axis removed."""
+        if count == 1:
+            return self.squeeze(x, [axis])
+        return self.op("Gather", [x, self._const("direction", np.int64(index))], axis=axis)
+
+    def cast_int32(self, x):
+        return self.op("Cast", [x], to=onnx.TensorProto.INT32)
+
+    def move_axis(self, x, source, target, rank):
+        if source == target:
+            return x
+        order = [a for a in range(rank) if a != source]
+        order.insert(target, source)
+        return self.op("Transpose", [x], perm=order)
+
+    def keep_initial_where_length_0(self, final, initial, lens):
+        """``final + initial ⊙ (len == 0)``: the native op leaves exact zeros for length-0
+        items, so this is ``initial`` there and ``final`` elsewhere (for finite initial
+        states: opset 8 has no Where)."""
+        if id(lens) not in self._masks:
+            empty = self.op("Equal", [lens, self._const("zero", np.int64(0))])
+            self._masks[id(lens)] = self.unsqueeze(self.op("Cast", [empty], to=onnx.TensorProto.FLOAT), [1])
+        return self.op("Add", [final, self.op("Mul", [initial, self._masks[id(lens)]])])
+
+    def keep_initial_if_empty(self, final, initial, x, axis):
+        """``final`` unless X has no steps along ``axis``, then ``initial`` (a Scan's result)."""
+        key = (id(x), axis)
+        if key not in self._steps:
+            if self.opset >= 15:  # Shape(start, end) gives the length as [1] in one op
+                steps = self.op("Shape", [x], start=axis, end=axis + 1)
+            else:
+                steps = self.op("Gather", [self.op("Shape", [x]), self._const("seq_axis", np.int64(axis))], axis=0)
+            if self.opset >= 9:
+                self._steps[key] = self.op("Greater", [steps, self._const("zero", np.int64(0))])
+            else:
+                equal = self.op("Equal", [steps, self._const("zero", np.int64(0))])
+                self._steps[key] = self.op("Cast", [equal], to=onnx.TensorProto.INT64)
+        if self.opset >= 9:
+            return self.op("Where", [self._steps[key], final, initial])
+        # Opset 8 has no Where: Gather picks [final, initial][steps == 0], exactly.
+        both = self.op("Concat", [self.unsqueeze(final, [0]), self.unsqueeze(initial, [0])], axis=0)
+        return self.op("Gather", [both, self._steps[key]], axis=0)

@@ -1,0 +1,171 @@
+"""Reading gates: an activation and its pre-activation, the pre-activation as weights per
+role (x, h, c, ...), the weight blocks in ONNX layout; and the plain RNN cell."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.graph import is_op
+from scanopt.passes.fuse.algebra import Algebra, cut_source, describe, is_cut, producer, resolve
+from scanopt.passes.fuse.cell import ACTIVATION_OPS, NOT_FUSED, Activation, Cell
+from scanopt.passes.fuse.linear import (
+    _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip,
+)
+from scanopt.passes.fuse.poly import Leaf, NoMatch, Poly, Runtime, columns, format_poly
+
+
+class GateReader:
+    def __init__(self, x, rank, stops, body=None, varying=(), folder=None):
+        self.alg = Algebra(rank, stops, body, varying, folder)
+        self.x = x
+        self.roles = {id(x): "x"}
+        self.names = {id(x): "x"}
+        self.input_size = _last_dim(x)
+        self.rh = gs.Variable("r⊙h")  # stands for r⊙h, so the lbr=0 weight is read like a role
+
+    def _known(self, factor) -> bool:
+        return isinstance(factor, Leaf) and id(factor.tensor) in self.roles
+
+    def role(self, tensor, name):
+        self.roles[id(tensor)] = name
+        self.names[id(tensor)] = name
+
+    # -- pieces -------------------------------------------------------------------------
+    def gate(self, tensor: gs.Tensor, what: str, scaled: bool = False) -> tuple[Activation, float | None, Poly]:
+        """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one."""
+        cuts = []
+        node = producer(tensor)
+        while is_cut(node):
+            cuts.append((node, tensor))
+            tensor = cut_source(node)
+            node = producer(tensor)
+        found = self.activation(tensor, scaled)
+        if found is None:
+            if node is None:
+                raise NoMatch(f"{what} {self.describe(tensor)} is not computed by an activation")
+            why = NOT_FUSED.get(node.op, "not an activation the recurrent ops support")
+            raise NoMatch(f"{what} {self.describe(tensor)} is a {node.op} output: {why}")
+        act, pre = found
+        clip = None
+        clipper = producer(resolve(pre))
+        if clipper is not None and is_op(clipper, "Clip"):
+            clip = _symmetric_clip(clipper, self.alg.const)
+            pre = clipper.inputs[0]
+        whole = self.alg.value(pre)
+        for node, out in reversed(cuts):
+            start, stop = self.alg.column_range(node, out, whole.width())
+            whole = columns(whole, start, stop)
+        return act, clip, whole
+
+    def activation(self, tensor: gs.Tensor, scaled: bool = False) -> tuple[Activation, gs.Tensor] | None:
+        """(activation, its input) when ``tensor`` is an activation the native ops accept;
+        with ``scaled``, ``alpha ⊙ Tanh(v)`` too, as ScaledTanh(alpha, 1) (a beta inside the
+        Tanh stays in the pre-activation's weights)."""
+        node = producer(tensor)
+        if node is None or not is_op(node, node.op):
+            return None
+        if scaled and node.op == "Mul":
+            for k in (0, 1):
+                alpha, inner = self.alg.const(node.inputs[k]), producer(node.inputs[1 - k])
+                if alpha is not None and alpha.size == 1 and alpha.dtype.kind == "f" and inner is not None \
+                        and is_op(inner, "Tanh") and float(alpha.reshape(-1)[0]) != 0:
+                    return Activation("ScaledTanh", (("alpha", float(alpha.reshape(-1)[0])), ("beta", 1.0))), inner.inputs[0]
+            return None
+        if node.op not in ACTIVATION_OPS:
+            return None
+        act = Activation(node.op, tuple((k, float(node.attrs.get(k, d))) for k, d in ACTIVATION_OPS[node.op]))
+        return act, node.inputs[0]
+
+    def linear(self, p: Poly, what: str, allowed: tuple[str, ...]) -> _Linear:
+        mats, diags, rbias = {}, {}, []
+        for t in p.terms:
+            if not t.factors:  # a run-time bias
+                rbias.append(t.weight)
+                continue
+            f = t.factors[0] if len(t.factors) == 1 else None
+            role = self.roles.get(id(f.tensor)) if isinstance(f, Leaf) else None
+            if role not in allowed:
+                raise NoMatch(f"{what} reads {self.term(t)}")
+            bucket = mats if t.matrix else diags
+            if role in bucket and (isinstance(t.weight, Runtime) or isinstance(bucket[role], Runtime)):
+                raise NoMatch(f"{what} reads {role} through a run-time weight and through another weight")
+            bucket[role] = t.weight if role not in bucket else bucket[role] + t.weight
+        return _Linear(mats, diags, p.bias, tuple(rbias))
+
+    def term(self, t) -> str:
+        leaves = [f for f in t.factors if isinstance(f, Leaf)]
+        if len(t.factors) == 1 and leaves:
+            return self.describe(leaves[0].tensor)
+        return "the product " + format_poly(Poly((t,)), self.names)
+
+    def describe(self, tensor) -> str:
+        role = self.roles.get(id(tensor))
+        return f"{role} ('{tensor.name}')" if role else describe(tensor)
+
+    def hidden_of(self, *lins: _Linear, state: gs.Tensor) -> int:
+        vectors = [v for lin in lins for v in list(lin.diags.values()) + [lin.bias] + list(lin.rbias)]
+        sizes = {_size(m, 1) for lin in lins for m in lin.mats.values()} | {_size(v, 0) for v in vectors}
+        sizes.discard(None)
+        declared = _last_dim(state)
+        if declared is not None:
+            sizes.add(declared)
+        if len(sizes) != 1:
+            raise NoMatch(f"gate sizes disagree: {sorted(sizes)}" if sizes else "the hidden size is unknown")
+        return sizes.pop()
+
+    def matrix(self, lin: _Linear, role: str, rows: int | None, hidden: int, what: str) -> np.ndarray:
+        """Role's weight in x·W orientation [rows, H]; an elementwise term is a diagonal.
+        A run-time weight comes back as the :class:`Runtime` itself."""
+        m = lin.mats.get(role)
+        if isinstance(lin.diags.get(role), Runtime):
+            raise NoMatch(f"{what} multiplies {role} elementwise by run-time '{lin.diags[role].tensor.name}'; "
+                          "only LSTM peepholes may be elementwise run-time weights")
+        if isinstance(m, Runtime):
+            if role in lin.diags:
+                raise NoMatch(f"{what} reads {role} through a run-time weight and elementwise")
+            if (None not in (m.in_size, rows) and m.in_size != rows) or m.width not in (None, hidden):
+                raise NoMatch(f"{what}: run-time weight '{m.tensor.name}' does not fit [{rows}, {hidden}]")
+            return m
+        if rows is None:
+            rows = m.shape[0] if m is not None else None
+        if rows is None:
+            raise NoMatch(f"the size of {role} is unknown")
+        out = np.zeros((rows, hidden)) if m is None else m.copy()
+        if out.shape != (rows, hidden):
+            raise NoMatch(f"{what}: the {role} weight is {list(out.shape)}, expected {[rows, hidden]}")
+        if role in lin.diags:
+            scale_ = np.broadcast_to(lin.diags[role], (hidden,))
+            if rows == hidden:
+                out += np.diag(scale_)
+            elif rows == 1:  # a size-1 value broadcast across the gate
+                out[0] += scale_
+            else:
+                raise NoMatch(f"{what} adds {role} elementwise, but its size {rows} is not the hidden size {hidden}")
+        return out
+
+    def input_rows(self, *lins: _Linear) -> int:
+        sizes = {_size(lin.mats["x"], 0) for lin in lins if "x" in lin.mats} - {None}
+        if self.input_size is not None:
+            sizes.add(self.input_size)
+        if len(sizes) != 1:
+            raise NoMatch(f"input sizes disagree: {sorted(sizes)}" if sizes else "the input size is unknown")
+        return sizes.pop()
+
+    def weights(self, gates: list[_Linear], names: list[str], hidden: int):
+        """Blocks of W, R and Wb in ONNX layout for gates in ONNX order, and the input size."""
+        rows = self.input_rows(*gates)
+        W = [_onnx(self.matrix(g, "x", rows, hidden, n)) for g, n in zip(gates, names)]
+        R = [_onnx(self.matrix(g, "h", hidden, hidden, n)) for g, n in zip(gates, names)]
+        Wb = [_bias(g, hidden) for g in gates]
+        return W, R, Wb, rows
+
+    # -- cells --------------------------------------------------------------------------
+    def rnn(self, h, h_out) -> Cell:
+        self.role(h, "h")
+        act, clip, pre = self.gate(h_out, "the new state", scaled=True)
+        lin = self.linear(pre, f"the pre-activation of {act}", ("x", "h"))
+        hidden = self.hidden_of(lin, state=h)
+        W, R, Wb, rows = self.weights([lin], ["RNN"], hidden)
+        B = _cat(*Wb, np.zeros(hidden))
+        return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), B, None, (act,), clip, h=h)

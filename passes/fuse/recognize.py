@@ -1,0 +1,62 @@
+"""Recurrent cells in Scan bodies: recognize RNN, GRU and LSTM by their algebra.
+
+:func:`recognize` gets the body's scan input x and its recurrent states (input, output)
+and returns a :class:`Cell` in the native op's terms (ONNX gate order, W [G·H, I],
+R [G·H, H], B [2·G·H], peepholes, activations, clip, linear_before_reset), or raises
+NoMatch with the reason. Every value is read through the fuse algebra, so the gates are
+identified by what they compute, not by node order: which Split output feeds which
+activation gives the gate order (PyTorch i, f, g, o or ONNX i, o, f, c), where ``r`` sits
+gives linear_before_reset, and the state update is compared after expansion
+(``(1-z)⊙h̃ + z⊙h``, ``h̃ + z⊙(h - h̃)``, ... are one polynomial).
+"""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from scanopt.constexpr import ConstantFolder
+from scanopt.passes.fuse.algebra import is_algebra, producer, resolve
+from scanopt.passes.fuse.cell import Cell
+from scanopt.passes.fuse.gru import GruReader
+from scanopt.passes.fuse.linear import _NotCellState
+from scanopt.passes.fuse.lstm import LstmReader
+from scanopt.passes.fuse.poly import NoMatch
+
+
+class CellReader(GruReader, LstmReader):
+    """Every cell form: RNN and the reading helpers (GateReader), GRU, LSTM."""
+
+
+def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None, body: gs.Graph | None = None,
+              folder: ConstantFolder | None = None) -> Cell:
+    """The cell that maps (x, states) to the states' new values, or NoMatch(reason).
+
+    ``states`` are (body input, body output) pairs of the recurrent states; one state
+    is tried as RNN then GRU, two as LSTM (either one may be the cell state). With
+    ``body``, values the body reads but does not compute (other than x and the states)
+    may be run-time weights. ``folder`` evaluates constant subgraphs (one per pass run
+    shares the work across Scans).
+    """
+    outs = [resolve(o) for _, o in states]
+    reader = CellReader(x, rank, stops=outs, body=body, varying=[x] + [i for i, _ in states], folder=folder)
+    if len(states) == 1:
+        ((h, _),), (h_out,) = states, outs
+        node = producer(h_out)
+        if node is not None and (not is_algebra(node) or reader.activation(h_out, scaled=True) is not None):
+            cell = reader.rnn(h, h_out)
+        else:
+            cell = reader.gru(h, h_out)
+    elif len(states) == 2:
+        errors, early = [], []
+        for (c, c_out), (h, h_out) in ((states[0], states[1]), (states[1], states[0])):
+            try:
+                cell = reader.lstm(h, resolve(h_out), c, resolve(c_out))
+                break
+            except NoMatch as exc:
+                (early if isinstance(exc, _NotCellState) else errors).append(f"with '{c.name}' as the cell state: {exc}")
+        else:
+            # An assignment that got past the cell-state update says more than one that did not.
+            raise NoMatch("no LSTM cell: " + "; ".join(errors or early))
+    else:
+        raise NoMatch(f"{len(states)} recurrent states: RNN/GRU carry one, LSTM two")
+    return cell
