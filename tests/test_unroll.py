@@ -39,7 +39,7 @@ def no_fuse(monkeypatch):
 
 def unroll(model, **options):
     """Run the unroll pass alone; return the model and its outcomes as (node, applied, detail)."""
-    out, report = optimize(model, passes=["unroll"], verify=False, options=options)
+    out, report = optimize(model, passes=["unroll"], verify=False, options={"target": "portable", **options})
     return out, [(o.node, o.applied, o.detail) for o in report.outcomes if o.pass_name == "unroll"]
 
 
