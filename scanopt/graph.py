@@ -255,8 +255,8 @@ def _tensors_by_id(body: gs.Graph, ids: set[int]) -> list[gs.Tensor]:
 
 
 _SORT_DEFERRED = [0]
-# id(top graph) -> {id(tensor): graphs listing it as an output}, while a pass runs
-_OUTPUT_INDEX: dict[int, dict[int, list[gs.Graph]]] = {}
+# id(top graph) -> {id(tensor): [(graph listing it as an output, at position)]}, while a pass runs
+_OUTPUT_INDEX: dict[int, dict[int, list[tuple[gs.Graph, int]]]] = {}
 
 
 @contextmanager
@@ -272,10 +272,10 @@ def editing(root: gs.Graph):
       (:func:`note_output`). Outputs a rewrite gives a body it creates are not indexed:
       they are new values, not the Scan outputs a later rewrite asks about.
     """
-    index: dict[int, list[gs.Graph]] = {}
+    index: dict[int, list[tuple[gs.Graph, int]]] = {}
     for level in walk_graphs(root):
-        for t in level.graph.outputs:
-            index.setdefault(id(t), []).append(level.graph)
+        for position, t in enumerate(level.graph.outputs):
+            index.setdefault(id(t), []).append((level.graph, position))
     _SORT_DEFERRED[0] += 1
     _OUTPUT_INDEX[id(root)] = index
     try:
@@ -291,13 +291,20 @@ def in_graph_outputs(tensor: gs.Tensor, root: gs.Graph) -> bool:
     index = _OUTPUT_INDEX.get(id(root))
     if index is None:
         return any(id(tensor) in map(id, level.graph.outputs) for level in walk_graphs(root))
-    return any(id(tensor) in map(id, graph.outputs) for graph in index.get(id(tensor), ()))
+    return any(_lists(graph.outputs, tensor, position) for graph, position in index.get(id(tensor), ()))
+
+
+def _lists(items: list, item, position: int) -> bool:
+    """``item`` is in ``items`` (by identity), looked for at ``position`` first."""
+    if position < len(items) and items[position] is item:
+        return True
+    return id(item) in map(id, items)
 
 
 def note_output(tensor: gs.Tensor, graph: gs.Graph) -> None:
     """Record that ``graph`` now lists ``tensor`` among its outputs (see :func:`editing`)."""
     for index in _OUTPUT_INDEX.values():
-        index.setdefault(id(tensor), []).append(graph)
+        index.setdefault(id(tensor), []).append((graph, 0))
 
 
 def sort_all(graph: gs.Graph) -> None:

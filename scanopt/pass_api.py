@@ -28,6 +28,7 @@ class NodeOutcome:
     path: str  # the graph holding the node; "" for the top graph
     applied: bool
     detail: str
+    expected: str = ""  # the cost policy's word on an applied rewrite: expected speed-up and why
 
     def to_dict(self) -> dict:
         return {
@@ -36,6 +37,7 @@ class NodeOutcome:
             "graph": self.path or "main",
             "applied": self.applied,
             "detail": self.detail,
+            "expected": self.expected,
         }
 
 
@@ -58,6 +60,8 @@ class PassContext:
     selected: tuple[str, ...] | None = None
     # (pass name, node label) pairs a pass must not rewrite, e.g. after a failed verification
     denied: frozenset[tuple[str, str]] = frozenset()
+    # decides whether a proposed rewrite pays off (scanopt.cost.CostPolicy); None: always
+    cost: Any = None
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,14 @@ class ScanPass(Pass):
             if isinstance(found, Skip):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
                 continue
+            estimate = ctx.cost.decide(self.name, label, node, view, found, ctx) if ctx.cost is not None else None
+            if estimate is not None and not estimate.apply:
+                result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note))
+                continue
             detail = self.rewrite(node, found, level, ctx)
             result.modified = True
-            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail))
+            expected = estimate.note if estimate is not None else ""
+            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected))
         return result
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 import onnx
 
+from scanopt.cost import TARGETS, CostPolicy
 from scanopt.errors import ScanoptError
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans
@@ -83,7 +84,9 @@ def optimize(
             from scanopt.verify import runnable_feeds
 
             inputs = runnable_feeds(original, seeds=seeds, engine=engine)
-    candidate, report = _run_passes(model, chosen, options or {}, frozenset(), progress)
+    options, tuning = _tuned(model, chosen, options or {}, progress)
+    candidate, report = _run_passes(model, chosen, options, frozenset(), progress)
+    report.tuning = tuning
     report.warnings = warnings + report.warnings
     if not report.modified or not verify:
         if report.modified:
@@ -104,6 +107,21 @@ def optimize(
         result[1].ops_before = count_ops(original)
         result[1].ops_after = count_ops(result[0])
     return result
+
+
+def _tuned(model, chosen, options: dict, progress) -> tuple[dict, list[str]]:
+    """Check the target; with options["tune"], measure each Scan's candidate forms and
+    hand the measurements to the cost policy (scanopt.tune)."""
+    if options.get("target", "onnxruntime") not in TARGETS:
+        raise ScanoptError(f"unknown target '{options['target']}' (choose from {', '.join(TARGETS)})")
+    if not options.get("tune"):
+        return options, []
+    from scanopt.tune import DEFAULT_SECONDS, tune
+
+    if progress:
+        progress("timing the candidate forms of each Scan (--tune)")
+    measured, notes = tune(model, _run_passes, chosen, options, float(options.get("tune_seconds", DEFAULT_SECONDS)))
+    return dict(options, measured=measured), notes
 
 
 def _fuse_before_migration(model, options, chosen, verify, inputs, engine, seeds, progress):
@@ -167,6 +185,7 @@ def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, pro
         options=options,
         denied=denied,
         selected=tuple(p.name for p in chosen),
+        cost=CostPolicy.from_options(options),
     )
     has_scan = any(True for _ in scan_nodes(graph))
     report.scans = describe_scans(graph, ctx) if has_scan else []
