@@ -465,5 +465,71 @@ def main():
         print("wrote", name)
 
 
+
+def passthrough_outputs():
+    """Body outputs wired with no node: a state output that IS the state input (pass-through),
+    a scan output that IS the scan input, and a scan output that is a body initializer."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "x"], ["t"])],
+        "body", [vi("s", [2]), vi("x", [2])],
+        [vi("s", [2]), vi("x", [2]), vi("t", [2]), vi("k", [2])],
+        initializer=[init("k", np.array([3.0, 4.0], np.float32))])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Xcopy", "Y", "K"], body=body, num_scan_inputs=1, name="pass")
+    g = h.make_graph([node], "main", [vi("s0", [2]), vi("X", ["T", 2])],
+                     [vi("sT", [2]), vi("Xcopy", ["T", 2]), vi("Y", ["T", 2]), vi("K", ["T", 2])])
+    return model(g, 17)
+
+
+def scan8_short_lens_reverse():
+    """Scan-8, batch 3, static T=3, sequence_lens, one reverse and one forward input, two
+    states: the in-place Scan-8 unroll case with masking and per-item reverse starts."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "a"], ["s1"]), h.make_node("Mul", ["s1", "b"], ["s2"]),
+         h.make_node("Add", ["n", "one"], ["n2"]), h.make_node("Sub", ["a", "b"], ["y"])],
+        "body", [vi("s", [2]), vi("n", [1]), vi("a", [2]), vi("b", [2])],
+        [vi("s2", [2]), vi("n2", [1]), vi("y", [2])],
+        initializer=[init("one", np.array([1.0], np.float32))])
+    node = h.make_node("Scan", ["lens", "s0", "n0", "A", "Bx"], ["sT", "nT", "Y"], body=body,
+                       num_scan_inputs=2, directions=[1, 0], name="s8")
+    g = h.make_graph([node], "main",
+                     [vi("lens", [3], I64), vi("s0", [3, 2]), vi("n0", [3, 1]), vi("A", [3, 3, 2]), vi("Bx", [3, 3, 2])],
+                     [vi("sT", [3, 2]), vi("nT", [3, 1]), vi("Y", [3, 3, 2])])
+    return model(g, 8)
+
+
+def scan_in_function():
+    """A model-local function whose body holds a Scan (skl2onnx and onnxscript write functions)."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "x"], ["s2"]), h.make_node("Identity", ["s2"], ["y"])],
+        "body", [vi("s", [2]), vi("x", [2])], [vi("s2", [2]), vi("y", [2])])
+    fn = h.make_function("local", "cumsum", ["s0", "X"], ["Y"],
+                         [h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1)],
+                         opset_imports=[h.make_opsetid("", 17)])
+    g = h.make_graph([h.make_node("cumsum", ["s0", "X"], ["Y"], domain="local")], "main",
+                     [vi("s0", [2]), vi("X", [3, 2])], [vi("Y", [3, 2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("local", 1)], ir_version=8,
+                     functions=[fn])
+    return m
+
+
+def unused_scan_output_empty_name():
+    """A Scan whose second scan output is omitted with an empty name (optional output)."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "x"], ["s2"]), h.make_node("Mul", ["s2", "x"], ["y"]),
+         h.make_node("Neg", ["x"], ["z"])],
+        "body", [vi("s", [2]), vi("x", [2])], [vi("s2", [2]), vi("y", [2]), vi("z", [2])])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y", ""], body=body, num_scan_inputs=1, name="opt_out")
+    g = h.make_graph([node], "main", [vi("s0", [2]), vi("X", [3, 2])], [vi("sT", [2]), vi("Y", [3, 2])])
+    return model(g, 17)
+
+
+HAND.update({
+    "passthrough_outputs": passthrough_outputs,
+    "scan8_short_lens_reverse": scan8_short_lens_reverse,
+    "scan_in_function": scan_in_function,
+    "unused_scan_output_empty_name": unused_scan_output_empty_name,
+})
+
+
 if __name__ == "__main__":
     main()
