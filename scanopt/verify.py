@@ -17,7 +17,14 @@ import onnx
 
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError
-from scanopt.inputs import FeedBudgetError, InputSynthesizer, TensorSpec, check_feeds, input_specs, output_specs
+from scanopt.inputs import (
+    FeedBudgetError,
+    InputSynthesizer,
+    TensorSpec,
+    check_feeds,
+    input_specs,
+    output_specs,
+)
 
 # (rtol, atol) per dtype; an element passes when |candidate - original| <= atol + rtol * |original|.
 # The one place tolerances live. Dtypes not listed (integers, bool, strings) compare exactly.

@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
     parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
     parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
+    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): apply a rewrite only where the cost model does not predict it slower on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless")
+    parser.add_argument("--tune", action="store_true", help="time each Scan's candidate forms on synthesized inputs and keep the fastest")
+    parser.add_argument("--tune-seconds", type=float, default=10.0, metavar="S", help="time budget of --tune for all nodes (default 10)")
     parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
     parser.set_defaults(func=run)
 
@@ -92,7 +95,9 @@ def run(args) -> int:
 
 def _pass_options(args) -> dict:
     """Options passes read from PassContext.options; absent ones keep the pass defaults."""
-    options = {}
+    options = {"target": args.target}
+    if args.tune:
+        options.update(tune=True, tune_seconds=args.tune_seconds)
     if args.target_opset is not None:
         options["target_opset"] = args.target_opset
     if args.unroll_max is not None:
