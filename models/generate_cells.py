@@ -35,11 +35,11 @@ OUT = os.path.join(HERE, "cells")
 T, B, I, H = 5, 2, 3, 4
 
 
-def _export(module, args, names, dynamic, outputs):
+def _export(module, args, names, dynamic, outputs, optimize=True):
     import torch
 
     program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
-                                dynamic_shapes=dynamic, verbose=False)
+                                dynamic_shapes=dynamic, verbose=False, optimize=optimize)
     m = program.model_proto
     strip_stack_traces(m)
     with torch.no_grad():
@@ -135,6 +135,100 @@ def torch_scan_gru_manual_rev():
     return _export(model, (x, h0), ["x", "h0"], {"x": {0: batch, 1: seq}, "h0": {0: batch}}, ["y", "h_n"])
 
 
+TB = 16, 4  # seq, batch of the issue-12 PyTorch samples' expected outputs (tests run T = 16 ... 200, B = 1, 4)
+
+
+def _torch_cells(kind):
+    """Recurrent step functions as people write them in PyTorch, for ``torch._higher_order_ops.scan``."""
+    import torch
+
+    nn = torch.nn
+
+    class Cells(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if kind == "gru_cell":
+                self.cell = nn.GRUCell(I, H)
+            elif kind == "lstm_cell":
+                self.cell = nn.LSTMCell(I, H)
+            elif kind == "rnn_manual_half":  # weights kept in float16, cast to float32 in the step
+                self.W = nn.Parameter(torch.randn(H, I).half() * 0.5)
+                self.R = nn.Parameter(torch.randn(H, H).half() * 0.5)
+                self.b = nn.Parameter(torch.randn(H) * 0.1)
+            elif kind in ("lstm_concat", "lstm_coupled"):
+                self.K = nn.Parameter(torch.randn(I + H, 4 * H if kind == "lstm_concat" else 3 * H) * 0.4)
+                self.b = nn.Parameter(torch.randn(self.K.shape[1]) * 0.1)
+            elif kind == "bigru":
+                self.fwd, self.bwd = nn.GRUCell(I, H), nn.GRUCell(I, H)
+
+        def step(self, carry, x_t):
+            if kind in ("gru_cell", "bigru"):
+                raise AssertionError
+            if kind == "lstm_cell":
+                h, c = self.cell(x_t, carry)
+                return (h, c), h.clone()
+            if kind == "rnn_manual_half":
+                h = torch.tanh(x_t @ self.W.float().t() + carry @ self.R.float().t() + self.b)
+                return h, h.clone()
+            h, c = carry
+            gates = torch.cat([x_t, h], dim=-1) @ self.K + self.b
+            if kind == "lstm_concat":
+                i, f, g, o = gates.chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            else:  # coupled input-forget gate: c' = f⊙c + (1 - f)⊙g
+                f, g, o = gates.chunk(3, dim=-1)
+                f = torch.sigmoid(f)
+                c = f * c + (1 - f) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            return (h, c), h.clone()
+
+        def forward(self, x, h0, *rest):
+            from torch._higher_order_ops import scan
+
+            def gru_step(cell):
+                def step(h, x_t):
+                    h = cell(x_t, h)
+                    return h, h.clone()
+                return step
+
+            if kind == "gru_cell":
+                h_n, y = scan(gru_step(self.cell), h0, x)
+                return y, h_n
+            if kind == "bigru":
+                hf, yf = scan(gru_step(self.fwd), h0, x)
+                hb, yb = scan(gru_step(self.bwd), rest[0], x, reverse=True)
+                return yf, yb, hf, hb
+            if rest:
+                (h_n, c_n), y = scan(self.step, (h0, rest[0]), x)
+                return y, h_n, c_n
+            h_n, y = scan(self.step, h0, x)
+            return y, h_n
+
+    Cells.__module__ = "scanopt_samples"
+    return Cells
+
+
+def torch_cell_sample(kind, optimize):
+    """A PyTorch cell scanned over x [seq, batch, I], exported by the dynamo exporter."""
+    import torch
+
+    torch.manual_seed(12)
+    model = _torch_cells(kind)().eval()
+    T_, B_ = TB
+    x, h0 = torch.randn(T_, B_, I), torch.randn(B_, H)
+    seq, batch = torch.export.Dim("seq"), torch.export.Dim("batch")
+    args, names, dynamic = (x, h0), ["x", "h0"], {"x": {0: seq, 1: batch}, "h0": {0: batch}}
+    outputs = ["y", "h_n"]
+    if kind.startswith("lstm"):
+        args, names, outputs = args + (torch.randn(B_, H),), names + ["c0"], outputs + ["c_n"]
+        dynamic["c0"] = {0: batch}
+    if kind == "bigru":
+        args, names, outputs = args + (torch.randn(B_, H),), names + ["h0_b"], ["y_f", "y_b", "h_f", "h_b"]
+        dynamic["h0_b"] = {0: batch}
+    dynamic = tuple(dynamic[n] for n in names[:2]) + ((tuple(dynamic[n] for n in names[2:]),) if names[2:] else ())
+    return _export(model, args, names, dynamic, outputs, optimize=optimize)
+
+
 def keras_concat_lstm():
     """gates = [x, h]·K + b split into i, c, f, o; c' = σ(f + 1)⊙c + σ(i)⊙tanh(c~); h' = σ(o)⊙tanh(c')."""
     kernel, bias = weights(40, (I + H, 4 * H), (4 * H,))
@@ -178,6 +272,14 @@ EXPORTED = {
     "torch_scan_gru_unbatched": lambda: torch_scan_gru(unbatched=True),
     "torch_scan_lstm": torch_scan_lstm,
     "torch_scan_gru_manual_rev": torch_scan_gru_manual_rev,
+    "torch_gru_cell_noopt": lambda: torch_cell_sample("gru_cell", False),
+    "torch_lstm_cell_noopt": lambda: torch_cell_sample("lstm_cell", False),
+    "torch_rnn_half_noopt": lambda: torch_cell_sample("rnn_manual_half", False),
+    "torch_rnn_half": lambda: torch_cell_sample("rnn_manual_half", True),
+    "torch_lstm_concat_noopt": lambda: torch_cell_sample("lstm_concat", False),
+    "torch_lstm_coupled_noopt": lambda: torch_cell_sample("lstm_coupled", False),
+    "torch_bigru": lambda: torch_cell_sample("bigru", True),
+    "torch_bigru_noopt": lambda: torch_cell_sample("bigru", False),
 }
 HAND_BUILT = {"keras_concat_lstm": keras_concat_lstm}
 

@@ -1,0 +1,167 @@
+"""fuse, the forms of issue 12: weights behind nodes, Concat([x, h])·W cells (Keras/TF1),
+Keras GRU reset_after with a packed bias, coupled input-forget LSTM, biases spread over Adds
+and Gemm C, activations with alpha/beta, ScaledTanh, clip. Each is fused into the expected native
+op with the expected attributes, equal to the original on both engines, and equal to a native op
+written by hand from the same weights (laid out here, independently of the matcher)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cell_builders as cb
+from equivalence import ops
+
+H, I = cb.H, cb.I
+R_ = cb.rand
+
+
+def _check(model, kind, native, **attrs):
+    out = cb.check_fused(model, kind)
+    node, got = cb.native(out)
+    for key, value in attrs.items():
+        assert got.get(key) == value, (key, got.get(key), value)
+    cb.assert_same_as_native(out, native)
+    cb.assert_same_as_native(model, native, shapes=((7, 2),))  # the original agrees too: the weights here are right
+    return out, node
+
+
+def _model(build, kind, **body_kw):
+    body = cb.Body(**body_kw)
+    res = build(body)
+    if kind == "LSTM":
+        return cb.scan_model(body, [("h", res[0], body.H), ("c", res[1], body.H)], ys=[res[0]])
+    return cb.scan_model(body, [("h", res, body.H)], ys=[res])
+
+
+def _rnn_weights(f16=False):
+    W, R, Wb, Rb = R_(0, H, I), R_(1, H, H), R_(2, H), R_(3, H)
+    if f16:
+        W, R, Wb, Rb = (v.astype(np.float16).astype(np.float32) for v in (W, R, Wb, Rb))
+    return W, R, np.concatenate([Wb, Rb])
+
+
+def _gated_weights(gates, f16=False):
+    W, R, Wb, Rb = R_(0, gates * H, I), R_(1, gates * H, H), R_(2, gates * H), R_(3, gates * H)
+    if f16:
+        W, R, Wb, Rb = (v.astype(np.float16).astype(np.float32) for v in (W, R, Wb, Rb))
+    return W, R, np.concatenate([Wb, Rb])
+
+
+WRAPS = ["transpose", "cast16", "reshape", "slice", "split", "concat", "unsqueeze", "identity", "constant"]
+
+
+@pytest.mark.parametrize("wrap, kind, where", [
+    (w, ("RNN", "GRU", "LSTM")[k % 3], ("body", "outer")[k % 2]) for k, w in enumerate(WRAPS)
+] + [("transpose", "LSTM", "outer"), ("cast16", "GRU", "body"), ("split", "RNN", "outer")])
+def test_weights_behind_nodes_become_new_initializers(wrap, kind, where):
+    """The native op reads initializers in its own layout: no Transpose/Cast/... chain is left."""
+    where = "body" if wrap == "constant" else where
+    model = _model(lambda b: cb.cell(kind, b)[1] if kind != "LSTM" else cb.lstm(b, "x", "h", "c"), kind,
+                   wrap=wrap, wrap_where=where)
+    f16 = wrap == "cast16"
+    W, R, B = _rnn_weights(f16) if kind == "RNN" else _gated_weights(3 if kind == "GRU" else 4, f16)
+    attrs = {"linear_before_reset": 0} if kind == "GRU" else {}
+    out, node = _check(model, kind, cb.native_model(kind, W, R, B, **attrs), **attrs)
+    inits = {i.name for i in out.graph.initializer}
+    assert set(node.input[1:4]) <= inits, node.input
+    left = ops(out)
+    assert not any(left[op] for op in ("Cast", "Reshape", "Slice", "Split", "Concat", "Identity", "Constant")), left
+
+
+def test_concat_rnn_tf1_basic_rnn_cell():
+    W, R, Wb = R_(0, H, I), R_(1, H, H), R_(2, H)
+    model = _model(lambda b: cb.concat_rnn(b, "x", "h"), "RNN")
+    _check(model, "RNN", cb.native_model("RNN", W, R, np.concatenate([Wb, np.zeros(H)])))
+
+
+def test_concat_gru_tf1_gru_cell():
+    W, R, Wb = R_(0, 3 * H, I), R_(1, 3 * H, H), R_(2, 3 * H)
+    model = _model(lambda b: cb.concat_gru(b, "x", "h"), "GRU")
+    native = cb.native_model("GRU", W, R, np.concatenate([Wb, np.zeros(3 * H)]), linear_before_reset=0)
+    _check(model, "GRU", native, linear_before_reset=0)
+
+
+def test_concat_lstm_tf1_basic_lstm_cell_with_forget_bias():
+    W, R, Wb = R_(0, 4 * H, I), R_(1, 4 * H, H), R_(2, 4 * H)
+    blocks = lambda a: dict(zip("ijfo", np.split(a, 4)))  # noqa: E731
+    w, r, b = blocks(W), blocks(R), blocks(Wb)
+    b["f"] = b["f"] + 1.0
+    onnx_order = "iofj"
+    native = cb.native_model("LSTM", np.concatenate([w[g] for g in onnx_order]), np.concatenate([r[g] for g in onnx_order]),
+                             np.concatenate([np.concatenate([b[g] for g in onnx_order]), np.zeros(4 * H)]))
+    _check(_model(lambda b_: cb.concat_lstm(b_, "x", "h", "c"), "LSTM"), "LSTM", native)
+
+
+@pytest.mark.parametrize("bias_cut", ["gather", "split"])
+def test_keras_gru_reset_after_with_a_packed_bias(bias_cut):
+    W, R, bias = R_(0, 3 * H, I), R_(1, 3 * H, H), R_(2, 2, 3 * H)
+    native = cb.native_model("GRU", W, R, bias.reshape(-1), linear_before_reset=1)
+    _check(_model(lambda b: cb.keras_gru(b, "x", "h", bias_cut=bias_cut), "GRU"), "GRU", native, linear_before_reset=1)
+
+
+@pytest.mark.parametrize("write", ["input", "forget"])
+def test_coupled_input_forget_lstm(write):
+    W, R, Wb = R_(0, 3 * H, I), R_(1, 3 * H, H), R_(2, 3 * H)
+    (wa, wg, wo), (ra, rg, ro), (ba, bg, bo) = np.split(W, 3), np.split(R, 3), np.split(Wb, 3)
+    s = 1.0 if write == "input" else -1.0  # f = σ(a) means i = 1 - f = σ(-a)
+    z, zr, zb = np.zeros_like(wa), np.zeros_like(ra), np.zeros(H)
+    native = cb.native_model("LSTM", np.concatenate([s * wa, wo, z, wg]), np.concatenate([s * ra, ro, zr, rg]),
+                             np.concatenate([s * ba, bo, zb, bg, np.zeros(4 * H)]), input_forget=1)
+    _check(_model(lambda b: cb.coupled_lstm(b, "x", "h", "c", write=write), "LSTM"), "LSTM", native, input_forget=1)
+
+
+def test_bias_in_gemm_c_and_several_adds():
+    W, R = R_(0, H, I), R_(1, H, H)
+    b = 0.5 * R_(2, H) + R_(3, H) + R_(4, H)
+    model = _model(lambda b_: cb.many_bias_rnn(b_, "x", "h"), "RNN")
+    _check(model, "RNN", cb.native_model("RNN", W, R, np.concatenate([b, np.zeros(H)])))
+
+
+@pytest.mark.parametrize("act, attrs, alpha, beta", [
+    ("Relu", {}, [], []),
+    ("LeakyRelu", {"alpha": 0.2}, [0.2], []),
+    ("Elu", {"alpha": 0.7}, [0.7], []),
+    ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, [0.3], [0.4]),
+    ("Softsign", {}, [], []),
+    ("Softplus", {}, [], []),
+])
+def test_rnn_activations_with_alpha_and_beta(act, attrs, alpha, beta):
+    model = _model(lambda b: cb.rnn(b, "x", "h", act=act, act_attrs=attrs), "RNN")
+    native = cb.native_model("RNN", *_rnn_weights(), activations=[act], **(
+        {"activation_alpha": alpha} if alpha else {}), **({"activation_beta": beta} if beta else {}))
+    _, node = _check(model, "RNN", native, activations=[act.encode()])
+    got = {a.name: list(a.floats) for a in node.attribute if a.name.startswith("activation_")}
+    assert got.get("activation_alpha", []) == pytest.approx(alpha) and got.get("activation_beta", []) == pytest.approx(beta)
+
+
+def test_scaled_tanh_and_clip():
+    def build(b):
+        t = cb.rnn(b, "x", "h", clip=0.8)
+        return b.op("Mul", b.const(np.float32(1.7), "alpha", where="body"), t)
+
+    native = cb.native_model("RNN", *_rnn_weights(), activations=["ScaledTanh"], activation_alpha=[1.7],
+                             activation_beta=[1.0], clip=0.8)
+    _, node = _check(_model(build, "RNN"), "RNN", native, activations=[b"ScaledTanh"])
+
+
+@pytest.mark.parametrize("acts, attrs", [
+    (("HardSigmoid", "Softsign"), ({"alpha": 0.3}, {})),
+    (("Sigmoid", "LeakyRelu"), ({}, {"alpha": 0.3})),
+])
+def test_gru_activation_slots(acts, attrs):
+    model = _model(lambda b: cb.gru(b, "x", "h", lbr=1, acts=acts, act_attrs=attrs), "GRU")
+    alpha = [v for a in attrs for k, v in a.items() if k == "alpha"]
+    extra = {"activation_alpha": alpha} if alpha else {}
+    if acts[0] == "HardSigmoid":
+        extra["activation_beta"] = [0.5]
+    native = cb.native_model("GRU", *_gated_weights(3), linear_before_reset=1, activations=list(acts), **extra)
+    _check(model, "GRU", native, activations=[a.encode() for a in acts])
+
+
+def test_lstm_activation_slots_with_peepholes():
+    model = _model(lambda b: cb.lstm(b, "x", "h", "c", peep=True, acts=("HardSigmoid", "Elu", "Softsign")), "LSTM")
+    W, R, B = _gated_weights(4)
+    native = cb.native_model("LSTM", W, R, B, P=R_(4, 3 * H), activations=["HardSigmoid", "Elu", "Softsign"],
+                             activation_alpha=[0.2, 1.0], activation_beta=[0.5])
+    _check(model, "LSTM", native)
