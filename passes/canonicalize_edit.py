@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import has_node, is_op, walk_graphs
+from scanopt.graph import has_node, in_graph_outputs, is_op
 from scanopt.rewrite import Builder, detach, is_read, replace_all_uses
-
-
-def in_graph_outputs(tensor: gs.Tensor, top: gs.Graph) -> bool:
-    """True if ``tensor`` is listed as an output of any graph under ``top``."""
-    return any(t is tensor for level in walk_graphs(top) for t in level.graph.outputs)
 
 
 def apply_plan(node: gs.Node, plan, level, ctx) -> str:

@@ -6,6 +6,8 @@ Passes use these and never re-implement them; a second copy inside a pass is a d
 
 from __future__ import annotations
 
+import heapq
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -52,8 +54,15 @@ def is_op(node: gs.Node, op_type: str) -> bool:
 
 def has_node(graph: gs.Graph, node: gs.Node) -> bool:
     """Identity membership: gs.Node's == compares structure, bodies included (slow, and
-    two identical nodes would be confused)."""
-    return any(n is node for n in graph.nodes)
+    two identical nodes would be confused). Linear, but in C (ids, not a Python loop)."""
+    return id(node) in map(id, reversed(graph.nodes))  # new nodes are appended: look there first
+
+
+def is_removed(node: gs.Node) -> bool:
+    """True for a node taken out of its graph by :func:`scanopt.rewrite.detach` or
+    :func:`cleanup` (both unhook its tensors): an O(1) test, where has_node is O(graph).
+    Only nodes with outputs qualify (every op scanopt rewrites has one)."""
+    return not node.outputs
 
 
 def node_label(node: gs.Node) -> str:
@@ -116,6 +125,7 @@ class NameAllocator:
     """
 
     def __init__(self, graph: gs.Graph):
+        self._next: dict[str, int] = {}
         self._taken: set[str] = set()
         for level in walk_graphs(graph):
             g = level.graph
@@ -129,16 +139,23 @@ class NameAllocator:
     def from_names(cls, names: set[str]) -> "NameAllocator":
         """An allocator over names gathered elsewhere (e.g. from protos, all levels)."""
         allocator = cls.__new__(cls)
+        allocator._next = {}
         allocator._taken = set(names) - {""}
         return allocator
 
     def fresh(self, hint: str) -> str:
-        """``hint`` if free, else ``hint_1``, ``hint_2``, ... (the first free one)."""
+        """``hint`` if free, else ``hint_1``, ``hint_2``, ... (the first free one).
+
+        Names are never released, so probing resumes where the last call for the same
+        hint stopped: amortized O(1) per name instead of O(names with that hint).
+        """
         hint = hint or "v"
-        name, i = hint, 0
+        i = self._next.get(hint, 0)
+        name = hint if i == 0 else f"{hint}_{i}"
         while name in self._taken:
             i += 1
             name = f"{hint}_{i}"
+        self._next[hint] = i + 1
         self._taken.add(name)
         return name
 
@@ -176,31 +193,184 @@ def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
 
 
 def cleanup(graph: gs.Graph) -> gs.Graph:
-    """Remove dead nodes and tensors and restore topological order, bodies included.
+    """Remove dead nodes and restore topological order, bodies included. Linear in the
+    model (gs's own cleanup tests graph inputs against a list with a name-comparing ==).
 
-    Graph inputs are kept: they are the model's interface (or a body's fixed signature).
+    A node is live when a graph output, or a live node at this level or in a live
+    node's bodies (outer-scope reads), reads one of its outputs. Graph inputs are kept:
+    they are the model's interface (or a body's fixed signature). Removed nodes are
+    unhooked from their tensors, like :func:`scanopt.rewrite.detach` does.
     """
-    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=True)
-    for level in walk_graphs(graph):
-        if not is_topologically_sorted(level.graph):
-            level.graph.toposort(recurse_subgraphs=False)
+    _clean(graph)
+    sort_all(graph)
     return graph
+
+
+def _clean(graph: gs.Graph) -> set[int]:
+    """Drop this level's dead nodes (after cleaning the bodies of live ones); return the
+    ids of tensors the remaining graph reads that it does not define (its captures)."""
+    producer = {id(t): node for node in graph.nodes for t in node.outputs}
+    live: set[int] = set()
+    captured: dict[int, set[int]] = {}
+    reads: set[int] = set()
+    stack = [t for t in graph.outputs]
+    while stack:
+        tensor = stack.pop()
+        node = producer.get(id(tensor))
+        if node is None:
+            reads.add(id(tensor))
+            continue
+        if id(node) in live:
+            continue
+        live.add(id(node))
+        stack.extend(node.inputs)
+        for _, sub in subgraphs_of(node):
+            inner = captured.setdefault(id(sub), _clean(sub))
+            stack.extend(t for t in _tensors_by_id(sub, inner))
+    kept = []
+    for node in graph.nodes:
+        if id(node) in live:
+            kept.append(node)
+        else:
+            node.inputs.clear()
+            node.outputs.clear()
+    if len(kept) != len(graph.nodes):
+        graph.nodes[:] = kept
+    defined = {id(t) for t in graph.inputs}
+    return {i for i in reads if i not in defined}
+
+
+def _tensors_by_id(body: gs.Graph, ids: set[int]) -> list[gs.Tensor]:
+    """The outer tensors ``body`` reads (``ids`` from :func:`_clean`), as objects."""
+    found: dict[int, gs.Tensor] = {}
+    for level in walk_graphs(body):
+        for node in level.graph.nodes:
+            for t in node.inputs:
+                if id(t) in ids:
+                    found[id(t)] = t
+        for t in level.graph.outputs:
+            if id(t) in ids:
+                found[id(t)] = t
+    return list(found.values())
+
+
+_SORT_DEFERRED = [0]
+# id(top graph) -> {id(tensor): [(graph listing it as an output, at position)]}, while a pass runs
+_OUTPUT_INDEX: dict[int, dict[int, list[tuple[gs.Graph, int]]]] = {}
+
+
+@contextmanager
+def editing(root: gs.Graph):
+    """The bookkeeping of one pass over ``root``, done once instead of per rewrite
+    (which would make the pass quadratic in the number of Scans):
+
+    - :func:`is_topologically_sorted` answers True without looking; every level that
+      lost its order is sorted once at the end (:func:`sort_all`);
+    - :func:`in_graph_outputs` looks graph outputs up in an index built once. Hits are
+      re-checked against the graph, so removed outputs are never reported;
+      :func:`scanopt.rewrite.replace_all_uses` records the outputs it redirects
+      (:func:`note_output`). Outputs a rewrite gives a body it creates are not indexed:
+      they are new values, not the Scan outputs a later rewrite asks about.
+    """
+    index: dict[int, list[tuple[gs.Graph, int]]] = {}
+    for level in walk_graphs(root):
+        for position, t in enumerate(level.graph.outputs):
+            index.setdefault(id(t), []).append((level.graph, position))
+    _SORT_DEFERRED[0] += 1
+    _OUTPUT_INDEX[id(root)] = index
+    try:
+        yield
+    finally:
+        _SORT_DEFERRED[0] -= 1
+        _OUTPUT_INDEX.pop(id(root), None)
+    sort_all(root)
+
+
+def in_graph_outputs(tensor: gs.Tensor, root: gs.Graph) -> bool:
+    """True if ``tensor`` is listed as an output of ``root`` or of any graph under it."""
+    index = _OUTPUT_INDEX.get(id(root))
+    if index is None:
+        return any(id(tensor) in map(id, level.graph.outputs) for level in walk_graphs(root))
+    return any(_lists(graph.outputs, tensor, position) for graph, position in index.get(id(tensor), ()))
+
+
+def _lists(items: list, item, position: int) -> bool:
+    """``item`` is in ``items`` (by identity), looked for at ``position`` first."""
+    if position < len(items) and items[position] is item:
+        return True
+    return id(item) in map(id, items)
+
+
+def note_output(tensor: gs.Tensor, graph: gs.Graph) -> None:
+    """Record that ``graph`` now lists ``tensor`` among its outputs (see :func:`editing`)."""
+    for index in _OUTPUT_INDEX.values():
+        index.setdefault(id(tensor), []).append((graph, 0))
+
+
+def sort_all(graph: gs.Graph) -> None:
+    """Restore topological order at every level that lost it (untouched levels keep
+    their bytes)."""
+    for level in walk_graphs(graph):
+        if not _is_sorted(level.graph):
+            toposort(level.graph)
 
 
 def is_topologically_sorted(graph: gs.Graph) -> bool:
     """True if every node comes after the producers of its inputs (this level only).
 
     Checked before sorting because gs's toposort may reorder an already valid order,
-    which would change the bytes of an untouched graph.
+    which would change the bytes of an untouched graph. Inside :func:`editing`
+    always True (the graph is sorted once at the end).
     """
+    return bool(_SORT_DEFERRED[0]) or _is_sorted(graph)
+
+
+def _is_sorted(graph: gs.Graph) -> bool:
     produced_here = {id(t) for node in graph.nodes for t in node.outputs}
     seen: set[int] = set()
     for node in graph.nodes:
-        for t in node.inputs:
+        for t in _node_reads(node):
             if id(t) in produced_here and id(t) not in seen:
                 return False
         seen.update(id(t) for t in node.outputs)
     return True
+
+
+def _node_reads(node: gs.Node) -> list[gs.Tensor]:
+    """A node's inputs and, for a node with bodies, the outer values they read."""
+    reads = list(node.inputs)
+    for _, sub in subgraphs_of(node):
+        reads += outer_captures(sub)
+    return reads
+
+
+def toposort(graph: gs.Graph) -> None:
+    """Stable topological sort of one level: among ready nodes the earliest in the
+    current order goes first, so a sorted prefix stays as it is. Outer values read
+    inside a node's bodies count as its inputs. O(n log n)."""
+    nodes = list(graph.nodes)
+    producer = {id(t): i for i, node in enumerate(nodes) for t in node.outputs}
+    waiting = [0] * len(nodes)
+    readers: list[list[int]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        deps = {producer[id(t)] for t in _node_reads(node) if id(t) in producer} - {i}
+        waiting[i] = len(deps)
+        for d in deps:
+            readers[d].append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for r in readers[i]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) != len(nodes):  # a cycle: leave the rest in their order, as gs does
+        placed = {id(n) for n in order}
+        order += [n for n in nodes if id(n) not in placed]
+    graph.nodes[:] = order
 
 
 def dtype_of(tensor: gs.Tensor) -> np.dtype | None:

@@ -1,14 +1,17 @@
 """Feeds for running a model: synthesized from its signature, or loaded from the user's files.
 
 Synthesized feeds must be inputs the model accepts, or verification proves nothing:
-symbolic dims are bound consistently (one size per name, across all inputs),
-Scan-8 ``sequence_lens`` stay inside the sequence length, and integer indices stay
-inside the axis they index. Sizes change from seed to seed (1 included), so a rewrite
-that hard-codes a size or mishandles a single step is caught.
+dims are bound by everything the model declares (scanopt.feed_shapes), Scan-8
+``sequence_lens`` stay inside the sequence length, and integer indices stay inside the
+axis they index. Sizes change from seed to seed (1 included, trip counts up to 12), so a
+rewrite that hard-codes a size, mishandles a single step or breaks past a threshold is
+caught; float values reach the saturated regions of the activations. Feeds are bounded
+in memory (FEED_BUDGET_BYTES).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -16,15 +19,12 @@ import numpy as np
 import onnx
 
 from scanopt.errors import ScanoptError
+from scanopt.feed_shapes import Attempt, InputShapes
 from scanopt.protos import in_default_domain, walk_proto_graphs
 from scanopt.scan_view import scan_version
 from scanopt.validate import default_opset
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
-
-# Sizes given to symbolic dims: the i-th distinct name gets DIM_SIZES[(seed + i) % len],
-# so consecutive seeds give different sizes and every name is 1 for some seed.
-DIM_SIZES = (2, 1, 3, 4)
 
 # Ops whose ``indices`` input (position 1) indexes ``data`` (position 0) along ``axis``.
 AXIS_INDEX_OPS = ("Gather", "GatherElements", "ScatterElements", "Scatter")
@@ -78,10 +78,19 @@ def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
 
 
 def output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
-    return [_spec(v) for v in model.graph.output]
+    """The graph outputs; one declared without a type (onnxscript writes them so) has
+    elem_type UNDEFINED and no shape: its outputs are compared as they come."""
+    return [
+        _spec(v) if v.HasField("type") else TensorSpec(v.name, onnx.TensorProto.UNDEFINED, None)
+        for v in model.graph.output
+    ]
 
 
 # -- synthesis ----------------------------------------------------------------------------
+
+# Synthesized feeds of one input set may take at most this many bytes in total; a model
+# whose declared inputs need more cannot be verified on synthesized inputs (pass --inputs).
+FEED_BUDGET_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,11 @@ class _IndexUse:
 class InputSynthesizer:
     """Analyses a model once, then draws feeds for any seed (cheap to call per seed).
 
-    ``engine`` decides the range of ``sequence_lens``: onnxruntime rejects a length of 0,
-    so it gets [1, T]; the reference engine handles empty sequences and gets [0, T].
+    Shapes come from :class:`scanopt.feed_shapes.InputShapes` (everything the model
+    declares, Scan bodies included); :meth:`attempts` lists the sizes to try for a seed,
+    best first, and :meth:`feeds` draws values for one of them. ``engine`` decides the
+    range of ``sequence_lens``: onnxruntime rejects a length of 0, so it gets [1, T];
+    the reference engine handles empty sequences and gets [0, T].
     """
 
     def __init__(self, model: onnx.ModelProto, *, engine: str = "ort"):
@@ -107,45 +119,60 @@ class InputSynthesizer:
         self.specs = [s for s in input_specs(model) if s.required]
         for spec in self.specs:
             numpy_dtype(spec.elem_type, spec.name)  # an unsupported type fails here, named
-            if spec.shape is None:
-                raise ScanoptError(f"input '{spec.name}' has no shape in the model; pass it with --inputs")
-        self.dim_names = list(dict.fromkeys(d for s in self.specs for d in s.shape if isinstance(d, str)))
+        self.input_shapes = InputShapes(model, [s.name for s in self.specs])
+        unknown = self.input_shapes.unknown_rank()
+        if unknown:
+            raise ScanoptError(
+                f"input '{unknown[0]}' has no shape in the model and none follows from its uses; "
+                "pass it with --inputs"
+            )
         names = {s.name for s in self.specs}
         self.lens_uses, self.index_uses = _input_uses(model, names)
         self._initializer_dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
 
-    def dims(self, seed: int) -> dict[str | None, int]:
-        """The size of every symbolic dim for ``seed``; key None is the size of unnamed dims.
-
-        Unnamed dims all share one size: two of them often meet in one elementwise op.
-        """
-        sizes: dict[str | None, int] = {None: DIM_SIZES[seed % len(DIM_SIZES)]}
-        for i, name in enumerate(self.dim_names):
-            sizes[name] = DIM_SIZES[(seed + i) % len(DIM_SIZES)]
-        return sizes
+    def attempts(self, seed: int) -> list[Attempt]:
+        """Sizes to try for ``seed``: its preferred ones first, then all-ones and a few others."""
+        return list(self.input_shapes.attempts(seed))
 
     def shapes(self, seed: int) -> dict[str, tuple[int, ...]]:
-        sizes = self.dims(seed)
-        return {s.name: tuple(d if isinstance(d, int) else sizes[d] for d in s.shape) for s in self.specs}
+        """The preferred shape of every required input for ``seed``."""
+        return self.attempts(seed)[0].shapes
 
-    def feeds(self, seed: int) -> dict[str, np.ndarray]:
-        """Deterministic feeds for ``seed``, in graph-input order."""
+    def feeds(self, seed: int, attempt: Attempt | None = None, *, min_len: int | None = None) -> dict[str, np.ndarray]:
+        """Deterministic feeds for ``seed`` (sizes from ``attempt``, default the preferred), in
+        graph-input order. Raises ScanoptError before allocating beyond FEED_BUDGET_BYTES."""
+        shapes = (attempt or self.attempts(seed)[0]).shapes
+        self._check_budget(shapes)
         rng = np.random.default_rng(seed)
-        shapes = self.shapes(seed)
         known = _ShapeLookup(self.model, shapes, self._initializer_dims)
+        low = self.min_len if min_len is None else min_len
         feeds = {}
         for spec in self.specs:
             shape = shapes[spec.name]
             if spec.name in self.lens_uses:
-                feeds[spec.name] = self._lengths(rng, shape, self.lens_uses[spec.name], known)
+                feeds[spec.name] = self._lengths(rng, shape, self.lens_uses[spec.name], known, low)
             elif spec.name in self.index_uses and spec.dtype.kind in "iu":
                 high = self._index_bound(shape, self.index_uses[spec.name], known)
                 feeds[spec.name] = rng.integers(0, high, size=shape).astype(spec.dtype)
             else:
-                feeds[spec.name] = random_array(rng, spec.dtype, shape)
+                feeds[spec.name] = random_array(rng, spec.dtype, shape, wide=seed >= 2)
         return feeds
 
-    def _lengths(self, rng, shape, uses: list[tuple[str, ...]], known: "_ShapeLookup") -> np.ndarray:
+    def _check_budget(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        total, biggest = 0, None
+        for spec in self.specs:
+            size = math.prod(shapes[spec.name]) * max(spec.dtype.itemsize, 8 if spec.dtype.kind == "O" else 1)
+            total += size
+            if biggest is None or size > biggest[0]:
+                biggest = (size, spec.name, shapes[spec.name])
+        if total > FEED_BUDGET_BYTES:
+            _, name, shape = biggest
+            raise FeedBudgetError(
+                f"the declared inputs need {_bytes(total)} (input '{name}' is {list(shape)}), over the "
+                f"{_bytes(FEED_BUDGET_BYTES)} budget for synthesized inputs; pass --inputs"
+            )
+
+    def _lengths(self, rng, shape, uses: list[tuple[str, ...]], known: "_ShapeLookup", min_len: int) -> np.ndarray:
         """Lengths in [min_len, T], shaped [B]; B and T come from the Scan's scan inputs."""
         batch, steps = None, []
         for scan_inputs in uses:
@@ -159,8 +186,11 @@ class InputSynthesizer:
             shape = (batch,)
         # With no known length, 1 is inside [1, T] for every T >= 1.
         t = min(steps) if steps else 1
-        low = min(self.min_len, t)
-        return rng.integers(low, t + 1, size=shape).astype(np.int64)
+        low = min(min_len, t)
+        lengths = rng.integers(low, t + 1, size=shape).astype(np.int64)
+        if lengths.size and t > 1:
+            lengths.flat[int(rng.integers(lengths.size))] = t  # the full length is always among them
+        return lengths
 
     def _index_bound(self, shape, uses: list[_IndexUse], known: "_ShapeLookup") -> int:
         """The smallest size among the axes the input indexes (at least 1: an empty axis gets 0s)."""
@@ -178,13 +208,32 @@ class InputSynthesizer:
         return max(min(bounds), 1) if bounds else 1
 
 
+class FeedBudgetError(ScanoptError):
+    """The declared inputs are too large to synthesize (the user must pass inputs).
+
+    Exit code 1, like a failed verification: the file is fine, it just cannot be checked.
+    """
+
+    exit_code = 1
+
+
 def synthesize_inputs(model: onnx.ModelProto, seed: int = 0, *, engine: str = "ort") -> dict[str, np.ndarray]:
-    """Feeds for every required input of ``model`` (see :class:`InputSynthesizer`)."""
+    """Feeds for every required input of ``model`` at the seed's preferred sizes (see
+    :class:`InputSynthesizer`)."""
     return InputSynthesizer(model, engine=engine).feeds(seed)
 
 
-def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """Values any op accepts: normal floats, booleans, small non-negative integers.
+# Floats: mostly standard normal, plus outliers in the saturated regions of tanh/sigmoid
+# (|x| in [SATURATED_LOW, SATURATED_HIGH], both signs), a signed zero, and from seed 2 on a
+# large magnitude (LARGE). Never NaN or inf: they would spread to every output of both models
+# and make the comparison vacuous.
+SATURATED_LOW, SATURATED_HIGH = 5.5, 12.0
+LARGE = 60.0
+OUTLIER_SHARE = 6  # one element in this many is an outlier (at least one per array)
+
+
+def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], *, wide: bool = False) -> np.ndarray:
+    """Values any op accepts: floats with saturating outliers, booleans, small non-negative integers.
 
     Integers stay in [0, 5) because integer inputs are often sizes, counts or repeats,
     where a negative value is an error rather than data.
@@ -197,7 +246,25 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
     if dtype.kind == "O":
         return np.array([f"s{v}" for v in rng.integers(0, 10, size=shape).ravel()], dtype=object).reshape(shape)
-    return rng.standard_normal(shape).astype(dtype)
+    values = rng.standard_normal(shape)
+    flat = values.reshape(-1)
+    if flat.size:
+        count = max(1, flat.size // OUTLIER_SHARE)
+        where = rng.permutation(flat.size)
+        signs = np.where(np.arange(count) % 2 == 0, 1.0, -1.0) * rng.choice([1.0, -1.0])
+        flat[where[:count]] = signs * rng.uniform(SATURATED_LOW, SATURATED_HIGH, count)
+        if flat.size > count:
+            flat[where[count]] = -0.0 if rng.random() < 0.5 else 0.0
+        if wide and flat.size > count + 1:
+            flat[where[count + 1]] = LARGE * rng.choice([1.0, -1.0])
+    return values.astype(dtype)
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
 
 
 def _input_uses(model: onnx.ModelProto, input_names: set[str]):

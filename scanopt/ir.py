@@ -10,11 +10,14 @@ where a pass rewrote it.
 
 from __future__ import annotations
 
+from collections import ChainMap
+from contextlib import contextmanager
 from typing import Iterator
 
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
+from onnx_graphsurgeon.util import misc as gs_misc
 
 G_LOGGER.severity = G_LOGGER.ERROR
 
@@ -29,7 +32,8 @@ VALUE_INFO = "_scanopt_value_info"  # on each gs.Graph: its original value_info 
 
 def import_model(model: onnx.ModelProto) -> gs.Graph:
     """Import ``model`` into onnx-graphsurgeon, tagging initializer owners and doc strings."""
-    graph = gs.import_onnx(model)
+    with _scoped_tensor_maps():
+        graph = gs.import_onnx(model)
     pairs = list(_paired_graphs(model.graph, graph))
     # An outer initializer read only inside a body is among the body's tensors, not
     # its owner's, so look names up across every level.
@@ -57,6 +61,30 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
     return graph
 
 
+class _Scope(ChainMap):
+    """gs's view of the enclosing graphs' tensors while it imports a body. gs treats it as
+    read-only, so its copy is itself."""
+
+    def __copy__(self):
+        return self
+
+
+def _scope(outer, inner) -> _Scope:
+    return _Scope(inner, *(outer.maps if isinstance(outer, ChainMap) else [outer]))
+
+
+@contextmanager
+def _scoped_tensor_maps():
+    """gs copies every enclosing graph's tensor map into each body it imports (quadratic
+    in the number of bodies); chain the maps instead (same lookups, inner names first)."""
+    combine = gs_misc.combine_dicts
+    gs_misc.combine_dicts = _scope
+    try:
+        yield
+    finally:
+        gs_misc.combine_dicts = combine
+
+
 def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
     model = gs.export_onnx(graph, do_type_check=False)
@@ -79,8 +107,22 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             if doc:
                 proto_node.doc_string = doc
             proto_node.metadata_props.extend(metadata)
+    _restore_initializer_inputs(model.graph, original.graph)
     _copy_model_fields(original, model)
     return model
+
+
+def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProto) -> None:
+    """gs drops graph inputs that are also initializers (IR 3 requires them, e.g. onnx's
+    backend test models); put back each one that is still an initializer, in its place."""
+    present = {v.name for v in proto.input}
+    weights = {t.name for t in proto.initializer}
+    if all(v.name in present or v.name not in weights for v in original.input):
+        return
+    current = {v.name: v for v in proto.input}
+    restored = [current.get(v.name, v) for v in original.input if v.name in present or v.name in weights]
+    restored += [v for v in proto.input if v.name not in {r.name for r in restored}]
+    _replace_repeated(proto.input, restored, force=True)
 
 
 def _paired_graphs(

@@ -1,24 +1,23 @@
 """Reading and writing model files safely.
 
 Loading turns every way a file can be unusable into one clear ScanoptError naming the
-file. Saving is atomic (temporary files in the target directory, then rename), so a
-failed run never leaves a partial or modified file behind, and the input is never
-touched.
+file, refusing before reading what is not a regular file or is too large for protobuf.
+Saving goes through :mod:`scanopt.outputs` (checked, staged, renamed), so a failed run
+never leaves a partial or modified file behind, and the input is never touched.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import stat
 from dataclasses import dataclass, field
-from typing import Callable
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from scanopt.errors import InvalidModelError, ScanoptError
-from scanopt.validate import validate_model
+from scanopt.outputs import Writer, file_kind, write_output
+from scanopt.validate import sort_nodes, validate_model
 
 # Protobuf cannot serialize a message of 2 GiB or more; such models keep their
 # tensors in an external data file.
@@ -35,6 +34,8 @@ class LoadedModel:
     path: str
     had_external_data: bool = False
     warnings: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # every file read: the model, its external data
+    sorted_nodes: bool = False  # nodes were out of order and have been sorted: the file's bytes are not the model
 
 
 def load_model(path: str) -> onnx.ModelProto:
@@ -43,34 +44,110 @@ def load_model(path: str) -> onnx.ModelProto:
 
 
 def load(path: str) -> LoadedModel:
-    """Like :func:`load_model`, but also reports external data and lenient-check warnings."""
-    if not os.path.exists(path):
-        raise ScanoptError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ScanoptError(f"{path}: is a directory, not a model file")
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise ScanoptError(f"{path}: cannot read ({exc.strerror})") from None
+    """Like :func:`load_model`, but also reports external data, the files read and
+    lenient-check warnings."""
+    data = read_regular_file(path, what="model", limit=PROTOBUF_LIMIT)
     if not data:
         raise InvalidModelError(f"{path}: empty file, not an ONNX model")
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError):
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        if any(word in str(exc).lower() for word in ("depth", "recursion")):
+            raise InvalidModelError(
+                f"{path}: its graphs nest deeper than the protobuf parser's depth limit "
+                "(about 100 message levels, some 30 nested Scan/Loop/If bodies)"
+            ) from None
         raise InvalidModelError(f"{path}: not an ONNX model (protobuf parse failed; truncated or not ONNX?)") from None
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         raise InvalidModelError(f"{path}: not an ONNX model (no graph, IR version or opset import)")
     had_external = uses_external_data(model)
+    files = [path]
     if had_external:
+        files += external_data_files(model, path)
         try:
             onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
     warnings = validate_model(model, name=path)
-    return LoadedModel(model, path, had_external, warnings)
+    sorted_nodes = sort_nodes(model)
+    return LoadedModel(model, path, had_external, warnings, files, sorted_nodes)
+
+
+def check_regular_file(path: str, *, what: str) -> os.stat_result:
+    """Refuse, without opening it, a path that is missing or not a regular file (a FIFO
+    would block, a device never end)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ScanoptError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ScanoptError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ScanoptError(f"{path}: is a directory, not a {what} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ScanoptError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; scanopt reads only regular files")
+    return st
+
+
+def read_regular_file(path: str, *, what: str, limit: int) -> bytes:
+    """The bytes of ``path``, refusing before reading anything that is not a regular file
+    or is larger than ``limit``."""
+    st = check_regular_file(path, what=what)
+    if st.st_size > limit:
+        raise ScanoptError(f"{path}: {_size(st.st_size)}, over the {_size(limit)} one protobuf file can hold (larger models keep their tensors in external data)")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise ScanoptError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > limit:  # it grew while we looked
+        raise ScanoptError(f"{path}: over the {_size(limit)} one protobuf file can hold")
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n} bytes"
+
+
+def external_data_files(model: onnx.ModelProto, path: str) -> list[str]:
+    """The external data files ``model`` (read from ``path``) refers to, each checked to
+    be a regular file inside the model's folder, not a link."""
+    folder = os.path.dirname(os.path.abspath(path))
+    files: list[str] = []
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        file = os.path.join(folder, location)
+        if file in files:
+            continue
+        problem = _external_location_problem(location, folder, file)
+        if problem:
+            raise InvalidModelError(f"{path}: cannot read its external data ('{location}' {problem})")
+        files.append(file)
+    return files
+
+
+def _external_location_problem(location: str, folder: str, file: str) -> str | None:
+    if not location:
+        return "is empty"
+    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+        return "is not a path inside the model's folder"
+    try:
+        st = os.lstat(file)
+    except OSError:
+        return "does not exist"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {file_kind(st.st_mode)}, not a regular file"
+    if st.st_nlink > 1:
+        return "is hard-linked elsewhere"
+    if os.path.commonpath([os.path.realpath(file), os.path.realpath(folder)]) != os.path.realpath(folder):
+        return "resolves outside the model's folder"
+    return None
 
 
 def uses_external_data(model: onnx.ModelProto) -> bool:
@@ -92,6 +169,12 @@ def save_model(model: onnx.ModelProto, path: str, *, external_data: bool | None 
     fit in one protobuf. The data file is ``<basename>.data`` beside ``path``. With
     external data, ``model``'s tensors are converted to external references in place.
     """
+    write_output(path, model_writer(model, path, external_data=external_data))
+
+
+def model_writer(model: onnx.ModelProto, path: str, *, external_data: bool | None = None) -> Writer:
+    """A writer for :func:`scanopt.outputs.write_outputs`: the model, and with external
+    data its ``<basename>.data`` file beside it (claim that path too)."""
     if external_data is None:
         external_data = needs_external_data(model)
 
@@ -105,46 +188,26 @@ def save_model(model: onnx.ModelProto, path: str, *, external_data: bool | None 
             staged,
             save_as_external_data=True,
             all_tensors_to_one_file=True,
-            location=os.path.basename(path) + ".data",
+            location=external_data_name(path),
             size_threshold=EXTERNAL_DATA_THRESHOLD,
         )
 
-    write_atomically(path, write)
+    return write
 
 
-def save_bytes(data: bytes, path: str) -> None:
-    """Write ``data`` to ``path`` atomically (used to pass an untouched model through as is)."""
+def external_data_name(path: str) -> str:
+    """The name of the external data file scanopt writes beside a model at ``path``."""
+    return os.path.basename(path) + ".data"
 
+
+def bytes_writer(data: bytes) -> Writer:
     def write(staged: str) -> None:
         with open(staged, "wb") as handle:
             handle.write(data)
 
-    write_atomically(path, write)
+    return write
 
 
-def write_atomically(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(staged_path)`` in a private folder beside ``path``, then move the
-    results (the file, and any companion files it wrote, such as external data) into
-    place. On failure nothing is left behind and ``path`` is untouched.
-    """
-    path = os.path.abspath(path)
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        raise ScanoptError(f"{path}: output directory does not exist")
-    if os.path.isdir(path):
-        raise ScanoptError(f"{path}: is a directory")
-    try:
-        staging = tempfile.mkdtemp(prefix=".scanopt-", dir=directory)
-    except OSError as exc:
-        raise ScanoptError(f"{path}: cannot write to its directory ({exc.strerror})") from None
-    base = os.path.basename(path)
-    try:
-        write(os.path.join(staging, base))
-        for companion in sorted(os.listdir(staging)):
-            if companion != base:
-                os.replace(os.path.join(staging, companion), os.path.join(directory, companion))
-        os.replace(os.path.join(staging, base), path)
-    except OSError as exc:
-        raise ScanoptError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def save_bytes(data: bytes, path: str) -> None:
+    """Write ``data`` to ``path`` atomically (used to pass an untouched model through as is)."""
+    write_output(path, bytes_writer(data))

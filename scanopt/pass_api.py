@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, NameAllocator, has_node, is_op, node_label, walk_graphs
+from scanopt.graph import GraphLevel, NameAllocator, editing, is_op, is_removed, node_label, walk_graphs
 from scanopt.scan_view import ScanView
 from scanopt.shapes import ShapeTable
 
@@ -28,6 +28,7 @@ class NodeOutcome:
     path: str  # the graph holding the node; "" for the top graph
     applied: bool
     detail: str
+    expected: str = ""  # the cost policy's word on an applied rewrite: expected speed-up and why
 
     def to_dict(self) -> dict:
         return {
@@ -36,6 +37,7 @@ class NodeOutcome:
             "graph": self.path or "main",
             "applied": self.applied,
             "detail": self.detail,
+            "expected": self.expected,
         }
 
 
@@ -58,6 +60,8 @@ class PassContext:
     selected: tuple[str, ...] | None = None
     # (pass name, node label) pairs a pass must not rewrite, e.g. after a failed verification
     denied: frozenset[tuple[str, str]] = frozenset()
+    # decides whether a proposed rewrite pays off (scanopt.cost.CostPolicy); None: always
+    cost: Any = None
 
 
 @dataclass(frozen=True)
@@ -92,11 +96,15 @@ class ScanPass(Pass):
         raise NotImplementedError
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+        with editing(graph):
+            return self._run(graph, ctx)
+
+    def _run(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         result = PassResult(graph, modified=False)
         # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
         # everything nested in it is settled before.
         for level, node in sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth):
-            if not has_node(level.graph, node):  # removed by an earlier rewrite in this run
+            if is_removed(node):  # by an earlier rewrite in this run
                 continue
             label = node_label(node)
             if (self.name, label) in ctx.denied:
@@ -109,9 +117,14 @@ class ScanPass(Pass):
             if isinstance(found, Skip):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
                 continue
+            estimate = ctx.cost.decide(self.name, label, node, view, found, ctx) if ctx.cost is not None else None
+            if estimate is not None and not estimate.apply:
+                result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note))
+                continue
             detail = self.rewrite(node, found, level, ctx)
             result.modified = True
-            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail))
+            expected = estimate.note if estimate is not None else ""
+            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected))
         return result
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 import onnx
 
+from scanopt.cost import TARGETS, CostPolicy
 from scanopt.errors import ScanoptError
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans
@@ -69,16 +70,23 @@ def optimize(
     prefused = _fuse_before_migration(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if prefused is not None:
         model = prefused[0]
-        if inputs is None:
+        if inputs is None and verify:
             # The fused model's lengths feed a native op, which the synthesizer does not
             # read as sequence_lens: keep drawing inputs from the original's Scan-8.
-            from scanopt.inputs import synthesize_inputs
+            from scanopt.verify import runnable_feeds
 
-            inputs = [synthesize_inputs(original, seed) for seed in range(seeds)]
+            inputs = runnable_feeds(original, seeds=seeds, engine=engine)
     migration = _migrate(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if migration is not None:
         model = migration.model
-    candidate, report = _run_passes(model, chosen, options or {}, frozenset(), progress)
+        if inputs is None and verify:
+            # Same after a migration: the Scan-8 (its sequence_lens, its batch) is gone.
+            from scanopt.verify import runnable_feeds
+
+            inputs = runnable_feeds(original, seeds=seeds, engine=engine)
+    options, tuning = _tuned(model, chosen, options or {}, progress)
+    candidate, report = _run_passes(model, chosen, options, frozenset(), progress)
+    report.tuning = tuning
     report.warnings = warnings + report.warnings
     if not report.modified or not verify:
         if report.modified:
@@ -99,6 +107,21 @@ def optimize(
         result[1].ops_before = count_ops(original)
         result[1].ops_after = count_ops(result[0])
     return result
+
+
+def _tuned(model, chosen, options: dict, progress) -> tuple[dict, list[str]]:
+    """Check the target; with options["tune"], measure each Scan's candidate forms and
+    hand the measurements to the cost policy (scanopt.tune)."""
+    if options.get("target", "onnxruntime") not in TARGETS:
+        raise ScanoptError(f"unknown target '{options['target']}' (choose from {', '.join(TARGETS)})")
+    if not options.get("tune"):
+        return options, []
+    from scanopt.tune import DEFAULT_SECONDS, tune
+
+    if progress:
+        progress("timing the candidate forms of each Scan (--tune)")
+    measured, notes = tune(model, _run_passes, chosen, options, float(options.get("tune_seconds", DEFAULT_SECONDS)))
+    return dict(options, measured=measured), notes
 
 
 def _fuse_before_migration(model, options, chosen, verify, inputs, engine, seeds, progress):
@@ -162,6 +185,7 @@ def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, pro
         options=options,
         denied=denied,
         selected=tuple(p.name for p in chosen),
+        cost=CostPolicy.from_options(options),
     )
     has_scan = any(True for _ in scan_nodes(graph))
     report.scans = describe_scans(graph, ctx) if has_scan else []
@@ -207,15 +231,30 @@ class _Verdict:
 
 
 def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, engine, seeds, progress):
+    """Verify ``candidate``; on a failure find the rewrites to blame and roll them back.
+
+    Suspects are found per node in one extra comparison (:func:`_blame`: the outputs
+    and inputs of every top-level node holding a rewrite are compared; a node whose
+    outputs differ while its inputs agree is at fault), then only the suspects are
+    bisected against the rest: a failure among N rewrites costs a constant number of
+    pipeline runs and verifications. Where blame cannot tell (the candidate does not
+    run, a changed signature), every key is bisected: O(k log N) runs for k failing
+    rewrites. Time spent verifying is reported apart.
+    """
     from scanopt.verify import SignatureMismatchError, compare_models
+
+    spent = [0.0]
 
     def check(result_model) -> _Verdict:
         if progress:
             progress("verifying")
+        start = time.perf_counter()
         try:
             outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds)
         except SignatureMismatchError as exc:  # a rewrite changed the model's interface
             return _Verdict(False, str(exc))
+        finally:
+            spent[0] += time.perf_counter() - start
         return _Verdict(outcome.passed, outcome.summary(), outcome.to_dict())
 
     try:
@@ -224,22 +263,27 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         report.verification = {
             "passed": None,
             "rolled_back": [f"{p} on {n}" for p, n in applied_keys(report)],
-            "summary": f"cannot verify, so nothing was rewritten: {exc}",
+            "summary": f"cannot verify, so nothing was rewritten: {str(exc).removeprefix('cannot verify: ')}",
+            "seconds": round(spent[0], 4),
         }
         report.modified = False
         report.ops_after = report.ops_before
         return model, report
     if verdict.passed:
-        report.verification = {"passed": True, "rolled_back": [], "summary": verdict.summary, "details": verdict.details}
+        report.verification = {"passed": True, "rolled_back": [], "summary": verdict.summary,
+                               "details": verdict.details, "seconds": round(spent[0], 4)}
         return candidate, report
-    # Find the rewrites that verify on their own; roll back the rest.
     keys = applied_keys(report)
-    accepted: list[tuple[str, str]] = []
-    for key in keys:
-        trial_denied = frozenset(k for k in keys if k not in accepted and k != key)
-        trial, _ = _run_passes(model, chosen, options, trial_denied, progress)
-        if check(trial).passed:
-            accepted.append(key)
+    start = time.perf_counter()
+    suspects = _blame(model, candidate, report, inputs, engine, seeds) or keys
+    spent[0] += time.perf_counter() - start
+
+    def passes_with(allowed: list) -> bool:
+        trial, trial_report = _run_passes(model, chosen, options, frozenset(k for k in keys if k not in allowed), progress)
+        return not trial_report.modified or check(trial).passed
+
+    accepted = [k for k in keys if k not in suspects]
+    _bisect(suspects, accepted, passes_with)
     rejected = [k for k in keys if k not in accepted]
     final, final_report = _run_passes(model, chosen, options, frozenset(rejected), progress)
     final_report.warnings = report.warnings
@@ -258,5 +302,98 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         "summary": f"rolled back {len(rolled)} rewrite(s) that failed verification: {', '.join(rolled)}"
         + (f"; the rest verified ({final_verdict.summary})" if final_verdict is not None else ""),
         "details": verdict.details,
+        "seconds": round(spent[0], 4),
     }
     return (final if final_report.modified else model), final_report
+
+
+def _bisect(keys: list, accepted: list, passes_with: Callable[[list], bool]) -> None:
+    """Add to ``accepted`` the keys that verify together with it (group testing)."""
+    if not keys:
+        return
+    if passes_with(accepted + keys):
+        accepted.extend(keys)
+        return
+    if len(keys) == 1:
+        return
+    middle = len(keys) // 2
+    _bisect(keys[:middle], accepted, passes_with)
+    _bisect(keys[middle:], accepted, passes_with)
+
+
+def _anchor(outcome) -> str:
+    """The label of the top-level node holding ``outcome``'s node (itself at the top)."""
+    if not outcome.path:
+        return outcome.node
+    return outcome.path.split(" > ")[0].rsplit("/", 1)[0]
+
+
+def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, str]]:
+    """The applied rewrites whose top-level node computes wrong outputs from right inputs.
+
+    Both models are run once with the outputs and inputs of every top-level node that
+    holds a rewrite exposed as extra graph outputs (rewrites keep the names of the
+    values around the node they replace). Returns [] when that cannot decide, and
+    every key when no rewrite can be cleared.
+    """
+    from scanopt.protos import outer_names
+    from scanopt.verify import compare_models
+
+    keys = applied_keys(report)
+    anchors = {}
+    for o in report.outcomes:
+        if o.applied and (o.pass_name, o.node) in keys:
+            anchors.setdefault((o.pass_name, o.node), _anchor(o))
+    by_label = {}
+    for node in model.graph.node:
+        by_label[node.name or f"{node.op_type}->{node.output[0] if node.output else '?'}"] = node
+    shapes = ShapeTable(model)
+    produced = {o for graph in (model.graph, candidate.graph) for n in graph.node for o in n.output if o}
+    in_candidate = {o for n in candidate.graph.node for o in n.output if o}
+    listed = {v.name for v in model.graph.output} | {v.name for v in candidate.graph.output}
+    sides: dict[str, tuple[set, set]] = {}
+    probes: dict[str, int] = {}
+    for label in set(anchors.values()):
+        node = by_label.get(label)
+        if node is None:
+            return []
+        reads = set(node.input) | {n for a in node.attribute for g in _graphs(a) for n in outer_names(g)}
+        sides[label] = ({o for o in node.output if o}, {r for r in reads if r in produced})
+        for name in sides[label][0] | sides[label][1]:
+            elem = shapes.elem_type_of(name)
+            if name in in_candidate and name not in listed and elem:
+                probes[name] = elem
+    added = [onnx.helper.make_tensor_value_info(name, elem, None) for name, elem in sorted(probes.items())]
+    try:
+        with _extra_outputs(model, added), _extra_outputs(candidate, added):
+            outcome = compare_models(model, candidate, inputs=inputs, engine=engine, seeds=seeds)
+    except ScanoptError:
+        return []
+    if any(c.error for c in outcome.comparisons):
+        return []
+    wrong = {c.name for comp in outcome.comparisons for c in comp.checks if not c.passed}
+    guilty = {label for label, (outs, ins) in sides.items() if outs & wrong and not ins & wrong}
+    return [k for k in keys if anchors[k] in guilty]
+
+
+def _graphs(attr: onnx.AttributeProto) -> list:
+    from scanopt.protos import attribute_graphs
+
+    return attribute_graphs(attr)
+
+
+class _extra_outputs:
+    """Temporarily list ``values`` as outputs of ``model`` (restored on exit: the
+    caller's proto is never left modified, and no copy of its weights is made)."""
+
+    def __init__(self, model: onnx.ModelProto, values: list):
+        self.model, self.values = model, values
+
+    def __enter__(self):
+        self.count = len(self.model.graph.output)
+        self.model.graph.output.extend(self.values)
+        return self.model
+
+    def __exit__(self, *exc):
+        del self.model.graph.output[self.count:]
+        return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Iterator
 
 import onnx
@@ -54,3 +55,56 @@ def outer_names(graph: onnx.GraphProto) -> list[str]:
 
     visit(graph, set())
     return list(found)
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return node.name or node.op_type
+
+
+def topological_order(graph: onnx.GraphProto) -> tuple[list[int], list[str]]:
+    """A topological order of ``graph``'s node indices (this level; a node with subgraphs
+    also depends on the values they capture): ``list(range(n))`` when the nodes are already
+    sorted. When there is none, also one cycle as a list of "'node' reads 'value' from
+    'producer'" steps (else an empty list)."""
+    producer = {name: i for i, node in enumerate(graph.node) for name in node.output if name}
+    needs: list[list[tuple[str, int]]] = []
+    for node in graph.node:
+        names = list(node.input)
+        for attr in node.attribute:
+            for sub in attribute_graphs(attr):
+                names += outer_names(sub)
+        needs.append([(n, producer[n]) for n in dict.fromkeys(names) if n in producer])
+    if all(p < i for i, deps in enumerate(needs) for _, p in deps):
+        return list(range(len(graph.node))), []
+    users: list[list[int]] = [[] for _ in graph.node]
+    waiting = [0] * len(graph.node)
+    for i, deps in enumerate(needs):
+        for _, p in deps:
+            users[p].append(i)
+            waiting[i] += 1
+    ready = collections.deque(i for i, w in enumerate(waiting) if w == 0)
+    order: list[int] = []
+    while ready:
+        i = ready.popleft()
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    if len(order) == len(graph.node):
+        return order, []
+    return order, _one_cycle(graph, needs, {i for i, w in enumerate(waiting) if w > 0})
+
+
+def _one_cycle(graph: onnx.GraphProto, needs, stuck: set[int]) -> list[str]:
+    """Follow unmet dependencies among ``stuck`` nodes until one repeats."""
+    path, seen = [], {}
+    node = min(stuck)
+    while node not in seen:
+        seen[node] = len(path)
+        value, producer = next((v, p) for v, p in needs[node] if p in stuck)
+        path.append((node, value, producer))
+        node = producer
+    cycle = path[seen[node]:]
+    steps = [f"reads '{v}' from '{_label(graph.node[p])}'" for _, v, p in cycle]
+    return [f"'{_label(graph.node[cycle[0][0]])}' {steps[0]}"] + [f"which {step}" for step in steps[1:]]

@@ -34,11 +34,14 @@ class Report:
     modified: bool = False
     verification: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:
         """Record outcomes once each: a fixpoint round repeats the same skips."""
+        seen = set(self.outcomes)  # NodeOutcome is frozen: hashable
         for outcome in outcomes:
-            if outcome not in self.outcomes:
+            if outcome not in seen:
+                seen.add(outcome)
                 self.outcomes.append(outcome)
 
     def op_changes(self) -> dict[str, tuple[int, int]]:
@@ -59,6 +62,7 @@ class Report:
             "op_changes": {op: {"before": b, "after": a} for op, (b, a) in self.op_changes().items()},
             "timings": [{"pass": t.name, "seconds": round(t.seconds, 4), "modified": t.modified} for t in self.timings],
             "verification": self.verification,
+            "tuning": self.tuning,
             "warnings": self.warnings,
         }
 
@@ -76,6 +80,8 @@ class Report:
             shown = [o for o in mine if o.applied or verbose]
             for o in shown:
                 lines.append(f"  {o.pass_name:<13} {'applied' if o.applied else 'skipped'}: {o.detail}")
+                if o.expected:
+                    lines.append(f"  {'':<13} {o.expected}")
             if not any(o.applied for o in mine):
                 lines.append("  unchanged" + ("" if verbose or not mine else f" ({_reasons(mine)})"))
         extra = [o for o in self.outcomes if not any(o.node == s["node"] and o.path == s["graph_path"] for s in self.scans)]
@@ -84,8 +90,12 @@ class Report:
         changes = self.op_changes()
         if changes:
             lines.append("ops: " + ", ".join(f"{op} {b} -> {a}" for op, (b, a) in changes.items()))
+        for line in self.tuning:
+            lines.append(f"tuned {line}")
         if self.verification is not None:
-            lines.append(f"verification: {self.verification.get('summary', '')}")
+            seconds = self.verification.get("seconds")
+            took = f" [{seconds:.2f} s]" if seconds is not None else ""
+            lines.append(f"verification: {self.verification.get('summary', '')}{took}")
         for warning in self.warnings:
             lines.append(f"warning: {warning}")
         return "\n".join(lines)

@@ -13,8 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import NameAllocator, has_node
-from scanopt.graph import walk_graphs
+from scanopt.graph import NameAllocator, has_node, in_graph_outputs, note_output
 
 
 class Builder:
@@ -63,7 +62,9 @@ def detach(node: gs.Node, graph: gs.Graph) -> None:
     """Remove ``node`` from ``graph`` and unhook its tensors, so new producers can own them."""
     node.inputs.clear()
     node.outputs.clear()
-    graph.nodes[:] = [n for n in graph.nodes if n is not node]
+    ids = list(map(id, graph.nodes))  # identity, in C: gs.Node's == compares structure
+    if id(node) in ids:
+        del graph.nodes[ids.index(id(node))]
 
 
 def rebind_outputs(old: gs.Node, new_values: Sequence[gs.Tensor | None], graph: gs.Graph) -> None:
@@ -101,7 +102,7 @@ def consumers(tensor: gs.Tensor) -> list[gs.Node]:
 
 
 def is_graph_output(tensor: gs.Tensor, graph: gs.Graph) -> bool:
-    return any(t is tensor for t in graph.outputs)
+    return id(tensor) in map(id, graph.outputs)
 
 
 def replace_all_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph) -> None:
@@ -110,17 +111,15 @@ def replace_all_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph) -> None:
         for i, t in enumerate(node.inputs):
             if t is old:
                 node.inputs[i] = new
-    for i, t in enumerate(graph.outputs):
-        if t is old:
-            graph.outputs[i] = new
+    if id(old) in map(id, graph.outputs):  # in C: most graphs' outputs are never the one
+        graph.outputs[:] = [new if t is old else t for t in graph.outputs]
+        note_output(new, graph)
 
 
 def is_read(tensor: gs.Tensor, root: gs.Graph) -> bool:
     """True if anything under ``root`` reads ``tensor``: a node at any nesting level
     (outer-scope reads included) or any graph's output list (the model's or a body's)."""
-    if tensor.outputs:
-        return True
-    return any(t is tensor for level in walk_graphs(root) for t in level.graph.outputs)
+    return bool(tensor.outputs) or in_graph_outputs(tensor, root)
 
 
 def new_graph(name: str) -> gs.Graph:
@@ -132,3 +131,11 @@ def new_graph(name: str) -> gs.Graph:
     setattr(graph, GRAPH_METADATA, [])
     setattr(graph, VALUE_INFO, [])
     return graph
+
+
+def place_appended(graph: gs.Graph, position: int, start: int) -> int:
+    """Move the nodes appended from index ``start`` on to ``position`` (where a replaced node
+    stood), so the graph stays topologically sorted; return how many there are."""
+    added = graph.nodes[start:]
+    graph.nodes[:] = graph.nodes[:position] + added + graph.nodes[position:start]
+    return len(added)

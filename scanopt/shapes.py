@@ -22,7 +22,7 @@ class ShapeTable:
     def __init__(self, model: onnx.ModelProto):
         self._table: dict[str, tuple[int | None, list[Dim] | None]] = {}
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(_without_big_weights(model), strict_mode=False, data_prop=True)
         except Exception:  # noqa: BLE001 - inference is a hint; a failure only means fewer shapes
             inferred = model
         for graph in walk_proto_graphs(inferred.graph):
@@ -42,7 +42,47 @@ class ShapeTable:
         return None if shape is None else len(shape)
 
     def elem_type(self, tensor: gs.Tensor) -> int | None:
-        return self._table.get(tensor.name, (None, None))[0]
+        return self.elem_type_of(tensor.name)
+
+    def elem_type_of(self, name: str) -> int | None:
+        """The element type of the value called ``name`` at any level, or None."""
+        return self._table.get(name, (None, None))[0]
+
+    def type_of(self, name: str) -> tuple[int | None, list[Dim] | None]:
+        """(element type, shape) of the value called ``name`` at any level, as known."""
+        return self._table.get(name, (None, None))
+
+
+BIG = 4096  # bytes: initializers at least this large reach inference as typed inputs only
+
+
+def _without_big_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` for shape inference in which the top graph's big initializers
+    are graph inputs of the same type and shape: inference serializes the model twice,
+    and data propagation only needs small (shape-like) constants. The weights are not
+    copied."""
+    big = [t for t in model.graph.initializer if t.ByteSize() >= BIG]
+    if not big:
+        return model
+    light = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        if model.HasField(field):
+            setattr(light, field, getattr(model, field))
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph, source = light.graph, model.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    graph.sparse_initializer.extend(source.sparse_initializer)
+    names = {t.name for t in big}
+    graph.initializer.extend(t for t in source.initializer if t.name not in names)
+    declared = {v.name for v in source.input}
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in big if t.name not in declared)
+    return light
 
 
 def _type_of(value: onnx.ValueInfoProto) -> tuple[int | None, list[Dim] | None]:

@@ -2,10 +2,13 @@
 what is merely untidy.
 
 Broken (InvalidModelError / UnsupportedModelError): an opset or IR version the
-installed onnx does not know, a node reading a name nothing defines, a malformed Scan,
-anything else onnx.checker rejects. Untidy (a warning, the model is accepted): types
-without a shape, which real exporters emit and onnxruntime runs, and which
-onnx.checker rejects.
+installed onnx does not know, two different versions imported for one domain, a node
+reading a name nothing defines, a cycle, a malformed Scan, anything else onnx.checker
+rejects. Untidy (a warning naming the values, the model is accepted and kept as it is):
+what real exporters write and onnxruntime runs — value_info or graph outputs without a
+type (onnxscript), types without a shape (skl2onnx), value_info for values nothing
+computes, nodes out of topological order, the same opset imported twice. onnx.checker
+then runs on a tidied throw-away copy, so everything else it checks still holds.
 """
 
 from __future__ import annotations
@@ -13,11 +16,8 @@ from __future__ import annotations
 import onnx
 
 from scanopt.errors import InvalidModelError, UnsupportedModelError
-from scanopt.protos import attribute_graphs, in_default_domain
+from scanopt.protos import attribute_graphs, in_default_domain, topological_order, walk_proto_graphs
 from scanopt.scan_view import ScanView
-
-MISSING_SHAPE = "Field 'shape' of 'type' is required but missing"
-
 
 def default_opset(model: onnx.ModelProto) -> int | None:
     """The model's default-domain (ai.onnx) opset version, or None if it imports none."""
@@ -31,8 +31,11 @@ def validate_model(model: onnx.ModelProto, *, name: str = "model") -> list[str]:
     """Raise a one-line error naming ``name`` if the model is broken; return warnings."""
     try:
         _check_versions(model)
+        warnings = _check_opset_imports(model)
         _check_names_and_scans(model)
-        return _check_with_onnx_checker(model)
+        warnings += _check_untidy_values(model)
+        warnings += _check_node_order(model)
+        return warnings + _check_with_onnx_checker(model)
     except (InvalidModelError, UnsupportedModelError) as exc:
         raise type(exc)(f"{name}: {exc}") from None
 
@@ -86,34 +89,144 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
     visit(model.graph, set(), {}, "")
 
 
+def _check_opset_imports(model: onnx.ModelProto) -> list[str]:
+    versions: dict[str, list[int]] = {}
+    for entry in model.opset_import:
+        domain = "ai.onnx" if in_default_domain(entry.domain) else entry.domain
+        versions.setdefault(domain, []).append(entry.version)
+    warnings = []
+    for domain, found in versions.items():
+        if len(set(found)) > 1:
+            raise InvalidModelError(f"imports domain {domain} at several opsets ({', '.join(map(str, found))})")
+        if len(found) > 1:
+            warnings.append(f"imports domain {domain} (opset {found[0]}) {len(found)} times")
+    return warnings
+
+
+def _graph_label(graph: onnx.GraphProto, top: onnx.GraphProto) -> str:
+    return "the main graph" if graph is top else f"body '{graph.name}'"
+
+
+def _check_untidy_values(model: onnx.ModelProto) -> list[str]:
+    """Values declared without a type, and value_info for values nothing computes."""
+    untyped, unused = [], []
+    for graph in walk_proto_graphs(model.graph):
+        computed = {o for n in graph.node for o in n.output if o} | {v.name for v in graph.input}
+        computed |= {i.name for i in graph.initializer}
+        for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if not value.HasField("type"):
+                untyped.append(value.name)
+        unused += [v.name for v in graph.value_info if v.name not in computed]
+    warnings = []
+    if untyped:
+        warnings.append(f"values declared without a type: {_listed(untyped)} (onnx.checker rejects that; onnxruntime accepts it)")
+    if unused:
+        warnings.append(f"value_info for values nothing computes: {_listed(unused)} (ignored)")
+    return warnings
+
+
+def _check_node_order(model: onnx.ModelProto) -> list[str]:
+    """A cycle is broken; nodes merely out of order are untidy (onnxruntime sorts them)."""
+    unsorted = []
+    for graph in walk_proto_graphs(model.graph):
+        order, cycle = topological_order(graph)
+        where = _graph_label(graph, model.graph)
+        if cycle:
+            raise InvalidModelError(f"{where} has a cycle: " + ", ".join(cycle))
+        if order != sorted(order):
+            unsorted.append(where)
+    if unsorted:
+        return [f"nodes out of topological order in {_listed(unsorted, quote=False)} (onnx.checker rejects that, onnxruntime too inside a body; scanopt writes them sorted)"]
+    return []
+
+
+def sort_nodes(model: onnx.ModelProto) -> bool:
+    """Put every graph's nodes (bodies included) in topological order, in place, keeping
+    the order of nodes that are already in order. True if any graph changed. Call after
+    :func:`validate_model` (which refuses cycles)."""
+    changed = False
+    for graph in walk_proto_graphs(model.graph):
+        order, _ = topological_order(graph)
+        if order != sorted(order):
+            nodes = [onnx.NodeProto() for _ in order]
+            for target, index in zip(nodes, order):
+                target.CopyFrom(graph.node[index])
+            del graph.node[:]
+            graph.node.extend(nodes)
+            changed = True
+    return changed
+
+
+def _listed(names: list[str], *, quote: bool = True, most: int = 8) -> str:
+    shown = [f"'{n}'" if quote else n for n in dict.fromkeys(names)]
+    more = len(shown) - most
+    return ", ".join(shown[:most]) + (f" and {more} more" if more > 0 else "")
+
+
 def _check_with_onnx_checker(model: onnx.ModelProto) -> list[str]:
-    """Run onnx.checker, forgiving only types that lack a shape."""
+    """Run onnx.checker on a copy with the untidy things above tidied, forgiving also
+    types that lack a shape."""
     if model.ByteSize() > 2**31 - 1:  # protobuf's limit: the checker cannot take it in memory
         return ["over 2 GB: onnx.checker skipped (scanopt's own structural checks ran)"]
+    tidy = onnx.ModelProto()
+    tidy.CopyFrom(model)
+    sort_nodes(tidy)
+    _tidy_for_checker(tidy)
+    shapeless = _give_shapeless_types_a_shape(tidy.graph)
     try:
-        onnx.checker.check_model(model)
-        return []
+        onnx.checker.check_model(tidy)
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
-        if MISSING_SHAPE not in first:
-            raise InvalidModelError(f"onnx.checker rejects it: {first}") from None
-    patched = onnx.ModelProto()
-    patched.CopyFrom(model)
-    _give_shapeless_types_a_shape(patched.graph)
-    try:
-        onnx.checker.check_model(patched)
-    except onnx.checker.ValidationError as exc:
-        raise InvalidModelError(f"onnx.checker rejects it: {str(exc).strip().splitlines()[0]}") from None
-    return ["some values have a type without a shape (onnx.checker rejects that; onnxruntime accepts it)"]
+        raise InvalidModelError(f"onnx.checker rejects it: {_one_line(exc)}") from None
+    if shapeless:
+        return [f"values with a type but no shape: {_listed(shapeless)} (onnx.checker rejects that; onnxruntime accepts it)"]
+    return []
 
 
-def _give_shapeless_types_a_shape(graph: onnx.GraphProto) -> None:
-    """On a throw-away copy only: an empty shape field satisfies the checker's field check."""
+def _one_line(exc: Exception) -> str:
+    """The checker's whole message on one line (its first line can stop mid-sentence)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("==>")) or type(exc).__name__
+
+
+def _tidy_for_checker(model: onnx.ModelProto) -> None:
+    """On a throw-away copy only: one import per domain, typeless values given
+    a placeholder type, value_info of values nothing computes dropped."""
+    seen, imports = set(), []
+    for entry in model.opset_import:
+        domain = "" if in_default_domain(entry.domain) else entry.domain
+        if domain not in seen:
+            seen.add(domain)
+            imports.append(entry)
+    if len(imports) != len(model.opset_import):
+        kept = [onnx.OperatorSetIdProto(domain=e.domain, version=e.version) for e in imports]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    for graph in walk_proto_graphs(model.graph):
+        computed = {o for n in graph.node for o in n.output if o} | {v.name for v in graph.input}
+        computed |= {i.name for i in graph.initializer}
+        kept_info = [v for v in graph.value_info if v.HasField("type") and v.name in computed]
+        if len(kept_info) != len(graph.value_info):
+            kept_copies = [onnx.ValueInfoProto() for _ in kept_info]
+            for target, value in zip(kept_copies, kept_info):
+                target.CopyFrom(value)
+            del graph.value_info[:]
+            graph.value_info.extend(kept_copies)
+        for value in list(graph.input) + list(graph.output):
+            if not value.HasField("type"):
+                value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+                value.type.tensor_type.shape.SetInParent()
+
+
+def _give_shapeless_types_a_shape(graph: onnx.GraphProto) -> list[str]:
+    """On a throw-away copy only: an empty shape field satisfies the checker's field check.
+    Returns the names of the values that had none."""
+    names = []
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):
         tensor_type = value.type.tensor_type
         if value.type.HasField("tensor_type") and not tensor_type.HasField("shape"):
             tensor_type.shape.SetInParent()
+            names.append(value.name)
     for node in graph.node:
         for attr in node.attribute:
             for sub in attribute_graphs(attr):
-                _give_shapeless_types_a_shape(sub)
+                names += _give_shapeless_types_a_shape(sub)
+    return names

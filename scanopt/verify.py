@@ -17,7 +17,14 @@ import onnx
 
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError
-from scanopt.inputs import InputSynthesizer, TensorSpec, check_feeds, input_specs, output_specs
+from scanopt.inputs import (
+    FeedBudgetError,
+    InputSynthesizer,
+    TensorSpec,
+    check_feeds,
+    input_specs,
+    output_specs,
+)
 
 # (rtol, atol) per dtype; an element passes when |candidate - original| <= atol + rtol * |original|.
 # The one place tolerances live. Dtypes not listed (integers, bool, strings) compare exactly.
@@ -137,6 +144,7 @@ class VerifyResult:
     engine: str  # "ort", "reference" or "both", after resolving "auto"
     comparisons: list[Comparison]
     notes: list[str] = field(default_factory=list)
+    sizes: dict[str, str] = field(default_factory=dict)  # synthesized sizes per input set label
 
     @property
     def passed(self) -> bool:
@@ -156,7 +164,9 @@ class VerifyResult:
         sets = len({c.inputs for c in self.comparisons})
         if self.passed:
             worst = max((c.max_abs or 0.0 for comp in self.comparisons for c in comp.checks), default=0.0)
-            return f"equivalent on {sets} input set(s) with {self.engine} (max abs error {_num(worst)})"
+            sizes = "; ".join(f"{label} {text}" for label, text in self.sizes.items())
+            sizes = f"; sizes {sizes}" if sizes else ""
+            return f"equivalent on {sets} input set(s) with {self.engine} (max abs error {_num(worst)}{sizes})"
         failures = self.failures()
         return f"NOT equivalent: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else "")
 
@@ -176,6 +186,7 @@ class VerifyResult:
                 rows.append((comp.inputs, compared, c.name, c.dtype, shape, *errors, tol, verdict))
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
         lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+        lines += [f"sizes: {label}: {text}" for label, text in self.sizes.items()]
         lines += [f"note: {n}" for n in self.notes]
         if self.passed:
             lines.append(f"PASSED: {self.summary()}")
@@ -192,6 +203,7 @@ class VerifyResult:
             "engine": self.engine,
             "summary": self.summary(),
             "notes": list(self.notes),
+            "sizes": dict(self.sizes),
             "comparisons": [c.to_dict() for c in self.comparisons],
         }
 
@@ -255,8 +267,16 @@ def compare_outputs(
     rtol: float | None = None,
     atol: float | None = None,
 ) -> list[OutputCheck]:
-    """Every output of ``expected`` against the same-named output of ``actual``."""
+    """Every output of ``expected`` against the same-named output of ``actual``, and the
+    order of the outputs: a consumer that reads outputs by position (onnxruntime's
+    ``run(None, ...)``, a model that embeds this one) breaks when two are swapped."""
     checks = []
+    for position, (want, got) in enumerate(zip(expected, actual)):
+        if want != got:
+            checks.append(OutputCheck(
+                f"#{position}", "-", (), False,
+                note=f"output #{position} is '{got}', expected '{want}' (outputs are reordered)",
+            ))
     for name, value in expected.items():
         if name not in actual:
             value = np.asarray(value)
@@ -291,7 +311,8 @@ def check_signatures(original: onnx.ModelProto, candidate: onnx.ModelProto) -> N
             raise SignatureMismatchError(f"the models' signatures differ: {'; '.join(parts)}")
         for name, spec in a.items():
             other = b[name]
-            if spec.elem_type != other.elem_type:
+            undeclared = onnx.TensorProto.UNDEFINED in (spec.elem_type, other.elem_type)
+            if spec.elem_type != other.elem_type and not undeclared:
                 raise SignatureMismatchError(
                     f"the models' signatures differ: {kind} '{name}' is {_type_name(spec)} in the original "
                     f"but {_type_name(other)} in the candidate"
@@ -337,14 +358,19 @@ def compare_models(
     candidate, candidate_path = resolve_model(candidate)
     check_signatures(original, candidate)
     pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine)
+    if inputs is not None:
+        runs, sizes = _given_runs(original, inputs, pairs), {}
+    else:
+        if seeds < 1:
+            raise ScanoptError(f"seeds must be at least 1 (got {seeds})")
+        pairs, runs, sizes = _synthesized_runs(original, candidate, candidate_path, pairs, seeds, engine, notes)
     resolved = "both" if len(pairs) == 2 else pairs[0][0]
-    feed_sets = _feed_sets(original, inputs, seeds, resolved)
 
     comparisons = []
-    for label, feeds in feed_sets:
+    for label, feeds, expected_by_engine in runs:
         ran = {}
-        for name, original_runner, candidate_runner in pairs:
-            expected = _run_original(original_runner, feeds, label, inputs is None)
+        for name, _, candidate_runner in pairs:
+            expected = expected_by_engine[name]
             comp = Comparison(label, ("original", name), ("candidate", name))
             actual = _run_candidate(candidate_runner, feeds, comp)
             if actual is not None:
@@ -353,7 +379,29 @@ def compare_models(
             ran[name] = (expected, actual)
         if resolved == "both":
             comparisons += _cross_check(label, ran, rtol, atol)
-    return VerifyResult(resolved, comparisons, notes)
+    return VerifyResult(resolved, comparisons, notes, sizes)
+
+
+def runnable_feeds(model: ModelLike, *, seeds: int = 2, engine: str = "auto") -> list[dict]:
+    """Synthesized input sets, one per seed, that ``model`` runs on (the search
+    :func:`compare_models` makes). For checking a model derived from ``model`` whose own
+    signature says less, e.g. after an opset migration turned Scan-8's sequence_lens into
+    a plain int64 input."""
+    model, path = resolve_model(model)
+    engine = "auto" if engine == "both" else engine
+    pairs, notes = _prepare_pairs(model, path, model, path, engine)
+    _, runs, _ = _synthesized_runs(model, model, path, pairs, seeds, engine, notes)
+    return [feeds for _, feeds, _ in runs]
+
+
+class CannotVerifyError(EngineError):
+    """No synthesized input runs the original (or none fits the memory budget).
+
+    Exit code 1: the file is not broken, it just cannot be checked without the user's
+    inputs (``--inputs``).
+    """
+
+    exit_code = 1
 
 
 def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
@@ -372,6 +420,10 @@ def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
         except EngineError as exc:
             notes.append(f"using the reference executor: {exc}")
             engine = "reference"
+    return _pairs_for(engine, original, original_path, candidate, candidate_path), notes
+
+
+def _pairs_for(engine: str, original, original_path, candidate, candidate_path):
     pairs = []
     for name in ("ort", "reference") if engine == "both" else (engine,):
         original_runner = prepare(original, name, path=original_path)
@@ -380,29 +432,79 @@ def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
         except EngineError as exc:
             candidate_runner = str(exc)
         pairs.append((name, original_runner, candidate_runner))
-    return pairs, notes
+    return pairs
 
 
-def _feed_sets(original, inputs, seeds: int, engine: str) -> list[tuple[str, dict]]:
-    if inputs is not None:
-        given = [inputs] if isinstance(inputs, Mapping) else list(inputs)
-        if not given:
-            raise ScanoptError("no input sets given")
-        labels = ["inputs"] if len(given) == 1 else [f"inputs #{i + 1}" for i in range(len(given))]
-        return [(label, check_feeds(original, feeds)) for label, feeds in zip(labels, given)]
-    if seeds < 1:
-        raise ScanoptError(f"seeds must be at least 1 (got {seeds})")
-    # sequence_lens may be 0 only when onnxruntime runs neither model.
-    synthesizer = InputSynthesizer(original, engine="reference" if engine == "reference" else "ort")
-    return [(f"seed {seed}", synthesizer.feeds(seed)) for seed in range(seeds)]
+def _given_runs(original, inputs, pairs) -> list[tuple[str, dict, dict]]:
+    """(label, feeds, original's outputs per engine) for the user's input sets."""
+    given = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+    if not given:
+        raise ScanoptError("no input sets given")
+    labels = ["inputs"] if len(given) == 1 else [f"inputs #{i + 1}" for i in range(len(given))]
+    runs = []
+    for label, feeds in zip(labels, given):
+        feeds = check_feeds(original, feeds)
+        runs.append((label, feeds, {name: _run_original(runner, feeds, label) for name, runner, _ in pairs}))
+    return runs
 
 
-def _run_original(runner: Runner, feeds, label: str, synthesized: bool) -> dict:
+def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, engine: str, notes: list[str]):
+    """(pairs, runs): per seed, the first sizes the original runs on (see InputSynthesizer.attempts).
+
+    With ``engine="auto"``, an original onnxruntime runs on no input of (a zero-length
+    Scan-9, say) is run by the reference executor instead, both models.
+    """
+    try:
+        synthesizer = InputSynthesizer(original)
+    except ScanoptError as exc:  # an input without a rank, or of a type scanopt cannot draw
+        raise CannotVerifyError(f"cannot verify: {exc}") from None
+    runs, sizes = [], {}
+    for seed in range(seeds):
+        run, failures = _first_that_runs(synthesizer, seed, pairs)
+        if run is None and seed == 0 and engine == "auto" and [p[0] for p in pairs] == ["ort"]:
+            reference = _pairs_for("reference", original, None, candidate, candidate_path)
+            run, _ = _first_that_runs(synthesizer, seed, reference)
+            if run is not None:
+                pairs = reference
+                notes.append(f"using the reference executor: onnxruntime runs the original on no synthesized input ({failures[0][1]})")
+        if run is None:
+            attempt, error = failures[0]
+            raise CannotVerifyError(
+                f"cannot verify: the original model fails on seed {seed} at every size tried "
+                f"({len(failures)} size set(s); first {attempt.describe()}: {error}); pass inputs it accepts with --inputs"
+            )
+        attempt, feeds, expected = run
+        label = f"seed {seed}"
+        if failures:
+            notes.append(f"{label}: the original fails at {failures[0][0].describe()} ({failures[0][1]}); used {attempt.describe()}")
+        sizes[label] = attempt.describe()
+        runs.append((label, feeds, expected))
+    return pairs, runs, sizes
+
+
+def _first_that_runs(synthesizer: InputSynthesizer, seed: int, pairs):
+    """((attempt, feeds, outputs per engine) or None, [(attempt, error) that failed])."""
+    min_len = 0 if all(name == "reference" for name, _, _ in pairs) else 1  # onnxruntime rejects length 0
+    failures = []
+    for attempt in synthesizer.attempts(seed):
+        try:
+            feeds = synthesizer.feeds(seed, attempt, min_len=min_len)
+        except FeedBudgetError as exc:
+            raise CannotVerifyError(f"cannot verify: {exc}") from None
+        try:
+            expected = {name: runner(feeds) for name, runner, _ in pairs}
+        except EngineError as exc:
+            failures.append((attempt, exc))
+            continue
+        return (attempt, feeds, expected), failures
+    return None, failures
+
+
+def _run_original(runner: Runner, feeds, label: str) -> dict:
     try:
         return runner(feeds)
     except EngineError as exc:
-        hint = "; pass inputs it accepts with --inputs" if synthesized else ""
-        raise EngineError(f"the original model fails on {label}: {exc}{hint}") from exc
+        raise EngineError(f"the original model fails on {label}: {exc}") from exc
 
 
 def _run_candidate(runner: Runner | str, feeds, comp: Comparison) -> dict | None:

@@ -94,7 +94,7 @@ def test_torch_manual_gru_reversed_on_dim1_fuses_after_canonicalize():
     import scanopt
 
     model = onnx.load(os.path.join(CELLS, "torch_scan_gru_manual_rev.onnx"))
-    out, report = scanopt.optimize(model, verify=False)
+    out, report = scanopt.optimize(model, verify=False, options={"target": "portable"})
     fused = [o for o in report.outcomes if o.pass_name == "fuse"]
     assert [o.applied for o in fused] == [True] and "reverse" in fused[0].detail
     assert ops(out)["Scan"] == 0 and ops(out)["GRU"] == 1

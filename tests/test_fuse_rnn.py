@@ -97,7 +97,7 @@ def test_torch_reverse_dim1_rnn_fuses_after_canonicalize():
     import scanopt
 
     model = onnx.load(os.path.join(MODELS, "torch_scan_rnn_rev_dim1.onnx"))
-    out, report = scanopt.optimize(model, verify=False)
+    out, report = scanopt.optimize(model, verify=False, options={"target": "portable"})
     fused = [o for o in report.outcomes if o.pass_name == "fuse"]
     assert [o.applied for o in fused] == [True] and "reverse" in fused[0].detail
     assert ops(out)["Scan"] == 0 and ops(out)["Slice"] == 0

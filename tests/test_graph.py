@@ -118,3 +118,86 @@ def test_cleanup_sorts_an_unsorted_graph():
     graph = cleanup(import_model(b.model(g)))
     assert [n.name for n in graph.nodes] == ["early", "late"]
     assert isinstance(graph.nodes[0], gs.Node)
+
+
+def _chain(n: int) -> gs.Graph:
+    """x -> Neg -> Neg ... (n nodes) -> y, in order."""
+    graph = gs.Graph(inputs=[gs.Variable("x", dtype=np.float32, shape=[2])])
+    value = graph.inputs[0]
+    for i in range(n):
+        out = gs.Variable(f"v{i}", dtype=np.float32, shape=[2])
+        graph.nodes.append(gs.Node("Neg", name=f"neg{i}", inputs=[value], outputs=[out]))
+        value = out
+    graph.outputs = [value]
+    return graph
+
+
+def test_toposort_is_stable_and_orders_producers_first():
+    from scanopt.graph import toposort
+
+    graph = _chain(4)
+    graph.nodes[:] = [graph.nodes[i] for i in (2, 0, 3, 1)]
+    dead = gs.Node("Relu", name="side", inputs=[graph.inputs[0]], outputs=[gs.Variable("s", dtype=np.float32)])
+    graph.nodes.insert(0, dead)  # ready from the start and first: stays first
+    toposort(graph)
+    assert [n.name for n in graph.nodes] == ["side", "neg0", "neg1", "neg2", "neg3"]
+
+
+def test_toposort_counts_outer_values_read_inside_a_body_as_inputs():
+    from scanopt.graph import toposort
+
+    graph = _chain(1)
+    v = graph.outputs[0]
+    branches = []
+    for tag in ("then", "else"):
+        out = gs.Variable(f"{tag}_out", dtype=np.float32, shape=[2])
+        branches.append(gs.Graph(nodes=[gs.Node("Identity", inputs=[v], outputs=[out])], outputs=[out]))
+    cond = gs.Variable("c", dtype=np.bool_, shape=[])
+    graph.inputs.append(cond)
+    result = gs.Variable("r", dtype=np.float32, shape=[2])
+    branch = gs.Node("If", name="if", inputs=[cond], outputs=[result],
+                     attrs={"then_branch": branches[0], "else_branch": branches[1]})
+    graph.nodes.insert(0, branch)  # reads v (inside its bodies) before neg0 computes it
+    toposort(graph)
+    assert [n.name for n in graph.nodes] == ["neg0", "if"]
+
+
+def test_cleanup_unhooks_removed_nodes_so_their_inputs_are_unread():
+    from scanopt.graph import is_removed
+
+    graph = _chain(3)
+    x = graph.inputs[0]
+    dead = gs.Node("Relu", name="dead", inputs=[x], outputs=[gs.Variable("d", dtype=np.float32)])
+    graph.nodes.append(dead)
+    cleanup(graph)
+    assert [n.name for n in graph.nodes] == ["neg0", "neg1", "neg2"]
+    assert is_removed(dead) and all(reader is not dead for reader in x.outputs)
+
+
+def test_name_allocator_resumes_probing_and_still_skips_taken_names():
+    names = NameAllocator.from_names({"a", "a_2"})
+    assert [names.fresh("a") for _ in range(3)] == ["a_1", "a_3", "a_4"]
+    assert names.fresh("b") == "b" and names.fresh("b") == "b_1"
+
+
+def test_is_topologically_sorted_is_deferred_inside_a_pass_and_sorted_at_its_end():
+    from scanopt.graph import editing, is_topologically_sorted
+
+    graph = _chain(3)
+    graph.nodes.reverse()
+    assert not is_topologically_sorted(graph)
+    with editing(graph):
+        assert is_topologically_sorted(graph)  # the pass does not pay for a walk per rewrite
+    assert [n.name for n in graph.nodes] == ["neg0", "neg1", "neg2"]
+
+
+def test_in_graph_outputs_index_sees_redirected_outputs_and_forgets_removed_ones():
+    from scanopt.graph import editing, in_graph_outputs
+    from scanopt.rewrite import replace_all_uses
+
+    graph = _chain(2)
+    last, other = graph.outputs[0], graph.nodes[0].outputs[0]
+    with editing(graph):
+        assert in_graph_outputs(last, graph) and not in_graph_outputs(other, graph)
+        replace_all_uses(last, other, graph)
+        assert in_graph_outputs(other, graph) and not in_graph_outputs(last, graph)

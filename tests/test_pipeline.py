@@ -185,11 +185,85 @@ def test_signature_change_is_rolled_back(monkeypatch):
 
 
 def test_unverifiable_model_is_not_rewritten(test_passes):
-    """Inputs without a shape cannot be synthesized: nothing unverified is written."""
+    """A model no synthesized input runs cannot be verified: nothing unverified is written."""
     model = b.scan9_sum()
-    model.graph.input[1].type.tensor_type.ClearField("shape")
+    model.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 5  # the body adds [2] to it
     out, report = optimize(model, passes=["canonicalize"])
     assert out is model and not report.modified
     assert report.verification["summary"].startswith("cannot verify")
     out, report = optimize(model, passes=["canonicalize"], verify=False)
     assert out.graph.node[0].name == "scan_sum_b"
+
+
+def test_an_input_without_shape_gets_one_from_the_scan_body(test_passes):
+    model = b.scan9_sum()
+    model.graph.input[1].type.tensor_type.ClearField("shape")
+    out, report = optimize(model, passes=["canonicalize"])
+    assert report.modified and report.verification["passed"] is True
+
+
+def _two_independent_scans():
+    model = b.scan9_sum()
+    second = b.scan9_sum().graph.node[0]
+    second.name = "other_scan"
+    del second.output[:]
+    second.output.extend(["s_final2", "Y2"])
+    model.graph.node.append(second)
+    model.graph.output.extend([b.vi("s_final2", [2]), b.vi("Y2", [3, 2])])
+    return model
+
+
+def test_blame_names_the_node_whose_outputs_differ_from_right_inputs(test_passes):
+    from scanopt.pipeline import _blame, _run_passes
+
+    model = _two_independent_scans()
+    candidate, report = _run_passes(model, select_passes(["fuse"]), {}, frozenset(), None)
+    assert applied_keys(report) == [("fuse", "scan_sum")]
+    assert _blame(model, candidate, report, None, "auto", 1) == [("fuse", "scan_sum")]
+    assert [o.name for o in model.graph.output] == ["s_final", "Y", "s_final2", "Y2"]  # probes removed
+
+
+class _CopyScanInput(ScanPass):
+    """Feeds each Scan a copy of its X (Identity), and scan_3 a negated one (wrong)."""
+
+    name = "fuse"
+    summary = "test"
+
+    def match(self, node, view, level, ctx):
+        return Skip("done") if node.inputs[-1].inputs and node.inputs[-1].inputs[0].op in ("Identity", "Neg") else Match()
+
+    def rewrite(self, node, match, level, ctx):
+        x = node.inputs[-1]
+        copy = gs.Variable(ctx.names.fresh("x_copy"), dtype=x.dtype, shape=x.shape)
+        op = "Neg" if node.name == "scan_3" else "Identity"
+        level.graph.nodes.append(gs.Node(op, inputs=[x], outputs=[copy]))
+        node.inputs[-1] = copy
+        return "copied the scan input"
+
+
+def test_one_failing_rewrite_among_many_costs_a_constant_number_of_runs(monkeypatch):
+    """Per-node blame: the pipeline runs a fixed number of times, not once per rewrite."""
+    from scanopt import pipeline
+
+    registry = dict(pass_api.registered_passes())
+    registry["fuse"] = _CopyScanInput
+    monkeypatch.setattr(pass_api, "_REGISTRY", registry)
+    model = b.scan9_sum()
+    template = model.graph.node.pop()
+    del model.graph.output[:]
+    for k in range(8):
+        node = model.graph.node.add()
+        node.CopyFrom(template)
+        node.name = f"scan_{k}"
+        del node.output[:]
+        node.output.extend([f"s_{k}", f"Y_{k}"])
+        model.graph.output.extend([b.vi(f"s_{k}", [2]), b.vi(f"Y_{k}", [3, 2])])
+    runs = []
+    real = pipeline._run_passes
+    monkeypatch.setattr(pipeline, "_run_passes", lambda *a, **k: runs.append(1) or real(*a, **k))
+    out, report = optimize(model, passes=["fuse"], seeds=1)
+    assert report.verification["rolled_back"] == ["fuse on scan_3"]
+    assert report.verification["seconds"] > 0
+    assert [n.op_type for n in out.graph.node].count("Identity") == 7
+    assert "Neg" not in [n.op_type for n in out.graph.node]
+    assert len(runs) == 3  # the candidate, the suspect against the rest, the final model

@@ -62,14 +62,15 @@ def test_identical_models_pass_with_zero_error(scan8, engine):
 
 @pytest.mark.parametrize("engine", ["ort", "reference"])
 def test_perturbed_output_fails_naming_it_with_the_error_size(scan8, engine):
-    result = compare_models(scan8, perturbed(scan8, "Y", 1e-3), engine=engine, seeds=3)
+    # 0.05 is out of tolerance even for the largest synthesized sums (|Y| ~ 100: 1e-4 * 100)
+    result = compare_models(scan8, perturbed(scan8, "Y", 0.05), engine=engine, seeds=3)
     assert not result.passed
     for comp in result.comparisons:
         by_name = {c.name: c for c in comp.checks}
         assert by_name["s_final"].passed and by_name["s_final"].max_abs == 0
         y = by_name["Y"]
         assert not y.passed
-        assert y.max_abs == pytest.approx(1e-3, rel=1e-3)
+        assert y.max_abs == pytest.approx(0.05, rel=1e-3)
         assert y.mismatches == int(np.prod(y.shape))  # every element moved
     failures = result.failures()
     assert len(failures) == 3 and all(line.startswith("output 'Y' (seed ") for line in failures)
@@ -98,8 +99,8 @@ def test_tolerance_table_orders_the_float_types():
 
 def test_same_perturbation_passes_in_float16_and_fails_in_float32():
     f16, f32 = mul_model(TP.FLOAT16), mul_model(TP.FLOAT)
-    assert compare_models(f16, perturbed(f16, "y", 1e-3, TP.FLOAT16), seeds=2).passed
-    assert not compare_models(f32, perturbed(f32, "y", 1e-3, TP.FLOAT), seeds=2).passed
+    assert compare_models(f16, perturbed(f16, "y", 5e-4, TP.FLOAT16), seeds=2).passed
+    assert not compare_models(f32, perturbed(f32, "y", 5e-4, TP.FLOAT), seeds=2).passed
 
 
 def test_same_perturbation_passes_in_float32_and_fails_in_float64():
@@ -229,13 +230,27 @@ def test_a_candidate_that_fails_to_run_is_a_failure_not_a_crash():
     assert "ERROR" in result.format()
 
 
-def test_an_original_that_fails_on_synthesized_inputs_asks_for_inputs():
+def reshaped_mul(target) -> onnx.ModelProto:
+    """mul_model with x [N, 4] reshaped to ``target`` first."""
     model = mul_model(TP.FLOAT)
     model.graph.node.insert(0, h.make_node("Reshape", ["x", "shape"], ["x4"]))
     model.graph.node[1].input[:] = ["x4", "x4"]
-    model.graph.initializer.append(builders.init("shape", np.array([3, 4], np.int64)))
-    with pytest.raises(ScanoptError, match="original model fails on seed 0: .*pass inputs it accepts with --inputs"):
+    model.graph.initializer.append(builders.init("shape", np.array(target, np.int64)))
+    return model
+
+
+def test_a_reshape_target_binds_the_symbolic_dim():
+    model = reshaped_mul([3, 4])  # only N = 3 runs
+    result = compare_models(model, model, engine="ort", seeds=2)
+    assert result.passed and result.sizes == {"seed 0": "N=3", "seed 1": "N=3"}
+
+
+def test_an_original_that_runs_on_no_input_cannot_be_verified_and_asks_for_inputs():
+    model = reshaped_mul([3, 5])  # 4N elements are never 15
+    with pytest.raises(verify.CannotVerifyError, match="cannot verify: the original model fails on seed 0 at every size tried .*pass inputs it accepts with --inputs") as caught:
         compare_models(model, model, engine="ort")
+    assert caught.value.exit_code == 1
+    model = reshaped_mul([2, 6])
     feeds = {"x": np.ones((3, 4), np.float32)}
     result = compare_models(model, model, inputs=feeds)
     assert result.passed and [c.inputs for c in result.comparisons] == ["inputs"]
@@ -282,3 +297,14 @@ def test_auto_avoids_onnxruntime_where_it_miscomputes():
     body.output[0].name = "s"  # the state passes straight through: s_final == s0
     assert compare(m, m, engine="auto", seeds=1).engine == "reference"
     assert compare(b.scan9_sum(steps=3), b.scan9_sum(steps=3), engine="auto", seeds=1).engine == "ort"
+
+
+def test_an_output_declared_without_a_type_is_still_compared():
+    """onnxscript writes graph outputs without a type; their values must still be checked."""
+    model = mul_model(TP.FLOAT)
+    typeless = onnx.ModelProto()
+    typeless.CopyFrom(model)
+    typeless.graph.output[0].ClearField("type")
+    assert compare_models(typeless, model, seeds=2).passed
+    result = compare_models(typeless, perturbed(typeless, "y", 0.5), seeds=2)
+    assert not result.passed and result.comparisons[0].checks[0].name == "y"

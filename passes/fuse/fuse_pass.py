@@ -37,16 +37,16 @@ class Fuse(ScanPass):
     summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
 
     def __call__(self, graph, ctx):
-        self._run = _RunState(ctx.opset)
+        self._run_state = _RunState(ctx.opset)
         try:
             return super().__call__(graph, ctx)
         finally:
-            self._run = None
+            self._run_state = None
 
     def _state(self, ctx) -> _RunState:
-        if getattr(self, "_run", None) is None:  # a dry run (inspect) calls match alone
-            self._run = _RunState(ctx.opset)
-        return self._run
+        if getattr(self, "_run_state", None) is None:  # a dry run (inspect) calls match alone
+            self._run_state = _RunState(ctx.opset)
+        return self._run_state
 
     def match(self, node, view, level, ctx):
         run = self._state(ctx)

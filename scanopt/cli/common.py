@@ -7,7 +7,9 @@ import os
 import sys
 
 from scanopt.errors import ScanoptError
-from scanopt.model_io import LoadedModel, load, write_atomically
+from scanopt.cli.feeds import feed_files
+from scanopt.model_io import LoadedModel, external_data_name, load
+from scanopt.outputs import FileId, OutputPlan, Writer
 
 
 def comma_list(text: str) -> list[str]:
@@ -15,25 +17,19 @@ def comma_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts such as --seeds: 0 or less is a usage error (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_formatter(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-
-
-def same_file(a: str, b: str) -> bool:
-    if os.path.exists(a) and os.path.exists(b):
-        return os.path.samefile(a, b)
-    return os.path.abspath(a) == os.path.abspath(b)
-
-
-def check_output_path(path: str) -> None:
-    """Fail before any work if the output cannot be written there."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise ScanoptError(f"{path}: output directory does not exist")
-    if not os.access(directory, os.W_OK):
-        raise ScanoptError(f"{path}: output directory is not writable")
-    if os.path.isdir(path):
-        raise ScanoptError(f"{path}: is a directory")
 
 
 def info(message: str) -> None:
@@ -49,33 +45,47 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip numeric verification (not recommended)")
     parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
     parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
-    parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
+    parser.add_argument("--seeds", type=positive_int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
     parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="show progress and every pass's verdict")
 
 
-def start_job(args) -> tuple[LoadedModel, list[dict] | None]:
-    """Check paths before any work, load IN, read --inputs: (loaded model, feeds or None)."""
-    if same_file(args.input, args.output) and not args.in_place:
-        raise ScanoptError(f"{args.output}: OUT is the input file; pass --in-place to replace it")
+def input_files(loaded: LoadedModel, label: str = "IN") -> list[tuple[str, str]]:
+    """(label, path) of every file a loaded model was read from, for an OutputPlan."""
+    return [(label, loaded.files[0])] + [(f"{label}'s external data", f) for f in loaded.files[1:]]
+
+
+def claim_model_output(plan: OutputPlan, path: str, *, in_place: bool = False, input_path: str | None = None) -> None:
+    """Claim OUT and the external data file that may be written beside it."""
+    if input_path and not in_place and FileId.of(path).same(FileId.of(input_path)):
+        raise ScanoptError(f"{path}: OUT is the input file; pass --in-place to replace it")
+    plan.claim(path, "OUT", may_replace=("IN",) if in_place else ())
+    data = os.path.join(os.path.dirname(os.path.abspath(path)), external_data_name(path))
+    plan.claim(data, f"OUT's external data file ({os.path.basename(data)})")
+
+
+def start_job(args) -> tuple[LoadedModel, list[dict] | None, OutputPlan]:
+    """Load IN, read --inputs, check every output path against every file read and each
+    other, all before any work: (loaded model, feeds or None, the output plan)."""
     loaded = load(args.input)
-    check_output_path(args.output)
+    plan = OutputPlan(input_files(loaded) + feed_files(args.inputs))
+    claim_model_output(plan, args.output, in_place=args.in_place, input_path=args.input)
     if args.report:
-        check_output_path(args.report)
+        plan.claim(args.report, "--report")
     feeds = None
     if args.inputs:
         from scanopt.inputs import load_feeds
 
         feeds = [load_feeds(loaded.model, npz=args.inputs)]
-    return loaded, feeds
+    return loaded, feeds, plan
 
 
-def write_text(path: str, text: str) -> None:
-    """Write a text file (a JSON report) atomically."""
+def text_writer(text: str) -> Writer:
+    """A writer for a text file (a JSON report)."""
 
     def write(staged: str) -> None:
         with open(staged, "w", encoding="utf-8") as handle:
             handle.write(text)
 
-    write_atomically(path, write)
+    return write

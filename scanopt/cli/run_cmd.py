@@ -6,10 +6,12 @@ import argparse
 
 import numpy as np
 
-from scanopt.cli.common import check_output_path
+from scanopt.cli.common import input_files
+from scanopt.cli.feeds import feed_files, user_feeds
 from scanopt.engines import prepare
-from scanopt.inputs import load_feeds, synthesize_inputs
-from scanopt.model_io import load_model, write_atomically
+from scanopt.inputs import synthesize_inputs
+from scanopt.model_io import load
+from scanopt.outputs import OutputPlan, write_output
 
 EPILOG = """\
 examples:
@@ -20,8 +22,8 @@ examples:
 
 Without --inputs/--input, inputs are synthesized from the model's signature for
 --seed (symbolic dims bound consistently, Scan-8 sequence_lens within the sequence
-length). Given inputs must cover every required input; --input overrides the same
-name in --inputs. --engine auto uses onnxruntime when it can load the model, else
+length). Inputs you do not give are synthesized for --seed, with the sizes your
+arrays give their symbolic dims; --input overrides the same name in --inputs. --engine auto uses onnxruntime when it can load the model, else
 the reference executor.
 
 exit codes: 0 ok, 2 bad input or usage (also a model that fails to run)
@@ -53,16 +55,20 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    model = load_model(args.model)
-    if args.out:
-        check_output_path(args.out)  # fail before running, not after
-    feeds = load_feeds(model, npz=args.inputs, arrays=args.input)
+    loaded = load(args.model)
+    model = loaded.model
+    files = feed_files(args.inputs, args.input)
+    if args.out:  # fail before running, not after
+        plan = OutputPlan(input_files(loaded, "MODEL") + files)
+        plan.claim(args.out, "--out")
     runner = prepare(model, args.engine, path=args.model)
-    if feeds is None:
+    given, synthesized = user_feeds(model, npz=args.inputs, arrays=args.input, seeds=[args.seed], engine=runner.engine)
+    if given is None:
         feeds = synthesize_inputs(model, args.seed, engine=runner.engine)
         source = f"synthesized, seed {args.seed}"
     else:
-        source = "given"
+        feeds = given[0]
+        source = "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}" if synthesized else "")
     outputs = runner(feeds)
     if args.out:
         _save_npz(outputs, args.out)
@@ -81,7 +87,7 @@ def _save_npz(outputs: dict[str, np.ndarray], path: str) -> None:
         with open(staged, "wb") as handle:  # a handle, so numpy does not append ".npz"
             np.savez(handle, **outputs)
 
-    write_atomically(path, write)
+    write_output(path, write)
 
 
 def _table(arrays: dict[str, np.ndarray]) -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from scanopt.cli.common import add_job_arguments, info, start_job, write_text
+from scanopt.cli.common import add_job_arguments, info, start_job, text_writer
 from scanopt.errors import ScanoptError
-from scanopt.model_io import save_model
-from scanopt.emit import MIN_TARGET, NEWEST_TARGET
+from scanopt.model_io import model_writer
+from scanopt.outputs import write_outputs
+from scanopt.emit import MIN_TARGET
 from scanopt.migrate import migrate_verified
 from scanopt.report import count_ops
 
@@ -24,10 +25,11 @@ Scan-9; (b) a batch-polymorphic body: one Scan-9 over time with the batch inside
 (sequence_lens by masking); (c) otherwise one Scan-9 per batch item over its own length.
 onnx.version_converter then converts every other op. The result keeps the graph's input
 and output names, types and shapes, and is verified numerically against the original
-before it is written. Targets: {MIN_TARGET}..{NEWEST_TARGET}.
+before it is written. Targets: {MIN_TARGET} up to the newest opset the installed onnxruntime loads.
 
-exit codes: 0 ok, 1 the result is not equivalent (nothing written), 2 bad input, an
-op the converter cannot convert, or usage (nothing written)
+exit codes: 0 ok, 1 the result is not equivalent or cannot be verified (no synthesized
+input runs the original: pass --inputs; nothing written), 2 bad input, an op the
+converter cannot convert, or usage (nothing written)
 """
 
 
@@ -40,13 +42,13 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_job_arguments(parser, verb="upgrade")
-    parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET}..{NEWEST_TARGET})")
+    parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET} up to the newest onnxruntime loads)")
     parser.add_argument("--strategy", choices=("auto", "a", "b", "c"), default="auto", help="force one strategy for every Scan-8 (default: the cheapest correct one)")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    loaded, feeds = start_job(args)
+    loaded, feeds, _plan = start_job(args)
     if args.verbose and not args.quiet:
         info(f"moving {args.input} to opset {args.target_opset}")
     options = {} if args.strategy == "auto" else {"upgrade_strategy": args.strategy}
@@ -57,10 +59,11 @@ def run(args) -> int:
         )
     except ScanoptError as exc:
         raise type(exc)(f"{args.input}: {exc}") from None
-    save_model(migration.model, args.output, external_data=loaded.had_external_data or None)
     report = _report(migration, loaded.model)
+    outputs = [(args.output, model_writer(migration.model, args.output, external_data=loaded.had_external_data or None))]
     if args.report:
-        write_text(args.report, json.dumps(report, indent=2) + "\n")
+        outputs.append((args.report, text_writer(json.dumps(report, indent=2) + "\n")))
+    write_outputs(outputs)
     if not args.quiet:
         print(_format(report))
         print(f"wrote {args.output} (opset {migration.target_opset})")
