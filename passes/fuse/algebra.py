@@ -45,9 +45,15 @@ def is_algebra(node: gs.Node) -> bool:
 
 
 def describe(tensor: gs.Tensor) -> str:
-    """``'name' (Op output)`` or ``'name'`` for an input: for reasons a user can read."""
+    """``'name' (Op output)`` or ``'name'`` for an input: for reasons a user can read; a part
+    cut from another value says what it was cut from (``Split of a LayerNormalization output``)."""
     node = producer(tensor)
-    return f"'{tensor.name}' ({node.op} output)" if node is not None else f"'{tensor.name}'"
+    if node is None:
+        return f"'{tensor.name}'"
+    source = producer(cut_source(node)) if is_cut(node) else None
+    if source is not None:
+        return f"'{tensor.name}' ({node.op} of a {source.op} output)"
+    return f"'{tensor.name}' ({node.op} output)"
 
 
 class Algebra:
