@@ -165,3 +165,54 @@ def test_lstm_activation_slots_with_peepholes():
     native = cb.native_model("LSTM", W, R, B, P=R_(4, 3 * H), activations=["HardSigmoid", "Elu", "Softsign"],
                              activation_alpha=[0.2, 1.0], activation_beta=[0.5])
     _check(model, "LSTM", native)
+
+
+# -- sequences reversed outside the Scan -------------------------------------------------------
+
+def _reversed_input(model, scan_index=-1, how="reverse_sequence", lens=5):
+    """Make Scan ``scan_index`` read X reversed along time (static X [5, 3, I])."""
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    g = model.graph
+    for v in list(g.input) + list(g.output):
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param in ("seq", "batch"):
+                d.dim_value = {"seq": 5, "batch": 3}[d.dim_param]
+    scan = [n for n in g.node if n.op_type == "Scan"][scan_index]
+    scan.input[-1] = "X_rev"
+    if how == "reverse_sequence":
+        g.initializer.append(numpy_helper.from_array(np.full(3, lens, np.int64), "lens"))
+        node = h.make_node("ReverseSequence", ["X", "lens"], ["X_rev"], time_axis=0, batch_axis=1)
+    else:
+        for k, v in (("st", -1), ("en", np.iinfo(np.int64).min), ("ax", 0), ("step", -1)):
+            g.initializer.append(numpy_helper.from_array(np.array([v], np.int64), k))
+        node = h.make_node("Slice", ["X", "st", "en", "ax", "step"], ["X_rev"])
+    g.node.insert(0, node)
+    return model
+
+
+@pytest.mark.parametrize("how", ["reverse_sequence", "slice"])
+def test_a_scan_over_reversed_x_becomes_a_reverse_native_op(how):
+    model = _reversed_input(_model(lambda b: cb.cell("GRU", b, lbr=1)[1], "GRU"), how=how)
+    out = cb.check_fused(model, "GRU", inputs=False)
+    assert cb.native(out)[1]["direction"] == b"reverse"
+    assert ops(out)["ReverseSequence"] == 0
+
+
+def test_a_partial_reverse_sequence_is_not_a_reversal():
+    """Lengths shorter than T leave the tail unreversed: the Scan reads that tensor forward."""
+    model = _reversed_input(_model(lambda b: cb.cell("RNN", b)[1], "RNN"), lens=3)
+    out = cb.check_fused(model, "RNN", inputs=False)
+    assert cb.native(out)[1].get("direction", b"forward") == b"forward"
+    assert ops(out)["ReverseSequence"] == 1
+
+
+def test_forward_scan_and_scan_over_reverse_sequence_merge_into_bidirectional():
+    first = _model(lambda b: cb.lstm(b, "x", "h", "c"), "LSTM")
+    body = cb.Body(prefix="b_")
+    res = cb.lstm(body, "x", "h", "c", seed=7)
+    second = cb.scan_model(body, [("h", res[0], H), ("c", res[1], H)], ys=[res[0]])
+    model = _reversed_input(cb.two_scans(first, second))
+    out = cb.check_fused(model, "LSTM", inputs=False)
+    assert cb.native(out)[1]["direction"] == b"bidirectional"
