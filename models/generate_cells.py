@@ -11,9 +11,20 @@ tests never import torch) of ``torch._higher_order_ops.scan`` over:
 - torch_scan_gru_manual_rev: a GRU written with six nn.Linear, (r*h) inside the candidate
                              (linear_before_reset=0), scanned with dim=1, reverse=True
 Each comes with <name>.expected.npz: inputs and the outputs torch computed.
+- torch_{gru,lstm}_cell_noopt: nn.GRUCell / nn.LSTMCell exported with optimize=False
+                             (SplitToSequence + SequenceAt chunks, biases in Gemm C)
+- torch_rnn_half[_noopt]:    a hand-written tanh RNN with float16 weights cast in the step
+- torch_lstm_{concat,coupled}_noopt: cat([x, h]) @ K chunked into gates; the coupled one
+                             computes c' = f⊙c + (1-f)⊙g (input_forget=1)
+- torch_bigru[_noopt]:       two GRUCells, scan(...) and scan(..., reverse=True) over one x
+                             (the exporter reverses x with Slice step -1: a bidirectional pair)
+The issue-12 samples are exported at T=16, B=4 (dynamic seq/batch).
 Hand-built (onnx only):
 - keras_concat_lstm: Keras/TF BasicLSTMCell style: one MatMul of Concat([x, h]) by a kernel
   [I+H, 4H], gates i, c, f, o, forget bias 1.0 added to f, no batch size declared.
+- keras_gru_reset_after, tf1_gru_cell, tf1_basic_rnn_cell, coupled_lstm,
+  gru_weights_transposed_outer, lstm_fp16_weights, rnn_packed_slice_leakyrelu_clip,
+  rnn_bias_gemm_c_adds: the forms of tests/cell_builders.py (see HAND_BUILT).
 """
 
 from __future__ import annotations
@@ -281,7 +292,40 @@ EXPORTED = {
     "torch_bigru": lambda: torch_cell_sample("bigru", True),
     "torch_bigru_noopt": lambda: torch_cell_sample("bigru", False),
 }
-HAND_BUILT = {"keras_concat_lstm": keras_concat_lstm}
+def _builder_sample(build, kind, **body_kw):
+    """A cell written by tests/cell_builders.py (onnx.helper only) in one of the forms of issue 12."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    import cell_builders as cb
+
+    body = cb.Body(**body_kw)
+    res = build(cb, body)
+    states = [("h", res[0], body.H), ("c", res[1], body.H)] if kind == "LSTM" else [("h", res, body.H)]
+    m = cb.scan_model(body, states, ys=[states[0][1]])
+    m.producer_name = PRODUCER
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+HAND_BUILT = {
+    "keras_concat_lstm": keras_concat_lstm,
+    # Keras GRU(reset_after=True): kernel/recurrent_kernel in gate order z, r, h, bias [2, 3H] packed
+    "keras_gru_reset_after": lambda: _builder_sample(lambda cb, b: cb.keras_gru(b, "x", "h"), "GRU"),
+    # TF1 GRUCell: σ(Concat([x, h])·Kg) split into r, u; tanh(Concat([x, r⊙h])·Kc); u⊙h + (1-u)⊙c
+    "tf1_gru_cell": lambda: _builder_sample(lambda cb, b: cb.concat_gru(b, "x", "h"), "GRU"),
+    "tf1_basic_rnn_cell": lambda: _builder_sample(lambda cb, b: cb.concat_rnn(b, "x", "h"), "RNN"),
+    # c' = (1-i)⊙c + i⊙g: the native LSTM's input_forget=1
+    "coupled_lstm": lambda: _builder_sample(lambda cb, b: cb.coupled_lstm(b, "x", "h", "c", write="input"), "LSTM"),
+    # weights stored transposed and Transposed back in the main graph
+    "gru_weights_transposed_outer": lambda: _builder_sample(lambda cb, b: cb.gru(b, "x", "h", lbr=1), "GRU",
+                                                            wrap="transpose", wrap_where="outer"),
+    # float16 initializers Cast to float32 in the body
+    "lstm_fp16_weights": lambda: _builder_sample(lambda cb, b: cb.lstm(b, "x", "h", "c"), "LSTM", wrap="cast16"),
+    # weights Sliced out of packed initializers; LeakyRelu(0.2) with a Clip(±0.8) on the pre-activation
+    "rnn_packed_slice_leakyrelu_clip": lambda: _builder_sample(
+        lambda cb, b: cb.rnn(b, "x", "h", act="LeakyRelu", act_attrs={"alpha": 0.2}, clip=0.8), "RNN", wrap="slice"),
+    # the bias in a Gemm's C (beta 0.5) and two more Adds
+    "rnn_bias_gemm_c_adds": lambda: _builder_sample(lambda cb, b: cb.many_bias_rnn(b, "x", "h"), "RNN"),
+}
 
 
 def write(name):

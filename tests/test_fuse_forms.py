@@ -216,3 +216,32 @@ def test_forward_scan_and_scan_over_reverse_sequence_merge_into_bidirectional():
     model = _reversed_input(cb.two_scans(first, second))
     out = cb.check_fused(model, "LSTM", inputs=False)
     assert cb.native(out)[1]["direction"] == b"bidirectional"
+
+
+# -- the committed hand-built samples (models/generate_cells.py) -------------------------------
+
+HAND_BUILT = {  # name -> (native op, attributes it must have)
+    "keras_gru_reset_after": ("GRU", {"linear_before_reset": 1}),
+    "tf1_gru_cell": ("GRU", {"linear_before_reset": 0}),
+    "tf1_basic_rnn_cell": ("RNN", {}),
+    "coupled_lstm": ("LSTM", {"input_forget": 1}),
+    "gru_weights_transposed_outer": ("GRU", {"linear_before_reset": 1}),
+    "lstm_fp16_weights": ("LSTM", {}),
+    "rnn_packed_slice_leakyrelu_clip": ("RNN", {"activations": [b"LeakyRelu"], "clip": pytest.approx(0.8)}),
+    "rnn_bias_gemm_c_adds": ("RNN", {}),
+    "keras_concat_lstm": ("LSTM", {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BUILT))
+def test_committed_hand_built_samples_fuse(name):
+    import os
+
+    import onnx
+
+    model = onnx.load(os.path.join(os.path.dirname(__file__), "..", "models", "cells", f"{name}.onnx"))
+    kind, attrs = HAND_BUILT[name]
+    out = cb.check_fused(model, kind, inputs=name != "keras_concat_lstm")
+    got = cb.native(out)[1]
+    for key, value in attrs.items():
+        assert value == got.get(key), (key, got.get(key))
