@@ -222,7 +222,7 @@ def scan8_model(body: Body, states, ys=("y",), *, lens=True, reverse=False, fina
     inputs += [vi(f"{name}0", TP.FLOAT, ["batch", size]) for name, _, size in states]
     outputs = [vi(f"{name}_n", TP.FLOAT, ["batch", size]) for name, _, size in states] if finals else []
     outputs += [vi(f"Y{i}", TP.FLOAT, ["batch", "seq", body.H]) for i in range(len(ys))]
-    g = h.make_graph([scan], "cell_model8", inputs, outputs, initializer=body.outer)
+    g = h.make_graph(body.outer_nodes + [scan], "cell_model8", inputs, outputs, initializer=body.outer)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 8)], ir_version=8)
 
 

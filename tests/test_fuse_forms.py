@@ -245,3 +245,24 @@ def test_committed_hand_built_samples_fuse(name):
     got = cb.native(out)[1]
     for key, value in attrs.items():
         assert value == got.get(key), (key, got.get(key))
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_scan8_cells_with_weights_behind_transposes(kind):
+    body = cb.Body(batch=False, wrap="transpose", wrap_where="outer", opset=8)
+    states, h_new = cb.cell(kind, body, **({"form": "matvec"} if kind == "RNN" else {}))
+    out = cb.check_fused(cb.scan8_model(body, states, ys=[h_new]), kind)
+    node, _ = cb.native(out)
+    assert set(node.input[1:4]) <= {i.name for i in out.graph.initializer}
+    assert ops(out)["Transpose"] == 2  # X to [T, B, I] and Y back: glue, no weight chain
+
+
+def test_both_halves_of_a_bidirectional_pair_with_weights_behind_nodes():
+    first_body = cb.Body(wrap="transpose")
+    states, h_new = cb.cell("GRU", first_body, lbr=1)
+    first = cb.scan_model(first_body, states, ys=[h_new])
+    second_body = cb.Body(wrap="cast16", prefix="b_")
+    states, h_new = cb.cell("GRU", second_body, seed=5, lbr=1)
+    second = cb.scan_model(second_body, states, ys=[h_new], in_dir=1)
+    out = cb.check_fused(cb.two_scans(first, second), "GRU")
+    assert cb.native(out)[1]["direction"] == b"bidirectional"
