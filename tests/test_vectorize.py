@@ -305,3 +305,15 @@ def test_unknown_rank_is_declined():
     m.graph.input[0].type.tensor_type.ClearField("shape")
     _, outcomes = vectorize(m)
     assert reason(outcomes) == "not vectorized: Neg 'Neg->y': the rank of 'x' is unknown"
+
+
+def test_cli_passes_vectorize_and_hoist(cli, tmp_path):
+    out = tmp_path / "knn.opt.onnx"
+    result = cli("optimize", MODELS / "skl" / "knn_classifier.onnx", out, "--passes", "vectorize,hoist")
+    assert result.code == 0, result.err
+    assert "vectorize     applied" in result.out or "vectorize applied" in " ".join(result.out.split())
+    assert "Scan" not in ops(onnx.load(out))
+    out = tmp_path / "cell.opt.onnx"
+    result = cli("optimize", MODELS / "maps" / "cell_rnn_residual.onnx", out, "--passes", "vectorize,hoist")
+    assert result.code == 0, result.err
+    assert "hoist" in result.out and "hoisted 2 body node(s)" in result.out
