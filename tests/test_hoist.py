@@ -146,6 +146,12 @@ def test_nothing_but_state_work_is_declined():
     assert hoist(m)[1] == [(False, "nothing to hoist: every computing node depends on a state")]
 
 
+def test_elementwise_only_per_step_work_is_not_worth_a_scan_input():
+    m = b.scan9_sum(opset=11, weight=np.array([2.0, 0.5]))  # s' = s + x * W
+    assert hoist(m)[1] == [(False, "nothing worth hoisting: the per-step work that could move is elementwise "
+                                   "only (Mul 'xw'); as a new scan input it would cost as much per step as it saves")]
+
+
 def test_an_unliftable_node_stays_with_its_dependents_and_the_reason():
     nodes = [h.make_node("LpNormalization", ["x"], ["xn"]), h.make_node("Add", ["s", "xn"], ["s_next"])]
     m = recurrence(nodes, [("x", [2, 3])])
