@@ -317,3 +317,14 @@ def test_cli_passes_vectorize_and_hoist(cli, tmp_path):
     result = cli("optimize", MODELS / "maps" / "cell_rnn_residual.onnx", out, "--passes", "vectorize,hoist")
     assert result.code == 0, result.err
     assert "hoist" in result.out and "hoisted 2 body node(s)" in result.out
+
+
+def test_a_map_inside_a_map_vectorizes_at_both_levels():
+    inner = h.make_graph([h.make_node("Mul", ["e", "W"], ["y"])], "ib", [b.vi("e", [3])], [b.vi("y", [3])])
+    nodes = [h.make_node("Scan", ["row"], ["rows_out"], name="inner_map", body=inner, num_scan_inputs=1),
+             h.make_node("ReduceSum", ["rows_out", "ax"], ["z"], keepdims=0)]
+    m = map_scan(nodes, [("row", [2, 3])], ["z"], steps=4, inits={"W": rand(3, seed=1), "ax": np.array([0], np.int64)})
+    out, report = optimize(m, passes=["vectorize"], verify=False)
+    assert [(o.node, o.applied) for o in report.outcomes] == [("inner_map", True), ("scan_map", True)]
+    assert dict(ops(out)) == {"Mul": 1, "ReduceSum": 1}
+    assert_equivalent(m, out, engine="both")
