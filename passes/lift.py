@@ -32,7 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import math
+
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
@@ -465,3 +468,47 @@ def through_identity(t: gs.Tensor) -> gs.Tensor:
         t = t.inputs[0].inputs[0]
         seen += 1
     return t
+
+
+def value_dtype(t: gs.Tensor, shapes) -> np.dtype | None:
+    """A body value's numpy dtype: declared, else inferred, else None."""
+    dtype = dtype_of(t)
+    if dtype is None and shapes.elem_type(t):
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(shapes.elem_type(t)))
+    return dtype
+
+
+def to_processing_order(e: LiftEmitter, x: gs.Tensor, view, j: int) -> gs.Tensor:
+    """Scan input ``j`` with its scan axis first, in the order the loop reads it."""
+    axis = view.input_axes[j]
+    if axis != 0:
+        rank = view.input_ranks[j]
+        x = e.op("Transpose", [x], perm=[axis] + [a for a in range(rank) if a != axis])
+    return e.reverse(x, 0) if view.input_directions[j] else x
+
+
+def largest_intermediate(plan: LiftPlan, trip: int | None, shapes) -> tuple[str, int]:
+    """(name, bytes) of the largest per-step value lifted, T x its per-step size; symbolic dims
+    (the trip count included) count as 1, unknown shapes as the largest input of their node."""
+    trip = trip if trip is not None else 1
+    sizes: dict[int, int] = {}
+    best = ("", 0)
+    for node, _ in plan.steps:
+        inputs = [sizes.get(id(t), 0) for t in node.inputs]
+        for t in node.outputs:
+            if not t.name or not plan.values[id(t)].per_step:
+                continue
+            shape = shapes.shape(t)
+            if shape is None:
+                count = max(inputs, default=0)
+            else:
+                count = math.prod(d if isinstance(d, int) else 1 for d in shape) * _itemsize(t, shapes)
+            sizes[id(t)] = count
+            if count * trip > best[1]:
+                best = (t.name, count * trip)
+    return best
+
+
+def _itemsize(t: gs.Tensor, shapes) -> int:
+    dtype = value_dtype(t, shapes)
+    return dtype.itemsize if dtype is not None else 4

@@ -9,9 +9,15 @@ body is copied with fresh names at every nesting level (scanopt.clone; its own
 initializers and Constant nodes are hoisted once), states are threaded from step to
 step; each scan output is Unsqueezed on its axis and Concatenated, in reverse step
 order when it prepends. Zero steps: final states are the initial states and scan
-outputs are empty constants (needs a static element shape). Skipped: Scan-8 (the
-upgrade pass converts it first), dynamic length, over the threshold, and Scans the
-fuse pass can turn into a native op.
+outputs are empty constants (needs a static element shape), at every opset. An opset-8
+Scan is unrolled in place at opset 8, per batch item and step (:mod:`unroll_batched`).
+Skipped: dynamic length (and for Scan-8 a symbolic batch), over the threshold, over the
+size cap, and Scans the fuse pass can turn into a native op.
+
+Size cap: however high ``unroll_max`` is set, the unrolled graph may add at most
+``unroll_max_nodes`` nodes (default DEFAULT_MAX_NODES) and ``unroll_max_bytes`` bytes of
+copied constants (default DEFAULT_MAX_BYTES), estimated before anything is built, so a
+trip count of 10^9 is declined at once. Every step costs the same (fresh names are O(1)).
 """
 
 from __future__ import annotations
@@ -23,15 +29,20 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.clone import BodyInliner
-from scanopt.graph import GraphLevel, dtype_of, node_label
+from scanopt.graph import GraphLevel, dtype_of, node_label, walk_graphs
+from scanopt.ir import OWNER
 from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.passes.unroll_batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
 
 # From benchmarks/bench_unroll.py on this machine (README table): onnxruntime runs the
 # unrolled graph no faster than its looped Scan beyond this many steps.
 DEFAULT_UNROLL_MAX = 4
+DEFAULT_MAX_NODES = 100_000
+DEFAULT_MAX_BYTES = 64 << 20
+STEP_OVERHEAD = 3  # nodes per copy besides the body: a slice per input, an Unsqueeze per output (about)
 
 
 @dataclass
@@ -39,6 +50,8 @@ class UnrollMatch(Match):
     view: ScanView
     steps: int
     empty_outputs: list[np.ndarray]  # for zero steps: one empty array per scan output
+    batch: int = 1  # Scan-8: the static batch size (one body copy per item and step)
+    out_dtypes: list = None  # Scan-8 with sequence_lens: element types of the scan outputs
 
 
 @register_pass
@@ -47,8 +60,6 @@ class Unroll(ScanPass):
     summary = "short static-length Scans -> straight-line graphs (body copied once per step)"
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
-        if view.batched:
-            return Skip("opset-8 batched Scan: unroll handles Scan-9+ (the upgrade pass converts it first)")
         steps = view.trip_count
         if steps is None:
             return Skip(f"dynamic length: {_dynamic_reason(node, view, ctx)}")
@@ -56,23 +67,38 @@ class Unroll(ScanPass):
         limit = DEFAULT_UNROLL_MAX if limit is None else limit
         if steps > limit:
             return Skip(f"over threshold ({steps} steps > unroll_max {limit}); raise it with --unroll-max")
-        fuse = registered_passes().get("fuse")
-        fuse_runs = ctx.selected is None or "fuse" in ctx.selected
-        if fuse is not None and fuse_runs and ("fuse", node_label(node)) not in ctx.denied:
-            if isinstance(fuse().match(node, view, level, ctx), Match):
-                return Skip("left to fuse: it becomes a native op")
+        body = node.attrs["body"]
+        batch = 1
+        if view.batched and steps:
+            batch = _static_batch(node, view, ctx)
+            if batch is None:
+                return Skip("opset-8 Scan with a symbolic batch size: unrolling copies the body per batch item")
+        too_big = _size_cap(body, steps * batch, ctx)
+        if too_big:
+            return Skip(too_big)
+        if steps:
+            fuse = registered_passes().get("fuse")
+            fuse_runs = ctx.selected is None or "fuse" in ctx.selected
+            if fuse is not None and fuse_runs and ("fuse", node_label(node)) not in ctx.denied:
+                if isinstance(fuse().match(node, view, level, ctx), Match):
+                    return Skip("left to fuse: it becomes a native op")
         empty = []
         if steps == 0:
-            body = node.attrs["body"]
             for k, element in enumerate(body.outputs[view.num_states:]):
-                array = _empty_output(element, view.output_axes[k], ctx)
+                array = _empty_output(element, 0 if view.batched else view.output_axes[k], ctx, view.batched)
                 if array is None:
                     return Skip(
                         f"zero steps and the element shape or type of scan output '{view.scan_outputs[k]}' "
                         f"is not static ({ctx.shapes.shape(element)}), so its empty value cannot be built"
                     )
                 empty.append(array)
-        return UnrollMatch(view, steps, empty)
+        dtypes = None
+        if view.batched and view.sequence_lens and steps:
+            dtypes = [_element_dtype(t, ctx) for t in body.outputs[view.num_states:]]
+            unknown = [view.scan_outputs[k] for k, d in enumerate(dtypes) if d is None]
+            if unknown:
+                return Skip(f"the element type of scan output '{unknown[0]}' is unknown (needed for the zeros past each length)")
+        return UnrollMatch(view, steps, empty, batch, dtypes)
 
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, UnrollMatch)
@@ -86,6 +112,19 @@ class Unroll(ScanPass):
         scanned = list(node.inputs[n:])
         elements: list[list[gs.Tensor]] = [[] for _ in view.scan_outputs]
         indices: dict[int, gs.Constant] = {}  # step position -> its scalar index, shared by inputs
+        if view.batched:
+            emit = Emitter(build, ctx.opset, domain=None)
+            if steps == 0:
+                values = empty_scan8_outputs(node, view, emit, match.empty_outputs)
+            else:
+                values = unroll_scan8(node, view, steps, match.batch, emit, ctx.names, match.out_dtypes)
+            rebind_outputs(node, values, graph)
+            added = place_appended(graph, position, count_before - 1)
+            if steps == 0:
+                return f"unrolled 0 steps: states pass through, scan outputs empty ({added} nodes added)"
+            lens = ", masked by sequence_lens" if view.sequence_lens else ""
+            return (f"unrolled opset-8 Scan in place: {match.batch} item(s) x {steps} steps{lens}: {added} nodes added "
+                    f"(body of {len(body.nodes)} nodes copied {match.batch * steps} times)")
         inliner = BodyInliner(body, graph, ctx.names)
         for t in range(steps):
             slices = [
@@ -136,17 +175,56 @@ def _stack(emit: Emitter, values: list[gs.Tensor], axis: int) -> gs.Tensor:
     return emit.op("Concat", parts, axis=axis, dtype=values[0].dtype)
 
 
-def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext) -> np.ndarray | None:
-    """The empty scan output for zero steps, when the element's shape and type are static."""
-    shape = ctx.shapes.shape(element)
+def _element_dtype(element: gs.Tensor, ctx: PassContext) -> np.dtype | None:
     dtype = dtype_of(element)
     if dtype is None and ctx.shapes.elem_type(element):
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ctx.shapes.elem_type(element)))
+    return dtype
+
+
+def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext, batched: bool = False) -> np.ndarray | None:
+    """The empty scan output for zero steps, when the element's shape and type are static
+    (Scan-8: [1, 0, ...], expanded to the batch later)."""
+    shape = ctx.shapes.shape(element)
+    dtype = _element_dtype(element, ctx)
     if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
         return None
     shape = list(shape)
     shape.insert(axis if axis >= 0 else axis + len(shape) + 1, 0)
+    if batched:
+        shape.insert(0, 1)
     return np.zeros(shape, dtype)
+
+
+def _static_batch(node: gs.Node, view: ScanView, ctx: PassContext) -> int | None:
+    """Scan-8's batch size when a state or scan input declares it statically."""
+    for t in node.inputs[1:]:
+        shape = ctx.shapes.shape(t)
+        if shape and isinstance(shape[0], int):
+            return shape[0]
+    return None
+
+
+def _size_cap(body: gs.Graph, copies: int, ctx: PassContext) -> str | None:
+    """The reason the unrolled graph would be too large, or None. Counted before building:
+    nodes at every nesting level and the constants of nested bodies are copied per step."""
+    nodes = 0
+    constant_bytes = 0
+    for sub in walk_graphs(body):
+        nodes += len(sub.graph.nodes)
+        if sub.graph is not body:
+            constant_bytes += sum(np.asarray(t.values).nbytes for t in sub.graph.tensors().values()
+                                  if isinstance(t, gs.Constant) and getattr(t, OWNER, None) is sub.graph)
+    max_nodes = ctx.options.get("unroll_max_nodes", DEFAULT_MAX_NODES)
+    max_bytes = ctx.options.get("unroll_max_bytes", DEFAULT_MAX_BYTES)
+    added = copies * (nodes + STEP_OVERHEAD)
+    if added > max_nodes:
+        return (f"unrolled size: {copies} copies of a {nodes}-node body would add about {added} nodes, "
+                f"over unroll_max_nodes {max_nodes}")
+    if copies * constant_bytes > max_bytes:
+        return (f"unrolled size: {copies} copies of {constant_bytes} bytes of nested constants would exceed "
+                f"unroll_max_bytes {max_bytes}")
+    return None
 
 
 def _dynamic_reason(node: gs.Node, view: ScanView, ctx: PassContext) -> str:

@@ -48,9 +48,17 @@ def rewrite_per_item(node: gs.Node, match, level, ctx) -> gs.Node:
         for j in range(n, len(results)):
             zeros = inner.zeros_like_tail(results[j], rows, match.output_dtypes[j])
             results[j] = inner.op("Concat", [results[j], zeros], axis=0, dtype=match.output_dtypes[j])
-    for value, outer_tensor in zip(results, node.outputs):  # declared: the outer shape minus the batch axis
+    # Declared: the outer shape minus the batch axis, else at least the rank (onnxruntime
+    # refuses a Scan-9 body output without a shape).
+    for j, (value, outer_tensor) in enumerate(zip(results, node.outputs)):
         outer_shape = ctx.shapes.shape(outer_tensor)
-        value.shape = list(outer_shape[1:]) if outer_shape else None
+        rank = match.output_ranks[j]
+        if outer_shape:
+            value.shape = list(outer_shape[1:])
+        elif rank is not None:
+            value.shape = [None] * (rank + (1 if j >= n else 0))
+        else:
+            value.shape = None
     items.outputs = results
 
     outer = held(level.graph, match, ctx)

@@ -21,13 +21,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, dtype_of
+from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.lift import Declined, LiftEmitter, LiftPlan, emit_nodes, needed_nodes, plan_nodes, through_identity, Value
+from scanopt.passes.lift import (
+    Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, needed_nodes, plan_nodes,
+    through_identity, to_processing_order,
+)
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
@@ -80,7 +81,7 @@ class Vectorize(ScanPass):
             if needs_rank and value.rank is None:
                 return Skip(f"scan output '{view.scan_outputs[k]}': the rank of body output '{t.name}' is unknown")
             out_ranks.append(value.rank)
-        name, largest = _largest_intermediate(plan, view, ctx)
+        name, largest = largest_intermediate(plan, view.trip_count, ctx.shapes)
         limit = ctx.options.get("vectorize_max_bytes", DEFAULT_MAX_BYTES)
         chunks = 1
         if largest > limit:
@@ -111,7 +112,7 @@ class Vectorize(ScanPass):
             return chunk["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)
-        scanned = [_to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
+        scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
         varies = [any(plan.values[id(t)].per_step for t in nd.outputs if t.name) for nd, _ in plan.steps]
         invariant = [step for step, v in zip(plan.steps, varies) if not v]
         per_step = [step for step, v in zip(plan.steps, varies) if v]
@@ -141,15 +142,6 @@ class Vectorize(ScanPass):
                 f"({added} nodes; largest intermediate '{name}' about {_mib(size)} per unit of symbolic dims)")
 
 
-def _to_processing_order(e: LiftEmitter, x: gs.Tensor, view: ScanView, j: int) -> gs.Tensor:
-    """Scan input ``j`` with its scan axis first, in the order the loop reads it."""
-    axis = view.input_axes[j]
-    if axis != 0:
-        rank = view.input_ranks[j]
-        x = e.op("Transpose", [x], perm=[axis] + [a for a in range(rank) if a != axis])
-    return e.reverse(x, 0) if view.input_directions[j] else x
-
-
 def _stacked(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, rank, ctx) -> gs.Tensor:
     """Body output ``t`` stacked over the steps (axis 0, processing order)."""
     value = mapping.get(id(t), t)
@@ -176,35 +168,6 @@ def _from_processing_order(e: LiftEmitter, y: gs.Tensor, view: ScanView, k: int,
 def _chunk_bounds(trip: int, chunks: int) -> list[tuple[int, int]]:
     size = math.ceil(trip / chunks)
     return [(lo, min(lo + size, trip)) for lo in range(0, trip, size)]
-
-
-def _largest_intermediate(plan: LiftPlan, view: ScanView, ctx: PassContext) -> tuple[str, int]:
-    """(name, bytes) of the largest per-step value lifted, T x its per-step size; symbolic dims
-    (the trip count included) count as 1, unknown shapes as the largest input of their node."""
-    trip = view.trip_count if view.trip_count is not None else 1
-    sizes: dict[int, int] = {}
-    best = ("", 0)
-    for node, _ in plan.steps:
-        inputs = [sizes.get(id(t), 0) for t in node.inputs]
-        for t in node.outputs:
-            if not t.name or not plan.values[id(t)].per_step:
-                continue
-            shape = ctx.shapes.shape(t)
-            if shape is None:
-                count = max(inputs, default=0)
-            else:
-                count = math.prod(d if isinstance(d, int) else 1 for d in shape) * _itemsize(t, ctx)
-            sizes[id(t)] = count
-            if count * trip > best[1]:
-                best = (t.name, count * trip)
-    return best
-
-
-def _itemsize(t: gs.Tensor, ctx: PassContext) -> int:
-    dtype = dtype_of(t)
-    if dtype is None and ctx.shapes.elem_type(t):
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ctx.shapes.elem_type(t)))
-    return dtype.itemsize if dtype is not None else 4
 
 
 def _mib(size: int) -> str:

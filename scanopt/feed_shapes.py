@@ -24,6 +24,7 @@ caller runs the model on each attempt and keeps the first one it accepts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,6 +40,13 @@ DIM_SIZES = (2, 1, 3, 4)
 TRIP_SIZES = (9, 1, 5, 3, 12, 2)
 # Fallback attempts after the seed's preferred sizes, in order: (free size, use hints).
 FALLBACKS = ((1, True), (1, False), (2, True), (3, True))
+
+# Ops whose output has their first input's shape: an undeclared input behind a chain of
+# them gets the shape its consumer implies.
+SHAPE_PRESERVING = frozenset(
+    "Identity Cast CastLike Neg Abs Relu LeakyRelu Elu Selu Sigmoid HardSigmoid Tanh Exp Log Sqrt Reciprocal "
+    "Floor Ceil Round Sign Sin Cos Erf Not Softsign Softplus Clip Dropout".split()
+)
 
 ELEMENTWISE = frozenset(
     "Add Sub Mul Div Pow Mod Max Min Sum Mean And Or Xor Equal Greater Less GreaterOrEqual LessOrEqual "
@@ -135,6 +143,11 @@ class InputShapes:
         self._read_constants(model)
         self._read_inference(model)
         opset = next((o.version for o in model.opset_import if in_default_domain(o.domain)), 0)
+        self._producers = {  # output -> first input, for shape-preserving ops of the main graph
+            node.output[0]: node.input[0]
+            for node in graph.node
+            if node.op_type in SHAPE_PRESERVING and in_default_domain(node.domain) and node.input and node.output
+        }
         env = {name: t for name, t in self.templates.items() if t is not None}
         try:
             self._constrain(graph, env, opset)
@@ -214,10 +227,24 @@ class InputShapes:
     # -- constraints -----------------------------------------------------------------------
 
     def _set_input(self, name: str, template: Template, env: dict[str, Template]) -> None:
-        """Give a graph input without a declared rank the template its use implies."""
+        """Give a graph input without a declared rank (or one behind a chain of
+        shape-preserving ops) the template its use implies."""
         env[name] = template
+        seen = set()
+        while name not in self.templates and name in self._producers and name not in seen:
+            seen.add(name)
+            name = self._producers[name]
+            env[name] = template
         if self.templates.get(name, ()) is None:
             self.templates[name] = template
+
+    def _undeclared(self, name: str) -> bool:
+        """True for a graph input of unknown rank, directly or behind shape-preserving ops."""
+        seen = set()
+        while name not in self.templates and name in self._producers and name not in seen:
+            seen.add(name)
+            name = self._producers[name]
+        return name in self.templates and self.templates[name] is None
 
     def _unify(self, a: Template, b: Template) -> None:
         if len(a) == len(b):
@@ -262,7 +289,7 @@ class InputShapes:
             lead = [self.dims.new(None, f"{node.name or 'Scan'}.batch")]
             if node.input and node.input[0]:
                 lens = self._lookup(node.input[0], env, graph)
-                if lens is None and node.input[0] in self.templates:
+                if lens is None and self._undeclared(node.input[0]):
                     self._set_input(node.input[0], lead[:], env)
                 elif lens is not None and len(lens) == 1:
                     self.dims.union(lead[0], lens[0])
@@ -279,7 +306,7 @@ class InputShapes:
                 if inner is not None:
                     if i < len(inner_out) and inner_out[i] is not None:
                         self._unify(inner, inner_out[i])
-                    if outer is None and name in self.templates:
+                    if outer is None and self._undeclared(name):
                         self._set_input(name, lead + inner, env)
                     elif outer is not None:
                         self._unify(outer, lead + inner)
@@ -299,7 +326,7 @@ class InputShapes:
                     full = None if inner is None or not 0 <= axis <= len(inner) else inner[:axis] + [trip] + inner[axis:]
                 if full is None:
                     continue
-                if outer is None and name in self.templates:
+                if outer is None and self._undeclared(name):
                     self._set_input(name, full, env)
                 elif outer is not None:
                     self._unify(outer, full)
@@ -323,7 +350,7 @@ class InputShapes:
                 continue
             if outer is not None:
                 self._unify(outer, inner)
-            elif name in self.templates:
+            elif self._undeclared(name):
                 self._set_input(name, inner, env)
             if k + 1 < len(inner_out) and inner_out[k + 1] is not None:
                 self._unify(inner, inner_out[k + 1])
@@ -359,6 +386,15 @@ class InputShapes:
             elif len(target) == len(template) and all(s > 0 for s in target):
                 for var, size in zip(template, target):
                     self.dims.hint.setdefault(self.dims.find(var), size)
+            elif all(s > 0 for s in target):  # same element count: the free dims make up the rest
+                roots = [self.dims.find(v) for v in template]
+                free = [r for r in roots if r not in self.dims.fixed]
+                fixed = math.prod(self.dims.fixed[r] for r in roots if r in self.dims.fixed)
+                total = math.prod(target)
+                if free and fixed and total % fixed == 0:
+                    self.dims.hint.setdefault(free[0], total // fixed)
+                    for root in free[1:]:
+                        self.dims.hint.setdefault(root, 1)
 
     # -- sizes ---------------------------------------------------------------------------
 

@@ -58,9 +58,7 @@ def numpy_dtype(elem_type: int, name: str = "value") -> np.dtype:
         raise ScanoptError(f"'{name}' has element type {elem_type}, which scanopt cannot feed or compare") from None
 
 
-def _spec(value: onnx.ValueInfoProto, required: bool = True, untyped_ok: bool = False) -> TensorSpec:
-    if untyped_ok and value.type.WhichOneof("value") is None:
-        return TensorSpec(value.name, onnx.TensorProto.UNDEFINED, None, required)
+def _spec(value: onnx.ValueInfoProto, required: bool = True) -> TensorSpec:
     if not value.type.HasField("tensor_type"):
         kind = value.type.WhichOneof("value") or "no"
         raise ScanoptError(f"'{value.name}' has {kind} type; scanopt only feeds and compares tensors")
@@ -80,8 +78,12 @@ def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
 
 
 def output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
-    """The graph outputs; one without a type (exporters write them) is compared as computed."""
-    return [_spec(v, untyped_ok=True) for v in model.graph.output]
+    """The graph outputs; one declared without a type (onnxscript writes them so) has
+    elem_type UNDEFINED and no shape: its outputs are compared as they come."""
+    return [
+        _spec(v) if v.HasField("type") else TensorSpec(v.name, onnx.TensorProto.UNDEFINED, None)
+        for v in model.graph.output
+    ]
 
 
 # -- synthesis ----------------------------------------------------------------------------

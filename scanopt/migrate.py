@@ -20,6 +20,7 @@ The caller verifies the result numerically against the original.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import onnx
@@ -27,6 +28,7 @@ import onnx
 from scanopt.emit import HOLD_DOMAIN, MIN_TARGET, NEWEST_TARGET
 from scanopt.errors import ScanoptError, UnsupportedModelError
 from scanopt.graph import NameAllocator
+from scanopt.opset_adapters import adapt
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names, walk_proto_graphs
 
 # -- migration -------------------------------------------------------------------------
@@ -47,12 +49,36 @@ class Migration:
         return self.source_opset != self.target_opset
 
 
+@functools.lru_cache(maxsize=None)
+def newest_target() -> int:
+    """The newest opset scanopt migrates to: the newest the installed onnx knows that the
+    installed onnxruntime also loads (probed once with a one-node model, never assumed
+    per release: onnxruntime 1.31 stops at 26, 1.32 loads 28)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return NEWEST_TARGET
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for opset in range(NEWEST_TARGET, MIN_TARGET - 1, -1):
+        value = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+        graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe", [value],
+                                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=7)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - onnxruntime's errors share no useful base class
+            continue
+        return opset
+    return MIN_TARGET
+
+
 def check_target(source: int | None, target: int) -> None:
     """Raise a ScanoptError unless ``target`` is a valid migration target for ``source``."""
-    if not MIN_TARGET <= target <= NEWEST_TARGET:
+    if not MIN_TARGET <= target <= newest_target():
         raise ScanoptError(
             f"--target-opset {target} is out of range: scanopt moves models to opsets "
-            f"{MIN_TARGET}..{NEWEST_TARGET} (the newest that onnxruntime runs)"
+            f"{MIN_TARGET}..{newest_target()} (the newest that the installed onnxruntime loads)"
         )
     if source is None:
         raise UnsupportedModelError("the model imports no ai.onnx opset; there is nothing to migrate")
@@ -147,8 +173,7 @@ def _rewrite_scan8(model, source: int, target: int, options: dict, denied: froze
 
 
 def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, target: int) -> onnx.ModelProto:
-    if source < 13 <= target:
-        staged = _spell_out_hardmax(staged)
+    staged = adapt(staged, source, target, _all_names(staged))
     if staged.ir_version < 4 and _has_initializers(staged):
         # IR 3 wants every initializer to be a graph input too, and the converter treats an
         # initializer that is not one (the upgrade pass's constants) as undefined
@@ -170,6 +195,8 @@ def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, ta
     del converted.opset_import[:]
     converted.opset_import.extend(imports)
     _rename_new_names(converted, before)
+    _restore_signature(original, converted)
+    _declare_body_output_shapes(converted)
     if converted.ir_version < 4 and _has_initializers(converted):
         converted.ir_version = 4  # the converter's own constants (e.g. Squeeze axes at 13)
     _check_signature(original, converted)
@@ -180,38 +207,6 @@ def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, ta
         if "Field 'shape' of 'type' is required" not in first:
             raise ScanoptError(f"migration to opset {target} produced an invalid model: {first}") from None
     return converted
-
-
-def _spell_out_hardmax(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Hardmax before opset 13 coerces its input to 2-D at ``axis``; from 13 it works on
-    that one axis, and onnx 1.23's converter bumps the version without adapting it (its
-    Softmax and LogSoftmax adapters do adapt). So before converting, write each such
-    Hardmax as Flatten(axis) -> Hardmax(axis=1) -> Reshape to the input's shape, which
-    means the same at every opset."""
-    hardmax = [(g, n) for g in walk_proto_graphs(model.graph) for n in g.node
-               if n.op_type == "Hardmax" and in_default_domain(n.domain)]
-    if not hardmax:
-        return model
-    model = _copy(model)
-    fresh = NameAllocator.from_names(_all_names(model)).fresh
-
-    for g in walk_proto_graphs(model.graph):
-        nodes = []
-        for node in g.node:
-            if node.op_type != "Hardmax" or not in_default_domain(node.domain):
-                nodes.append(node)
-                continue
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-            x, y = node.input[0], node.output[0]
-            flat, hard, shape = fresh(f"{x}_2d"), fresh(f"{y}_2d"), fresh(f"{x}_shape")
-            nodes += [
-                onnx.helper.make_node("Flatten", [x], [flat], name=fresh(f"{node.name or 'hardmax'}_flatten"), axis=axis),
-                onnx.helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1),
-                onnx.helper.make_node("Shape", [x], [shape], name=fresh(f"{node.name or 'hardmax'}_shape")),
-                onnx.helper.make_node("Reshape", [hard, shape], [y], name=fresh(f"{node.name or 'hardmax'}_reshape")),
-            ]
-        _replace(g.node, nodes)
-    return model
 
 
 def _run_converter(model: onnx.ModelProto, target: int, source: int, where: str) -> onnx.ModelProto:
@@ -345,6 +340,38 @@ def _rename_new_names(model: onnx.ModelProto, before: set[str]) -> None:
 
 def _has_initializers(model: onnx.ModelProto) -> bool:
     return any(g.initializer for g in walk_proto_graphs(model.graph))
+
+
+def _declare_body_output_shapes(model: onnx.ModelProto) -> None:
+    """Give each body output without a shape the one shape inference finds: onnxruntime
+    refuses a Scan-9+ body output it cannot shape, which a Scan-8 body (whose outputs the
+    upgrade pass now stacks through a Scan-9) or a rewritten Hardmax may leave."""
+    bodies = [g for g in walk_proto_graphs(model.graph) if g is not model.graph]
+    missing = [v for g in bodies for v in g.output
+               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if not missing:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - a declaration only; verification decides
+        return
+    found = [v for g in walk_proto_graphs(inferred.graph) if g is not inferred.graph for v in g.output]
+    shapes = {}
+    for v in found:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+            shapes.setdefault(v.name, v.type.tensor_type.shape)
+    for v in missing:
+        if v.name in shapes:
+            v.type.tensor_type.shape.CopyFrom(shapes[v.name])
+
+
+def _restore_signature(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """The converter writes the shapes it inferred into the graph's inputs and outputs; a
+    migrated model declares exactly what the original did."""
+    for kind in ("input", "output"):
+        ours, theirs = getattr(original.graph, kind), getattr(converted.graph, kind)
+        if [v.name for v in ours] == [v.name for v in theirs]:
+            _replace(theirs, ours)
 
 
 def _check_signature(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:

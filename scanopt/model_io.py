@@ -75,9 +75,9 @@ def load(path: str) -> LoadedModel:
     return LoadedModel(model, path, had_external, warnings, files, sorted_nodes)
 
 
-def read_regular_file(path: str, *, what: str, limit: int) -> bytes:
-    """The bytes of ``path``, refusing before reading anything that is not a regular file
-    (a FIFO would block, a device never end) or is larger than ``limit``."""
+def check_regular_file(path: str, *, what: str) -> os.stat_result:
+    """Refuse, without opening it, a path that is missing or not a regular file (a FIFO
+    would block, a device never end)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -88,6 +88,13 @@ def read_regular_file(path: str, *, what: str, limit: int) -> bytes:
         raise ScanoptError(f"{path}: is a directory, not a {what} file")
     if not stat.S_ISREG(st.st_mode):
         raise ScanoptError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; scanopt reads only regular files")
+    return st
+
+
+def read_regular_file(path: str, *, what: str, limit: int) -> bytes:
+    """The bytes of ``path``, refusing before reading anything that is not a regular file
+    or is larger than ``limit``."""
+    st = check_regular_file(path, what=what)
     if st.st_size > limit:
         raise ScanoptError(f"{path}: {_size(st.st_size)}, over the {_size(limit)} one protobuf file can hold (larger models keep their tensors in external data)")
     try:

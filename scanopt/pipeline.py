@@ -70,7 +70,7 @@ def optimize(
     prefused = _fuse_before_migration(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if prefused is not None:
         model = prefused[0]
-        if inputs is None:
+        if inputs is None and verify:
             # The fused model's lengths feed a native op, which the synthesizer does not
             # read as sequence_lens: keep drawing inputs from the original's Scan-8.
             from scanopt.verify import runnable_feeds

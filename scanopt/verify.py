@@ -17,7 +17,14 @@ import onnx
 
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError
-from scanopt.inputs import FeedBudgetError, InputSynthesizer, TensorSpec, check_feeds, input_specs, output_specs
+from scanopt.inputs import (
+    FeedBudgetError,
+    InputSynthesizer,
+    TensorSpec,
+    check_feeds,
+    input_specs,
+    output_specs,
+)
 
 # (rtol, atol) per dtype; an element passes when |candidate - original| <= atol + rtol * |original|.
 # The one place tolerances live. Dtypes not listed (integers, bool, strings) compare exactly.
@@ -304,7 +311,8 @@ def check_signatures(original: onnx.ModelProto, candidate: onnx.ModelProto) -> N
             raise SignatureMismatchError(f"the models' signatures differ: {'; '.join(parts)}")
         for name, spec in a.items():
             other = b[name]
-            if spec.elem_type != other.elem_type and onnx.TensorProto.UNDEFINED not in (spec.elem_type, other.elem_type):
+            undeclared = onnx.TensorProto.UNDEFINED in (spec.elem_type, other.elem_type)
+            if spec.elem_type != other.elem_type and not undeclared:
                 raise SignatureMismatchError(
                     f"the models' signatures differ: {kind} '{name}' is {_type_name(spec)} in the original "
                     f"but {_type_name(other)} in the candidate"

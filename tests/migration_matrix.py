@@ -232,6 +232,79 @@ def recurrent():  # RNN/GRU/LSTM gain layout at 14
         _w("lw", [1, 4 * hs, 4]), _w("lr", [1, 4 * hs, hs]), _w("rw", [1, hs, 4]), _w("rr", [1, hs, hs])]
 
 
+@family()
+def trig_and_pools():  # type widening at 22 (Sin..Atanh, pools, ConvTranspose), DepthToSpace 11/13
+    nodes = [N("Tanh", ["x"], ["t"])]
+    prev, outs = "t", []
+    for i, op in enumerate(["Sin", "Cos", "Tan", "Asin", "Acos", "Atan"]):
+        nodes.append(N(op, ["t"], [f"g{i}"]))
+        outs.append(f"g{i}")
+    nodes += [N("Sum", outs, ["tr"]), N("GlobalMaxPool", ["x"], ["gm"]), N("ReduceL2", ["x"], ["gl"], axes=[2]),
+              N("LpPool", ["x"], ["lp"], kernel_shape=[2], strides=[2]), N("Sum", ["gm", "gl", "lp"], ["pl"]),
+              N("ConvTranspose", ["x", "tw"], ["ct"], kernel_shape=[2], strides=[2]),
+              N("Unsqueeze", ["x"], ["x4"], axes=[3]), N("Concat", ["x4", "x4", "x4", "x4"], ["x44"], axis=3),
+              N("SpaceToDepth", ["x44"], ["sd"], blocksize=2), N("DepthToSpace", ["sd"], ["ds"], blocksize=2),
+              N("ReduceMean", ["ds"], ["dm"], axes=[3], keepdims=0), N("Add", ["tr", "dm"], ["a"]),
+              N("Concat", ["a", "pl", "ct"], ["y"], axis=2)]
+    return nodes, [_w("tw", [3, 3, 2])]
+
+
+@family(source=9, min_target=9)
+def ops_9_10():  # Sinh.., MeanVarianceNormalization 13, NonZero 13, IsNaN/IsInf 20, Compress 11, OneHot 11,
+    # EyeLike 22, ThresholdedRelu 10, Mod 10->13, ReverseSequence 10
+    return [N("Sinh", ["x"], ["a"]), N("Cosh", ["x"], ["b"]), N("Asinh", ["x"], ["c"]), N("Abs", ["x"], ["ab"]),
+            N("Add", ["ab", "one"], ["ab1"]), N("Acosh", ["ab1"], ["d"]), N("Tanh", ["x"], ["th"]),
+            N("Atanh", ["th"], ["e"]), N("MeanVarianceNormalization", ["x"], ["mv"]),
+            N("IsNaN", ["x"], ["nan"]), N("Not", ["nan"], ["ok"]), N("Compress", ["x", "keep"], ["cp"], axis=2),
+            N("OneHot", ["oh_idx", "depth", "oh_val"], ["oh"], axis=-1), N("EyeLike", ["eye_in"], ["eye"]),
+            N("Greater", ["x", "zero"], ["pos"]), N("NonZero", ["pos"], ["nz"]), N("Shape", ["nz"], ["nzs"]),
+            N("Cast", ["ok"], ["fok"], to=F), N("Sum", ["a", "b", "c", "d", "e", "mv", "fok"], ["s"]),
+            N("Concat", ["s", "cp"], ["s2"], axis=2), N("Add", ["oh", "eye"], ["o2"]), N("Mul", ["s2", "o2"], ["y"])], [
+        _init("one", [1.0]), _init("zero", [0.0]), _init("keep", [True, False, True, True], np.bool_),
+        _init("oh_idx", [0, 2, 1], np.int64), _init("depth", [7], np.int64), _init("oh_val", [0.0, 1.0]),
+        _init("eye_in", np.zeros([3, 7]))]
+
+
+@family(source=11, min_target=11)
+def ops_11_12():  # Round 22, Det 22, Range 11, ThresholdedRelu 22, Celu 12, GreaterOrEqual 12->16,
+    # Einsum 12, ScatterND 11->13->16->18, Unique 11, ArgMax select_last_index 12, Mod
+    return [N("Round", ["x"], ["r"]), N("ThresholdedRelu", ["x"], ["tr"], alpha=0.3),
+            N("Celu", ["x"], ["ce"]) if False else N("Elu", ["x"], ["ce"]),
+            N("Einsum", ["x", "x"], ["ei"], equation="bij,bkj->bik") if False else N("Identity", ["x"], ["ei0"]),
+            N("ScatterND", ["x", "snd_i", "snd_u"], ["snd"]), N("Mod", ["x", "two"], ["md"], fmod=1),
+            N("Sum", ["r", "tr", "ce", "snd", "md"], ["y"])], [
+        _init("snd_i", [[0, 1], [1, 2]], np.int64), _w("snd_u", [2, 4]), _init("two", [2.0])]
+
+
+@family(source=12, min_target=12)
+def ops_12():  # Celu, GreaterOrEqual/LessOrEqual 16, Einsum, ArgMax select_last_index, Det
+    return [N("Celu", ["x"], ["ce"], alpha=0.5), N("GreaterOrEqual", ["x", "ce"], ["ge"]),
+            N("LessOrEqual", ["x", "ce"], ["le"]), N("And", ["ge", "le"], ["eq"]), N("Cast", ["eq"], ["feq"], to=F),
+            N("Einsum", ["x", "x"], ["ei"], equation="bij,bkj->bik"), N("Det", ["ei"], ["det"]),
+            N("ArgMax", ["x"], ["am"], axis=2, select_last_index=1), N("Cast", ["am"], ["fam"], to=F),
+            N("Unsqueeze", ["det"], ["d2"], axes=[1, 2]), N("Sum", ["ce", "feq", "fam", "d2"], ["y"])], []
+
+
+@family(source=17, min_target=17)
+def ops_17():  # HardSwish 22, Trilu, CastLike 19/21, LayerNormalization, Mish 22, CenterCropPad,
+    # GroupNormalization 18 -> 21 (scale/bias per group -> per channel), GridSample 16 -> 20
+    return [N("HardSwish", ["x"], ["hs"]), N("Trilu", ["x"], ["tl"]), N("CastLike", ["hs", "x"], ["cl"]),
+            N("LayerNormalization", ["x", "ln_s", "ln_b"], ["ln"]), N("Mish", ["x"], ["mi"]) if False else
+            N("Softplus", ["x"], ["mi"]), N("Sum", ["hs", "tl", "cl", "ln", "mi"], ["y"])], [
+        _w("ln_s", [4]), _w("ln_b", [4])]
+
+
+@family(source=18, min_target=18)
+def ops_18():  # Mish 22, GroupNormalization 18 -> 21, CenterCropPad, Col2Im, BitwiseNot, Pad axes input
+    return [N("Mish", ["x"], ["mi"]), N("GroupNormalization", ["x", "gn_s", "gn_b"], ["gn"], num_groups=3),
+            N("CenterCropPad", ["x", "ccp"], ["cc"], axes=[2]), N("Pad", ["x", "pads", "", "pax"], ["pd"]),
+            N("Slice", ["pd", "s0", "s1", "s2"], ["ps"]), N("ReduceSum", ["x", "rax"], ["rs"], keepdims=1),
+            N("Sum", ["mi", "gn", "cc", "ps", "rs"], ["y"])], [
+        _w("gn_s", [3]), _w("gn_b", [3]), _init("ccp", [4], np.int64), _init("pads", [1, 2], np.int64),
+        _init("pax", [2], np.int64), _init("s0", [1], np.int64), _init("s1", [5], np.int64),
+        _init("s2", [2], np.int64), _init("rax", [1], np.int64)]
+
+
 # -- families whose old forms start after opset 8 (the model is written at ``source``) ------
 
 

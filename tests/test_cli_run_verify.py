@@ -108,7 +108,8 @@ def test_verify_on_given_inputs(cli, files):
         (("verify", "{add}", "{add}", "--input", "z={b2}"), "unknown input name(s) 'z'"),
         (("verify", "{add}", "{add}", "--seeds", "0"), "at least 1"),
         (("verify", "{add}", "{add}", "--engine", "gpu"), "invalid choice"),
-        (("run", "{add}", "--input", "a={b2}"), "missing required input(s) 'b'"),
+        (("run", "{add}", "--input", "a={missing}"), "no such file"),
+        (("run", "{add}", "--inputs", "{missing}"), "no such file"),
         (("run", "{missing}"), "no such file"),
     ],
 )

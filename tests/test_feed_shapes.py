@@ -170,3 +170,28 @@ def test_an_undeclared_input_read_by_a_scan_inside_an_if_branch_gets_its_shape()
     got = shapes(model)
     assert got["s0"] == (2,) and got["X"] == (TRIP_SIZES[0], 2)
     assert compare_models(model, model, seeds=2).passed
+
+
+def test_an_undeclared_input_behind_shape_preserving_ops_gets_the_scan_shape():
+    scan = h.make_node("Scan", ["s0", "x2"], ["s", "y"], body=builders.sum_body(), num_scan_inputs=1)
+    graph = h.make_graph(
+        [h.make_node("Identity", ["X"], ["x1"]), h.make_node("Relu", ["x1"], ["x2"]), scan], "main",
+        [builders.vi("s0", [2]), builders.vi("X", None)],
+        [builders.vi("s", None), builders.vi("y", None)],
+    )
+    model = builders.model(graph)
+    assert shapes(model)["X"] == (TRIP_SIZES[0], 2)
+    assert compare_models(model, model, seeds=2).passed
+
+
+def test_a_reshape_in_the_body_sizes_the_scan_slice():
+    # The body reshapes its [?] slice to [2, 3]: only a slice of 6 elements runs.
+    body = h.make_graph(
+        [h.make_node("Reshape", ["x", "target"], ["x23"]), h.make_node("ReduceSum", ["x23"], ["y"], keepdims=0)],
+        "body", [builders.vi("x", [None])], [builders.vi("y", None)],
+        initializer=[builders.init("target", np.array([2, 3], np.int64))],
+    )
+    scan = h.make_node("Scan", ["X"], ["Y"], body=body, num_scan_inputs=1)
+    model = builders.model(h.make_graph([scan], "main", [builders.vi("X", None)], [builders.vi("Y", None)]))
+    assert shapes(model)["X"] == (TRIP_SIZES[0], 6)
+    assert compare_models(model, model, seeds=2).passed

@@ -138,13 +138,13 @@ def test_the_plain_custom_lstm_fuses():
     check_fused(_lstm_custom(_h, _c))
 
 
-def test_coupled_input_forget_gate_is_declined():
+def test_coupled_input_forget_gate_fuses_with_input_forget():
     one = lambda b: b.const(np.float32(1.0), "one")  # noqa: E731
     def coupled(b, i, f, g, c):  # (1 - i)⊙c + i⊙g
         return b.op("Add", b.op("Mul", b.op("Sub", one(b), i), c), b.op("Mul", i, g))
 
-    reason = declined(_lstm_custom(_h, coupled))
-    assert "the new cell state expands to" in reason and "not f⊙c + i⊙g" in reason
+    out = check_fused(_lstm_custom(_h, coupled))
+    assert cb.native(out)[1]["input_forget"] == 1
 
 
 def test_hidden_state_without_output_activation_is_declined():

@@ -14,7 +14,6 @@ import os
 import pytest
 
 import scanopt
-from scanopt.errors import InvalidModelError
 from scanopt.validate import default_opset
 from scanopt.verify import compare_models
 
@@ -26,19 +25,14 @@ REFERENCE_ONLY = {"scan9_zero_length_o11": "onnxruntime runs the original on no 
 
 
 def load(name: str):
-    try:
-        return scanopt.load_model(os.path.join(REAL, f"{name}.onnx"))
-    except InvalidModelError as exc:
-        if name.startswith("os_") and "Field 'type' of 'value_info' is required" in str(exc):
-            pytest.xfail("onnxscript writes graph outputs without a type; lenient loading is issue 10 item 3")
-        raise
+    return scanopt.load_model(os.path.join(REAL, f"{name}.onnx"))
 
 
 def test_the_corpus_has_every_form_the_issue_names():
     prefixes = {f"ort_short_sequence_o{opset}_{main}_" for opset in (8, 9, 11, 16) for main in ("main", "nomain")}
     assert all(any(m.startswith(p) for m in MODELS) for p in prefixes)
     assert {"backend_test_scan_sum", "backend_test_scan9_sum"} <= set(MODELS)
-    assert any(m.startswith("os_") for m in MODELS)
+    assert any(m.startswith("os_") for m in MODELS)  # typeless graph outputs, as onnxscript writes them
     assert {"nested_scan8_in_loop_o8", "nested_scan8_in_if_o8"} <= set(MODELS)
 
 

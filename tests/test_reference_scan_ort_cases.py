@@ -15,7 +15,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper as oh
-from onnx.reference.shape_annotation_checker import ShapeAnnotationError
+
+try:  # onnx 1.23+; older releases cannot check shape annotations
+    from onnx.reference.shape_annotation_checker import ShapeAnnotationError
+except ImportError:
+    ShapeAnnotationError = None
 
 from builders import vi
 from ort_scan_cases import (
@@ -125,6 +129,8 @@ def test_bad_shape_is_rejected(opset):
     feeds = counting_feeds(opset)
     with pytest.raises(Exception, match="must have the shape set for all outputs|ShapeInferenceError"):
         run_ort(model, feeds)
+    if ShapeAnnotationError is None:
+        pytest.skip("this onnx's reference evaluator cannot check shape annotations (onnx 1.23+ can)")
     with pytest.raises(ShapeAnnotationError, match="concat_in_0"):
         make_evaluator(model).run(None, feeds, check_shape_annotations=True)
 

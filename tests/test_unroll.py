@@ -311,9 +311,104 @@ def test_dynamic_length_is_skipped():
     assert outcomes == [("scan_sum", False, "dynamic length: scan input 'x' has size seq on its scan axis 0")]
 
 
-def test_opset8_batched_scan_is_left_to_upgrade():
-    out, outcomes = unroll(onnx.load(MODELS / "scan8_sum.onnx"))
-    assert outcomes == [("scan_sum", False, "opset-8 batched Scan: unroll handles Scan-9+ (the upgrade pass converts it first)")]
+@pytest.mark.parametrize("name", ["scan8_sum", "scan8_sum_seqlens", "scan8_reverse_seqlens"])
+def test_opset8_scan_unrolls_in_place_per_item(name):
+    m = sample(name, seq=3, batch=2)
+    out, outcomes = unroll(m)
+    assert outcomes[0][1] is True and outcomes[0][2].startswith("unrolled opset-8 Scan in place: 2 item(s) x 3 steps")
+    assert "Scan" not in ops(out) and out.opset_import[0].version == 8
+    assert_equivalent(m, out, engine="both")
+
+
+def test_opset8_lengths_mask_each_item_and_reverse_from_its_own_end():
+    """Lengths 0, 1 and 3 of T = 3 (onnxruntime rejects 0: the reference executor checks it)."""
+    m = sample("scan8_reverse_seqlens", seq=3, batch=3)
+    out, _ = unroll(m)
+    x = np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2) + 1
+    feeds = {"sequence_lens": np.array([0, 1, 3], np.int64), "init_fwd": np.zeros((3, 2), np.float32),
+             "init_bwd": np.zeros((3, 2), np.float32), "x": x}
+    assert_equivalent(m, out, inputs=[feeds], engine="reference")
+    got = run(out, feeds, "reference")
+    for key in ("z_fwd", "z_bwd"):  # scan outputs: zeros past each item's length
+        assert not got[key][0].any() and not got[key][1, 1:].any() and got[key][1, 0].all()
+    # item 1 (length 1) reverse reads its own last element, position 0
+    np.testing.assert_array_equal(got["y_bwd"][1], x[1, 0])
+    feeds["sequence_lens"] = np.array([1, 2, 3], np.int64)
+    assert_equivalent(m, out, inputs=[feeds], engine="both")
+
+
+def test_opset8_symbolic_batch_is_skipped():
+    out, outcomes = unroll(sample("scan8_sum", seq=3))
+    assert outcomes == [("scan_sum", False, "opset-8 Scan with a symbolic batch size: unrolling copies the body per batch item")]
+
+
+def test_opset8_zero_steps_any_batch():
+    m = sample("scan8_sum_seqlens", seq=0)
+    out, outcomes = unroll(m)
+    assert outcomes[0][1] is True and "0 steps" in outcomes[0][2]
+    feeds = {"initial": np.ones((3, 2), np.float32), "x": np.zeros((3, 0, 2), np.float32),
+             "sequence_lens": np.zeros(3, np.int64)}
+    feeds = {i.name: feeds[i.name] for i in m.graph.input}
+    got, expected = run(out, feeds, "reference"), run(m, feeds, "reference")
+    for key in expected:
+        assert got[key].shape == expected[key].shape
+        np.testing.assert_array_equal(got[key], expected[key])
+
+
+@pytest.mark.parametrize("opset", [9, 11, 16, 21])
+def test_zero_length_scans_at_every_opset(opset):
+    m = b.scan9_sum(opset=opset, steps=0, weight=np.array([2.0, 1.0]))
+    out, outcomes = unroll(m)
+    assert outcomes[0][1] is True and "Scan" not in ops(out)
+    assert_equivalent(m, out, engine="reference")
+    got = run(out, {"s0": np.ones(2, np.float32), "X": np.zeros((0, 2), np.float32)}, "ort")  # now runnable
+    assert got["Y"].shape == (0, 2)
+
+
+def test_size_cap_declines_a_huge_trip_count_at_once():
+    """issue 11: --unroll-max 2000000000 on 10^9 steps used to run without bound."""
+    m = b.scan9_sum(opset=16, steps=10**9)
+    out, outcomes = unroll(m, unroll_max=2_000_000_000)
+    assert out is m
+    assert outcomes == [("scan_sum", False, "unrolled size: 1000000000 copies of a 2-node body would add about "
+                                            "5000000000 nodes, over unroll_max_nodes 100000")]
+    m = _body_with_if_and_constant(50)
+    assert unroll(m, unroll_max=100, unroll_max_bytes=100)[1] == [
+        ("scan_if", False, "unrolled size: 50 copies of 8 bytes of nested constants would exceed unroll_max_bytes 100")]
+
+
+def test_each_step_costs_the_same_number_of_name_probes(monkeypatch):
+    """Fresh names are O(1): the membership checks per step do not grow with the step count."""
+    from scanopt import graph as graph_module
+
+    class CountingSet(set):
+        probes = 0
+
+        def __contains__(self, item):
+            CountingSet.probes += 1
+            return super().__contains__(item)
+
+    original_init = graph_module.NameAllocator.__init__
+
+    def counting_init(self, graph):
+        original_init(self, graph)
+        self._taken = CountingSet(self._taken)
+
+    monkeypatch.setattr(graph_module.NameAllocator, "__init__", counting_init)
+    probes = {}
+    for steps in (40, 160):
+        CountingSet.probes = 0
+        unroll(b.scan9_sum(opset=16, steps=steps), unroll_max=steps)
+        probes[steps] = CountingSet.probes
+    assert probes[160] <= 4.2 * probes[40], probes  # linear in the steps (quadratic would be 16x)
+
+
+def test_fresh_names_are_the_first_free_ones():
+    from scanopt.graph import NameAllocator
+
+    names = NameAllocator.from_names({"a", "a_1", "a_3"})
+    assert [names.fresh("a") for _ in range(3)] == ["a_2", "a_4", "a_5"]
+    assert names.fresh("b") == "b" and names.fresh("b") == "b_1"
 
 
 class _FakeFuse(ScanPass):

@@ -16,13 +16,14 @@ from builders import vi
 from equivalence import assert_equivalent, assert_valid, ops
 from scanopt import optimize
 from scanopt.errors import ScanoptError, VerificationError
-from scanopt.emit import HOLD_DOMAIN, NEWEST_TARGET
-from scanopt.migrate import migrate, migrate_verified
+from scanopt.emit import HOLD_DOMAIN
+from scanopt.migrate import migrate, migrate_verified, newest_target
 from scanopt.protos import walk_proto_graphs
 from scanopt.validate import default_opset
 from scanopt.verify import compare_models
 
 I64 = TP.INT64
+NEWEST_TARGET = newest_target()  # probed: the newest opset the installed onnxruntime loads
 RNG = np.random.default_rng(7)
 
 

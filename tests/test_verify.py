@@ -297,3 +297,14 @@ def test_auto_avoids_onnxruntime_where_it_miscomputes():
     body.output[0].name = "s"  # the state passes straight through: s_final == s0
     assert compare(m, m, engine="auto", seeds=1).engine == "reference"
     assert compare(b.scan9_sum(steps=3), b.scan9_sum(steps=3), engine="auto", seeds=1).engine == "ort"
+
+
+def test_an_output_declared_without_a_type_is_still_compared():
+    """onnxscript writes graph outputs without a type; their values must still be checked."""
+    model = mul_model(TP.FLOAT)
+    typeless = onnx.ModelProto()
+    typeless.CopyFrom(model)
+    typeless.graph.output[0].ClearField("type")
+    assert compare_models(typeless, model, seeds=2).passed
+    result = compare_models(typeless, perturbed(typeless, "y", 0.5), seeds=2)
+    assert not result.passed and result.comparisons[0].checks[0].name == "y"

@@ -350,8 +350,8 @@ def _reshape_lead(alg, node, out):
 def _cut(alg, node, out):
     source = cut_source(node)
     src = None if source is None else producer(source)
-    if source is None or (alg.const(source) is None and not alg.is_runtime(source)
-                          and (src is None or not is_algebra(src))):
+    if source is None or (src is not None and not is_algebra(src) and alg.const(source) is None
+                          and not alg.is_runtime(source)):
         return leaf(out)  # a part of an activation (or input): its own value, as gates read it
     whole = alg.value(source)
     start, stop = alg.column_range(node, out, whole.width())

@@ -7,6 +7,7 @@ import os
 import sys
 
 from scanopt.errors import ScanoptError
+from scanopt.cli.feeds import feed_files
 from scanopt.model_io import LoadedModel, external_data_name, load
 from scanopt.outputs import FileId, OutputPlan, Writer
 
@@ -14,6 +15,17 @@ from scanopt.outputs import FileId, OutputPlan, Writer
 def comma_list(text: str) -> list[str]:
     """``a,b , c`` -> ['a', 'b', 'c'] (for --passes / --skip)."""
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts such as --seeds: 0 or less is a usage error (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_formatter(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +45,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip numeric verification (not recommended)")
     parser.add_argument("--inputs", metavar="FILE.npz", help="verify on these inputs instead of synthesized ones")
     parser.add_argument("--engine", choices=("auto", "ort", "reference", "both"), default="auto", help="verification engine (default: auto)")
-    parser.add_argument("--seeds", type=int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
+    parser.add_argument("--seeds", type=positive_int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
     parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="show progress and every pass's verdict")
@@ -42,17 +54,6 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
 def input_files(loaded: LoadedModel, label: str = "IN") -> list[tuple[str, str]]:
     """(label, path) of every file a loaded model was read from, for an OutputPlan."""
     return [(label, loaded.files[0])] + [(f"{label}'s external data", f) for f in loaded.files[1:]]
-
-
-def feed_files(npz: str | None, arrays=()) -> list[tuple[str, str]]:
-    """(label, path) of the --inputs / --input files, for an OutputPlan."""
-    from scanopt.inputs import parse_input_assignment
-
-    files = [("--inputs", npz)] if npz else []
-    for text in arrays:
-        name, path = parse_input_assignment(text)
-        files.append((f"--input {name}", path))
-    return files
 
 
 def claim_model_output(plan: OutputPlan, path: str, *, in_place: bool = False, input_path: str | None = None) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, text_writer
 from scanopt.errors import ScanoptError, VerificationError
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
 from scanopt.outputs import write_outputs
-from scanopt.pipeline import PIPELINE_ORDER, optimize
+from scanopt.pipeline import optimize, select_passes
 
 EPILOG = """\
 examples:
@@ -17,10 +18,7 @@ examples:
   scanopt optimize model.onnx out.onnx --skip unroll --inputs feeds.npz --strict
   scanopt optimize model.onnx model.onnx --in-place
 
-Passes run in the order upgrade, canonicalize, fuse, vectorize, hoist, unroll,
-cleanup (those that exist in this version; see `scanopt optimize --help`), repeated
-until nothing changes. Every rewrite is verified numerically against the original
-before anything is written; a rewrite that fails is rolled back and reported.
+{order}
 
 exit codes: 0 ok (also when a rewrite was rolled back), 1 a rewrite was rolled back
 and --strict was given (nothing written), 2 bad input or usage (nothing written)
@@ -32,11 +30,11 @@ def register(subparsers) -> None:
         "optimize",
         help="rewrite Scan nodes into faster equivalent forms",
         description="Rewrite the Scan nodes of IN and write the verified result to OUT.",
-        epilog=EPILOG,
+        epilog=EPILOG.replace("{order}", _order_paragraph()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_job_arguments(parser, verb="optimize")
-    parser.add_argument("--passes", type=comma_list, metavar="A,B", help=f"passes to run (default: all; order {','.join(PIPELINE_ORDER)})")
+    parser.add_argument("--passes", type=comma_list, metavar="A,B", help=f"passes to run (default: all of {', '.join(available_passes())})")
     parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
     parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
     parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
@@ -45,6 +43,20 @@ def register(subparsers) -> None:
     parser.add_argument("--tune-seconds", type=float, default=10.0, metavar="S", help="time budget of --tune for all nodes (default 10)")
     parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
     parser.set_defaults(func=run)
+
+
+def available_passes() -> list[str]:
+    """The registered passes in pipeline order: what --passes and --skip accept."""
+    return [p.name for p in select_passes()]
+
+
+def _order_paragraph() -> str:
+    return textwrap.fill(
+        f"Passes run in the order {', '.join(available_passes())}, repeated until nothing "
+        "changes. Every rewrite is verified numerically against the original before anything "
+        "is written; a rewrite that fails is rolled back and reported.",
+        width=84,
+    )
 
 
 def run(args) -> int:

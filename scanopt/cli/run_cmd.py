@@ -6,9 +6,10 @@ import argparse
 
 import numpy as np
 
-from scanopt.cli.common import feed_files, input_files
+from scanopt.cli.common import input_files
+from scanopt.cli.feeds import feed_files, user_feeds
 from scanopt.engines import prepare
-from scanopt.inputs import load_feeds, synthesize_inputs
+from scanopt.inputs import synthesize_inputs
 from scanopt.model_io import load
 from scanopt.outputs import OutputPlan, write_output
 
@@ -21,8 +22,8 @@ examples:
 
 Without --inputs/--input, inputs are synthesized from the model's signature for
 --seed (symbolic dims bound consistently, Scan-8 sequence_lens within the sequence
-length). Given inputs must cover every required input; --input overrides the same
-name in --inputs. --engine auto uses onnxruntime when it can load the model, else
+length). Inputs you do not give are synthesized for --seed, with the sizes your
+arrays give their symbolic dims; --input overrides the same name in --inputs. --engine auto uses onnxruntime when it can load the model, else
 the reference executor.
 
 exit codes: 0 ok, 2 bad input or usage (also a model that fails to run)
@@ -56,16 +57,18 @@ def register(subparsers) -> None:
 def run(args) -> int:
     loaded = load(args.model)
     model = loaded.model
+    files = feed_files(args.inputs, args.input)
     if args.out:  # fail before running, not after
-        plan = OutputPlan(input_files(loaded, "MODEL") + feed_files(args.inputs, args.input))
+        plan = OutputPlan(input_files(loaded, "MODEL") + files)
         plan.claim(args.out, "--out")
-    feeds = load_feeds(model, npz=args.inputs, arrays=args.input)
     runner = prepare(model, args.engine, path=args.model)
-    if feeds is None:
+    given, synthesized = user_feeds(model, npz=args.inputs, arrays=args.input, seeds=[args.seed], engine=runner.engine)
+    if given is None:
         feeds = synthesize_inputs(model, args.seed, engine=runner.engine)
         source = f"synthesized, seed {args.seed}"
     else:
-        source = "given"
+        feeds = given[0]
+        source = "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}" if synthesized else "")
     outputs = runner(feeds)
     if args.out:
         _save_npz(outputs, args.out)

@@ -9,7 +9,7 @@ from scanopt.cli.common import add_job_arguments, info, start_job, text_writer
 from scanopt.errors import ScanoptError
 from scanopt.model_io import model_writer
 from scanopt.outputs import write_outputs
-from scanopt.emit import MIN_TARGET, NEWEST_TARGET
+from scanopt.emit import MIN_TARGET
 from scanopt.migrate import migrate_verified
 from scanopt.report import count_ops
 
@@ -25,7 +25,7 @@ Scan-9; (b) a batch-polymorphic body: one Scan-9 over time with the batch inside
 (sequence_lens by masking); (c) otherwise one Scan-9 per batch item over its own length.
 onnx.version_converter then converts every other op. The result keeps the graph's input
 and output names, types and shapes, and is verified numerically against the original
-before it is written. Targets: {MIN_TARGET}..{NEWEST_TARGET}.
+before it is written. Targets: {MIN_TARGET} up to the newest opset the installed onnxruntime loads.
 
 exit codes: 0 ok, 1 the result is not equivalent or cannot be verified (no synthesized
 input runs the original: pass --inputs; nothing written), 2 bad input, an op the
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_job_arguments(parser, verb="upgrade")
-    parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET}..{NEWEST_TARGET})")
+    parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET} up to the newest onnxruntime loads)")
     parser.add_argument("--strategy", choices=("auto", "a", "b", "c"), default="auto", help="force one strategy for every Scan-8 (default: the cheapest correct one)")
     parser.set_defaults(func=run)
 

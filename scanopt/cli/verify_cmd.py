@@ -6,8 +6,10 @@ import argparse
 import json
 import textwrap
 
+from scanopt.cli.common import positive_int
+from scanopt.cli.feeds import user_feeds
 from scanopt.cli.run_cmd import add_input_arguments
-from scanopt.inputs import read_feeds
+from scanopt.model_io import load
 from scanopt.verify import ENGINE_CHOICES, TOLERANCES, compare_models
 
 def _tolerance_lines() -> str:
@@ -21,7 +23,8 @@ examples:
   scanopt verify model.onnx model.opt.onnx --inputs feeds.npz --engine both
   scanopt verify model.onnx model.opt.onnx --seeds 5 --rtol 1e-3 --atol 1e-4 --json
 
-Both models run on the same inputs (given, or synthesized for seeds 0..N-1) and every
+Both models run on the same inputs (given, or synthesized for seeds 0..N-1; inputs
+not given are synthesized per seed to agree with the given ones) and every
 output must match: same dtype and shape, values within |got - expected| <= atol +
 rtol * |expected|, NaN where the original has NaN. Default rtol/atol per dtype:
 {_tolerance_lines()}
@@ -45,7 +48,7 @@ def register(subparsers) -> None:
     parser.add_argument("candidate", metavar="CANDIDATE", help="the model to check against it")
     add_input_arguments(parser)
     parser.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="default: auto")
-    parser.add_argument("--seeds", type=int, default=3, metavar="N", help="synthesized input sets (default 3)")
+    parser.add_argument("--seeds", type=positive_int, default=3, metavar="N", help="synthesized input sets (default 3)")
     parser.add_argument("--rtol", type=float, metavar="X", help="relative tolerance for floating outputs")
     parser.add_argument("--atol", type=float, metavar="Y", help="absolute tolerance for floating outputs")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -53,7 +56,12 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    feeds = read_feeds(npz=args.inputs, arrays=args.input)
+    feeds = None
+    if args.inputs or args.input:  # inputs not given are synthesized per seed to match the given ones
+        engine = "reference" if args.engine == "reference" else "ort"
+        feeds, _ = user_feeds(
+            load(args.original).model, npz=args.inputs, arrays=args.input, seeds=range(args.seeds), engine=engine
+        )
     result = compare_models(
         args.original,
         args.candidate,

@@ -43,13 +43,14 @@ class ScanoptEvaluator(ReferenceEvaluator):
     ) -> None:
         # The first implementation listed for an op wins, so ops a caller passes
         # explicitly still take precedence over scanopt's.
-        super().__init__(
+        extra = {"check_shape_annotations": check_shape_annotations} if check_shape_annotations else {}
+        super().__init__(  # onnx before 1.23 has no check_shape_annotations
             proto,
             opsets=opsets,
             functions=functions,
             verbose=verbose,
             new_ops=[*(new_ops or []), *scanopt_ops()],
-            check_shape_annotations=check_shape_annotations,
+            **extra,
         )
 
 

@@ -33,7 +33,7 @@ import onnx
 from onnx.reference.op_run import OpRun
 
 from scanopt.errors import InvalidModelError
-from scanopt.reference.scan import _Body
+from scanopt.reference.scan import _Body, _given
 
 
 class Loop(OpRun):
@@ -71,7 +71,7 @@ class Loop(OpRun):
         while keep_going and (trip_count is None or it < trip_count):
             feeds = dict(body.context)
             feeds.update(zip(names, [np.array(it, dtype=np.int64), np.array(keep_going, dtype=np.bool_), *states]))
-            outputs = OpRun._evaluate_subgraph(feeds, body.evaluator, body.attributes, body.bindings)
+            outputs = OpRun._evaluate_subgraph(feeds, body.evaluator, body.attributes, *_given(body.bindings))
             if honor_cond:
                 keep_going = _as_bool(outputs[0], f"the body's condition output at iteration {it}")
             states = list(outputs[1:1 + n])

@@ -26,6 +26,12 @@ from scanopt.errors import InvalidModelError
 from scanopt.protos import walk_proto_graphs
 from scanopt.scan_view import scan_version
 
+
+def _given(bindings) -> tuple:
+    """The optional ``bindings`` argument of OpRun._evaluate_subgraph (onnx 1.23+; older
+    releases take none and pass none)."""
+    return () if bindings is None else (bindings,)
+
 ElementType = tuple[np.dtype, tuple[int, ...]]
 
 
@@ -87,7 +93,7 @@ class _Body:
         for t in range(steps):
             feeds = dict(self.context)
             feeds.update(zip(self.evaluator.input_names, [*states, *elements_at(t)]))
-            outputs = OpRun._evaluate_subgraph(feeds, self.evaluator, self.attributes, self.bindings)
+            outputs = OpRun._evaluate_subgraph(feeds, self.evaluator, self.attributes, *_given(self.bindings))
             for i, (old, new) in enumerate(zip(states, outputs[:n])):
                 if np.shape(old) != np.shape(new):
                     raise ValueError(

@@ -1,0 +1,105 @@
+"""scanopt's own op adapters, for the ops onnx.version_converter (onnx 1.23) converts wrongly.
+They run on the model at its source opset, before the converter, at every graph level, and
+write each such node in a form the converter cannot get wrong:
+
+- **Upsample (opset 7/9) and Resize-10 → Resize-11+.** Upsample and Resize-10 sample
+  ``asymmetric``ally (nearest: floor); Resize-11 added ``coordinate_transformation_mode``
+  with default ``half_pixel`` (and ``nearest_mode`` ``round_prefer_floor``), and the
+  converter's 10→11 adapter only inserts the ``roi`` input, so the values change. The node
+  is written directly in the target's form with the modes spelled out, held in
+  :data:`~scanopt.emit.HOLD_DOMAIN` (the converter leaves it alone; migration moves it back).
+- **Hardmax (opset < 13) → 13+.** Hardmax before 13 coerces its input to 2-D at ``axis``;
+  from 13 it works on that one axis, and the converter bumps the version without adapting it
+  (its Softmax and LogSoftmax adapters do). Each such Hardmax becomes Flatten(axis) →
+  Hardmax(axis=1) → Reshape to the input's shape, which means the same at every opset.
+
+Every adapter is proven by tests/test_upgrade_matrix.py, which runs the original and the
+migrated model in onnxruntime at every nesting level.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from scanopt.emit import HOLD_DOMAIN
+from scanopt.graph import NameAllocator
+from scanopt.protos import in_default_domain, walk_proto_graphs
+
+
+def adapt(model: onnx.ModelProto, source: int, target: int, names: set[str]) -> onnx.ModelProto:
+    """``model`` (at ``source``) with every node an adapter handles for ``source`` → ``target``
+    rewritten; the same object when none applies. ``names``: every name in the model."""
+    rules = [rule for rule, applies in _RULES if applies(source, target)]
+    ops = {op for rule in rules for op in rule.ops}
+    if not any(n.op_type in ops and in_default_domain(n.domain)
+               for g in walk_proto_graphs(model.graph) for n in g.node):
+        return model
+    adapted = onnx.ModelProto()
+    adapted.CopyFrom(model)
+    fresh = NameAllocator.from_names(names).fresh
+    for g in walk_proto_graphs(adapted.graph):
+        nodes = []
+        for node in g.node:
+            rule = next((r for r in rules if node.op_type in r.ops), None)
+            if rule is None or not in_default_domain(node.domain):
+                nodes.append(node)
+                continue
+            new_nodes, weights = rule(node, source, target, fresh)
+            nodes += new_nodes
+            g.initializer.extend(weights)
+        del g.node[:]
+        g.node.extend(nodes)
+    if not any(o.domain == HOLD_DOMAIN for o in adapted.opset_import):
+        adapted.opset_import.append(helper.make_opsetid(HOLD_DOMAIN, 1))
+    return adapted
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _resize_asymmetric(node, source, target, fresh):
+    """Upsample / Resize-10 as a held Resize at ``target`` with their sampling spelled out."""
+    mode = _attr(node, "mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    weights = []
+    roi = fresh(f"{node.name or 'resize'}_roi")
+    weights.append(numpy_helper.from_array(np.zeros([0], np.float32), roi))
+    if len(node.input) > 1 and node.input[1]:
+        scales = node.input[1]
+    else:  # Upsample-7: scales is an attribute
+        scales = fresh(f"{node.name or 'resize'}_scales")
+        weights.append(numpy_helper.from_array(np.asarray(_attr(node, "scales"), np.float32), scales))
+    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
+    if mode == "nearest":
+        attrs["nearest_mode"] = "floor"
+    resize = helper.make_node("Resize", [node.input[0], roi, scales], list(node.output), name=node.name,
+                              domain=HOLD_DOMAIN, doc_string=node.doc_string, **attrs)
+    return [resize], weights
+
+
+_resize_asymmetric.ops = {"Upsample", "Resize"}
+
+
+def _hardmax_2d(node, source, target, fresh):
+    axis = _attr(node, "axis", 1)
+    x, y = node.input[0], node.output[0]
+    base = node.name or "hardmax"
+    flat, hard, shape = fresh(f"{x}_2d"), fresh(f"{y}_2d"), fresh(f"{x}_shape")
+    return [
+        helper.make_node("Flatten", [x], [flat], name=fresh(f"{base}_flatten"), axis=axis),
+        helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1, doc_string=node.doc_string),
+        helper.make_node("Shape", [x], [shape], name=fresh(f"{base}_shape")),
+        helper.make_node("Reshape", [hard, shape], [y], name=fresh(f"{base}_reshape")),
+    ], []
+
+
+_hardmax_2d.ops = {"Hardmax"}
+
+# (adapter, applies(source, target)): Resize-10 and Upsample exist only below 11.
+_RULES = [
+    (_resize_asymmetric, lambda source, target: source < 11 <= target),
+    (_hardmax_2d, lambda source, target: source < 13 <= target),
+]
