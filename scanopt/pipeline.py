@@ -175,9 +175,12 @@ def _report_migration(report: Report, migration, original, final) -> None:
 
 
 def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, progress) -> tuple[onnx.ModelProto, Report]:
+    report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
+    if not report.ops_before["Scan"]:  # nothing to do: skip the import and shape inference
+        report.ops_after = report.ops_before
+        return model, report
     graph = import_model(model)
     opset = default_opset(model)
-    report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
     ctx = PassContext(
         opset=opset or 0,
         names=NameAllocator(graph),
