@@ -137,7 +137,8 @@ def test_untidy_forms_are_accepted_with_a_warning_and_kept(cli, tmp_path, build)
     assert f"warning: {warning}" in result.out
     if "topological order" in warning:  # sorted: onnxruntime refuses an unsorted body
         onnx.checker.check_model(onnx.load(out))
-        assert sorted(n.name for n in onnx.load(out).graph.node) == sorted(n.name for n in model.graph.node)
+        kept = {n.name for n in onnx.load(out).graph.node}
+        assert {n.name for n in model.graph.node} <= kept  # later passes may add nodes (hoist)
     else:  # nothing to rewrite: kept byte for byte
         assert out.read_bytes() == src.read_bytes()
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
