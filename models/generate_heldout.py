@@ -531,5 +531,55 @@ HAND.update({
 })
 
 
+
+def same_value_twice():
+    """One outer tensor fed as the initial state and as both scan inputs; a Scan output that
+    is a graph output and also read by a later node; a graph output that is a graph input."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "a"], ["t"]), h.make_node("Mul", ["t", "b"], ["s2"]),
+         h.make_node("Sub", ["s2", "a"], ["y"])],
+        "body", [vi("s", [2]), vi("a", [2]), vi("b", [2])], [vi("s2", [2]), vi("y", [2])])
+    node = h.make_node("Scan", ["X0", "X", "X"], ["sT", "Y"], body=body, num_scan_inputs=2, name="twice")
+    g = h.make_graph([node, h.make_node("ReduceSum", ["Y"], ["total"], keepdims=0)], "main",
+                     [vi("X0", [2]), vi("X", [2, 2])],
+                     [vi("sT", [2]), vi("Y", [2, 2]), vi("total", []), vi("X0", [2])])
+    return model(g, 17)
+
+
+def digit_and_empty_dim_names():
+    """dim_param spellings that look like something else: "3", "-1", "T*2", and an empty one."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "x"], ["s2"]), h.make_node("Identity", ["s2"], ["y"])],
+        "body", [vi("s", ["3"]), vi("x", ["3"])], [vi("s2", ["3"]), vi("y", ["3"])])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1, name="digits")
+    x = vi("X", ["T*2", "3"])
+    g = h.make_graph([node], "main", [vi("s0", ["3"]), x], [vi("sT", ["-1"]), vi("Y", ["T*2", ""])])
+    return model(g, 17)
+
+
+def loop_in_scan_body_state_trip():
+    """A Scan body holding a Loop whose trip count is computed from the scan element (an int64
+    scan input): data-dependent inner work per step, outer weight read two levels down."""
+    lbody = h.make_graph(
+        [h.make_node("Mul", ["acc", "W"], ["acc2"]), h.make_node("Identity", ["c"], ["c2"])],
+        "lbody", [vi("i", [], I64), vi("c", [], TP.BOOL), vi("acc", [2])],
+        [vi("c2", [], TP.BOOL), vi("acc2", [2])])
+    body = h.make_graph(
+        [h.make_node("Loop", ["k", "", "s"], ["p"], body=lbody, name="inner_loop"),
+         h.make_node("Add", ["p", "x"], ["s2"]), h.make_node("Identity", ["s2"], ["y"])],
+        "body", [vi("s", [2]), vi("k", [], I64), vi("x", [2])], [vi("s2", [2]), vi("y", [2])])
+    node = h.make_node("Scan", ["s0", "K", "X"], ["sT", "Y"], body=body, num_scan_inputs=2, name="with_loop")
+    g = h.make_graph([node], "main", [vi("s0", [2]), vi("K", [3], I64), vi("X", [3, 2])],
+                     [vi("sT", [2]), vi("Y", [3, 2])], initializer=[init("W", np.array([0.9, 1.1], np.float32))])
+    return model(g, 16)
+
+
+HAND.update({
+    "same_value_twice": same_value_twice,
+    "digit_and_empty_dim_names": digit_and_empty_dim_names,
+    "loop_in_scan_body_state_trip": loop_in_scan_body_state_trip,
+})
+
+
 if __name__ == "__main__":
     main()
