@@ -181,12 +181,11 @@ def test_two_sequence_cell_is_not_fused_and_says_why(optimized):
     assert "2 scan inputs" in _detail(optimized("scan8_tf_lstm_b3_bidir_inputs")[4], "fuse")
 
 
-def test_scan8_unroll_counts_batch_copies_and_is_declined_when_slower(optimized):
+def test_short_batched_scan8_is_not_unrolled_because_it_would_be_slower(optimized):
     """B=3, T=3 with sequence_lens: unrolled in place it ran 3x slower than the Scan-8
-    (48 us vs 147 us, onnxruntime CPU, one thread) while the report said 'expected 1.03x
-    faster': the cost ignored that Scan-8 is unrolled per batch item."""
+    (48 us vs 147 us, onnxruntime CPU, one thread; found held-out, fixed on main meanwhile)."""
     code, out, _, result, report = optimized("scan8_short_lens_reverse")
-    assert "9 body copies" in _detail(report, "unroll") and "not applied" in _detail(report, "unroll")
+    assert "measured slower than the loop" in _detail(report, "unroll")
     assert _has_scan(result)
 
 
