@@ -225,3 +225,18 @@ def test_tf1_lstm_cell_with_unsqueeze_around_concat_fuses(optimized):
     fused = [o for o in report["outcomes"] if o["pass"] == "fuse"]
     # recognized: fused, or declined only by the cost policy
     assert fused and all(o["applied"] or "not applied: predicted" in o["detail"] for o in fused), fused
+
+
+def test_run_auto_does_not_print_numbers_onnxruntime_miscomputes(cli, tmp_path):
+    """`scanopt run` (engine auto) printed onnxruntime's zeros for a body output that is a
+    body input (sT = [0, 0] for s0 = [1, 2]) with exit 0, though scanopt knows onnxruntime
+    miscomputes that form; auto now takes the reference executor for it."""
+    feeds_path, out = tmp_path / "f.npz", tmp_path / "o.npz"
+    s0, x = np.array([1, 2], np.float32), np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.savez(feeds_path, s0=s0, X=x)
+    result = cli("run", path("passthrough_outputs"), "--inputs", feeds_path, "--out", out)
+    assert result.code == 0, result.err
+    got = np.load(out)
+    np.testing.assert_array_equal(got["sT"], s0)  # the state passes through unchanged
+    np.testing.assert_array_equal(got["Xcopy"], x)
+    np.testing.assert_array_equal(got["Y"], s0 + x)
