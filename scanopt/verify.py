@@ -407,11 +407,12 @@ class CannotVerifyError(EngineError):
 def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
     """(engine, original runner, candidate runner or load error) per engine to use, and notes."""
     notes: list[str] = []
-    if engine == "auto":
-        wrong = ort_miscomputes(original) or ort_miscomputes(candidate)
-        if wrong:
-            notes.append(f"using the reference executor: {wrong}")
-            engine = "reference"
+    wrong = ort_miscomputes(original) or ort_miscomputes(candidate)
+    if engine == "auto" and wrong:
+        notes.append(f"using the reference executor: {wrong}")
+        engine = "reference"
+    elif wrong and engine in ("ort", "both"):  # asked for: run it, but say why it may differ
+        notes.append(f"onnxruntime's numbers are not trustworthy here: {wrong}")
     if engine == "auto":
         try:
             original_runner = prepare(original, "ort", path=original_path)

@@ -240,3 +240,11 @@ def test_run_auto_does_not_print_numbers_onnxruntime_miscomputes(cli, tmp_path):
     np.testing.assert_array_equal(got["sT"], s0)  # the state passes through unchanged
     np.testing.assert_array_equal(got["Xcopy"], x)
     np.testing.assert_array_equal(got["Y"], s0 + x)
+
+
+def test_verify_with_engine_ort_says_onnxruntime_miscomputes_the_original(cli, tmp_path, optimized):
+    """Asked for onnxruntime explicitly, `verify` fails the (correct) candidate against
+    onnxruntime's wrong original: exit 1 stays, and the output now says why."""
+    result = cli("verify", path("passthrough_outputs"), optimized("passthrough_outputs")[3], "--engine", "ort")
+    assert result.code == 1
+    assert "onnxruntime miscomputes Scan 'pass'" in result.out + result.err
