@@ -248,3 +248,31 @@ def test_verify_with_engine_ort_says_onnxruntime_miscomputes_the_original(cli, t
     result = cli("verify", path("passthrough_outputs"), optimized("passthrough_outputs")[3], "--engine", "ort")
     assert result.code == 1
     assert "onnxruntime miscomputes Scan 'pass'" in result.out + result.err
+
+
+def _lens0_feeds(tmp_path):
+    rng = np.random.RandomState(0)
+    feeds = {"lens": np.array([3, 0, 1], np.int64), "s0": rng.randn(3, 2).astype(np.float32),
+             "n0": np.zeros((3, 1), np.float32), "A": rng.randn(3, 3, 2).astype(np.float32),
+             "Bx": rng.randn(3, 3, 2).astype(np.float32)}
+    np.savez(tmp_path / "lens0.npz", **feeds)
+    return feeds, tmp_path / "lens0.npz"
+
+
+def test_user_inputs_with_a_zero_sequence_length_fall_back_to_the_reference(cli, tmp_path):
+    """A sequence_lens entry of 0 is legal (the item keeps its initial state, zero outputs);
+    onnxruntime refuses it. `run`, `verify` and `upgrade` with the default engine exited 2
+    ("the original model fails on inputs: ort failed ...") as if the file were broken."""
+    feeds, npz = _lens0_feeds(tmp_path)
+    out = tmp_path / "o.npz"
+    ran = cli("run", path("scan8_short_lens_reverse"), "--inputs", npz, "--out", out)
+    assert ran.code == 0 and "engine reference" in ran.out, ran.err
+    got = np.load(out)
+    np.testing.assert_array_equal(got["sT"][1], feeds["s0"][1])  # length 0: the initial state
+    np.testing.assert_array_equal(got["Y"][1], np.zeros((3, 2), np.float32))
+    verified = cli("verify", path("scan8_short_lens_reverse"), path("scan8_short_lens_reverse"), "--inputs", npz)
+    assert verified.code == 0 and "using the reference executor" in verified.out, verified.err
+    upgraded = cli("upgrade", path("scan8_short_lens_reverse"), tmp_path / "u.onnx", "--target-opset", "17", "--inputs", npz)
+    assert upgraded.code == 0, upgraded.err
+    assert_same(run_engine(path("scan8_short_lens_reverse"), feeds, "reference"),
+                run_engine(str(tmp_path / "u.onnx"), feeds, "reference"))
