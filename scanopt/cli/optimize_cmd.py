@@ -71,6 +71,7 @@ def run(args) -> int:
         seeds=args.seeds,
         options=_pass_options(args),
         progress=progress,
+        validated=loaded.warnings,  # load validated it already
     )
     report.warnings = loaded.warnings + [w for w in report.warnings if w not in loaded.warnings]
     rolled_back = bool(report.verification and report.verification.get("rolled_back"))
