@@ -309,10 +309,11 @@ def note_output(tensor: gs.Tensor, graph: gs.Graph) -> None:
 
 def sort_all(graph: gs.Graph) -> None:
     """Restore topological order at every level that lost it (untouched levels keep
-    their bytes)."""
+    their bytes). One walk: what each body reads from outside is computed bottom-up once."""
+    captures = _captures_by_graph(graph)
     for level in walk_graphs(graph):
-        if not _is_sorted(level.graph):
-            toposort(level.graph)
+        if not _is_sorted(level.graph, captures):
+            toposort(level.graph, captures)
 
 
 def is_topologically_sorted(graph: gs.Graph) -> bool:
@@ -322,29 +323,56 @@ def is_topologically_sorted(graph: gs.Graph) -> bool:
     which would change the bytes of an untouched graph. Inside :func:`editing`
     always True (the graph is sorted once at the end).
     """
-    return bool(_SORT_DEFERRED[0]) or _is_sorted(graph)
+    return bool(_SORT_DEFERRED[0]) or _is_sorted(graph, _captures_by_graph(graph))
 
 
-def _is_sorted(graph: gs.Graph) -> bool:
+def _captures_by_graph(root: gs.Graph) -> dict[int, list[gs.Tensor]]:
+    """id(graph) -> the values of enclosing graphs it (or anything nested in it) reads,
+    for every graph under ``root``, in one post-order walk."""
+    found: dict[int, list[gs.Tensor]] = {}
+
+    def visit(graph: gs.Graph) -> list[gs.Tensor]:
+        defined = {id(t) for t in graph.inputs}
+        defined.update(id(t) for node in graph.nodes for t in node.outputs)
+        reads: dict[int, gs.Tensor] = {}
+        for node in graph.nodes:
+            for t in node.inputs:
+                if id(t) not in defined:
+                    reads.setdefault(id(t), t)
+            for _, sub in subgraphs_of(node):
+                for t in visit(sub):
+                    if id(t) not in defined:
+                        reads.setdefault(id(t), t)
+        for t in graph.outputs:
+            if id(t) not in defined:
+                reads.setdefault(id(t), t)
+        found[id(graph)] = list(reads.values())
+        return found[id(graph)]
+
+    visit(root)
+    return found
+
+
+def _is_sorted(graph: gs.Graph, captures: dict[int, list[gs.Tensor]]) -> bool:
     produced_here = {id(t) for node in graph.nodes for t in node.outputs}
     seen: set[int] = set()
     for node in graph.nodes:
-        for t in _node_reads(node):
+        for t in _node_reads(node, captures):
             if id(t) in produced_here and id(t) not in seen:
                 return False
         seen.update(id(t) for t in node.outputs)
     return True
 
 
-def _node_reads(node: gs.Node) -> list[gs.Tensor]:
+def _node_reads(node: gs.Node, captures: dict[int, list[gs.Tensor]]) -> list[gs.Tensor]:
     """A node's inputs and, for a node with bodies, the outer values they read."""
     reads = list(node.inputs)
     for _, sub in subgraphs_of(node):
-        reads += outer_captures(sub)
+        reads += captures[id(sub)] if id(sub) in captures else outer_captures(sub)
     return reads
 
 
-def toposort(graph: gs.Graph) -> None:
+def toposort(graph: gs.Graph, captures: dict[int, list[gs.Tensor]] | None = None) -> None:
     """Stable topological sort of one level: among ready nodes the earliest in the
     current order goes first, so a sorted prefix stays as it is. Outer values read
     inside a node's bodies count as its inputs. O(n log n)."""
@@ -353,7 +381,7 @@ def toposort(graph: gs.Graph) -> None:
     waiting = [0] * len(nodes)
     readers: list[list[int]] = [[] for _ in nodes]
     for i, node in enumerate(nodes):
-        deps = {producer[id(t)] for t in _node_reads(node) if id(t) in producer} - {i}
+        deps = {producer[id(t)] for t in _node_reads(node, captures or {}) if id(t) in producer} - {i}
         waiting[i] = len(deps)
         for d in deps:
             readers[d].append(i)

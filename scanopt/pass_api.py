@@ -117,7 +117,7 @@ class ScanPass(Pass):
             if isinstance(found, Skip):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
                 continue
-            estimate = ctx.cost.decide(self.name, label, node, view, found, ctx) if ctx.cost is not None else None
+            estimate = ctx.cost.decide(self.name, label, node, view, found, ctx, level) if ctx.cost is not None else None
             if estimate is not None and not estimate.apply:
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note))
                 continue

@@ -51,6 +51,7 @@ def optimize(
     seeds: int = 2,
     options: dict | None = None,
     progress: Callable[[str], None] | None = None,
+    validated: list[str] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """Optimize ``model``'s Scans; return the new model and the report.
 
@@ -58,9 +59,11 @@ def optimize(
     returned as the very same object. With ``verify`` (the default), the result is
     compared with the original numerically (``inputs``: a list of feed dicts, else
     synthesized over ``seeds`` seeds); a rewrite that fails is rolled back per Scan node
-    and the report says so.
+    and the report says so. ``validated``: the warnings of a validation the caller already
+    ran on this very model (scanopt.load does), so it is not repeated: validating
+    serializes the whole model.
     """
-    warnings = validate_model(model)
+    warnings = validate_model(model) if validated is None else list(validated)
     chosen = select_passes(passes, skip)
     # options["target_opset"] (issue 4): the whole model moves to that opset first
     # (scanopt.migrate: the upgrade pass rewrites every Scan-8, onnx.version_converter the
@@ -175,9 +178,12 @@ def _report_migration(report: Report, migration, original, final) -> None:
 
 
 def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, progress) -> tuple[onnx.ModelProto, Report]:
+    report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
+    if not report.ops_before["Scan"]:  # nothing to do: skip the import and shape inference
+        report.ops_after = report.ops_before
+        return model, report
     graph = import_model(model)
     opset = default_opset(model)
-    report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
     ctx = PassContext(
         opset=opset or 0,
         names=NameAllocator(graph),

@@ -100,3 +100,41 @@ def test_tune_times_the_candidates_and_reports_per_node():
     (outcome,) = [o for o in report.outcomes if o.pass_name == "fuse"]
     assert ("measured" in outcome.expected) if outcome.applied else ("measured" in outcome.detail)
     assert report.verification["passed"] in (True, None)
+
+
+def test_where_native_rnn_loses_the_hoisted_loop_is_chosen_instead():
+    out, report = scanopt.optimize(rnn_scan(batch=8), verify=False)
+    fuse = [o for o in report.outcomes if o.pass_name == "fuse"]
+    hoist = [o for o in report.outcomes if o.pass_name == "hoist" and o.applied]
+    assert not fuse[0].applied and "slower on onnxruntime CPU" in fuse[0].detail
+    assert hoist and hoist[0].expected.startswith("expected")
+    assert "RNN" not in [n.op_type for n in out.graph.node]
+
+
+def test_a_form_predicted_slower_than_a_later_candidate_is_declined_for_it():
+    policy = cost.CostPolicy()
+    model = rnn_scan(batch=4)
+    from scanopt.ir import import_model
+    from scanopt.pass_api import PassContext, registered_passes, scan_nodes
+    from scanopt.graph import NameAllocator
+    from scanopt.scan_view import ScanView
+    from scanopt.shapes import ShapeTable
+
+    graph = import_model(model)
+    ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model),
+                      selected=("fuse", "hoist", "cleanup"))
+    (level, node), = scan_nodes(graph)
+    view = ScanView.from_gs(node, 17, ctx.shapes)
+    fuse = registered_passes()["fuse"]()
+    fuse._run_state = None
+    try:
+        found = fuse.match(node, view, level, ctx)
+    except Exception:  # the pass keeps per-run state set up by its __call__
+        pytest.skip("fuse.match needs its run state")
+    fused = policy._predict("fuse", node, view, found, ctx)
+    hoisted = policy._predict("hoist", node, view, None, ctx)
+    estimate = policy.decide("fuse", "rnn", node, view, found, ctx, level)
+    if hoisted.speedup > fused.speedup * (1 + cost.NOISE):
+        assert not estimate.apply and "hoist is predicted faster" in estimate.note
+    else:
+        assert estimate.apply
