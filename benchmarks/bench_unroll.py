@@ -87,7 +87,8 @@ def unroll(model: onnx.ModelProto, steps: int) -> onnx.ModelProto:
     native ops, so fusion is marked as rolled back (``denied``), as after a failed
     verification: unroll then takes them."""
     graph = import_model(model)
-    ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model),
+    opset = model.opset_import[0].version
+    ctx = PassContext(opset=opset, names=NameAllocator(graph), shapes=ShapeTable(model),
                       options={"unroll_max": steps}, denied=frozenset({("fuse", "scan")}))
     result = Unroll()(graph, ctx)
     if not result.modified:
@@ -117,13 +118,58 @@ def latencies(sessions, feeds, runs: int, block: int = 10) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def scan8_model(batch: int, steps: int, hidden: int, lens: bool) -> onnx.ModelProto:
+    """An opset-8 Scan (a BiDAF-style tanh cell, h = tanh(x W + h R)) over X [B, T, H]."""
+    rng = np.random.default_rng(hidden)
+    w, r = (rng.uniform(-0.3, 0.3, (hidden, hidden)).astype(np.float32) for _ in range(2))
+    nodes = [h.make_node("MatMul", ["x_t", "W"], ["xw"]), h.make_node("MatMul", ["h_in", "R"], ["hr"]),
+             h.make_node("Add", ["xw", "hr"], ["pre"]), h.make_node("Tanh", ["pre"], ["h_out"]),
+             h.make_node("Identity", ["h_out"], ["y_t"])]
+    body = h.make_graph(nodes, "cell", [vi("h_in", [1, hidden]), vi("x_t", [1, hidden])],
+                        [vi("h_out", [1, hidden]), vi("y_t", [1, hidden])])
+    scan = h.make_node("Scan", ["L" if lens else "", "h0", "X"], ["h_n", "Y"], name="scan", body=body,
+                       num_scan_inputs=1)
+    inputs = [vi("h0", [batch, 1, hidden]), vi("X", [batch, steps, 1, hidden])]
+    if lens:
+        inputs.insert(0, h.make_tensor_value_info("L", TP.INT64, [batch]))
+    graph = h.make_graph([scan], "bench8", inputs, [vi("h_n", [batch, 1, hidden]), vi("Y", [batch, steps, 1, hidden])],
+                         initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 8)], ir_version=8)
+
+
+def scan8_table(args) -> None:
+    """Scan-8 unrolled in place at opset 8 against its loop."""
+    print("| B | T | sequence_lens | looped us | unrolled us | ratio | nodes |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in (1, 4):
+        for steps in (2, 4):
+            for lens in (False, True):
+                looped = scan8_model(batch, steps, 16, lens)
+                unrolled = unroll(looped, steps)
+                rng = np.random.default_rng(steps)
+                feeds = {"h0": rng.standard_normal((batch, 1, 16)).astype(np.float32),
+                         "X": rng.standard_normal((batch, steps, 1, 16)).astype(np.float32)}
+                if lens:
+                    feeds["L"] = np.maximum(1, steps - np.arange(batch) % steps).astype(np.int64)
+                sessions = [session(looped, args.threads), session(unrolled, args.threads)]
+                for a, b in zip(*(s.run(None, feeds) for s in sessions)):
+                    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+                t_loop, t_unroll = latencies(sessions, feeds, args.runs)
+                print(f"| {batch} | {steps} | {'yes' if lens else 'no'} | {t_loop * 1e6:.1f} | {t_unroll * 1e6:.1f} | "
+                      f"{t_unroll / t_loop:.2f} | {len(unrolled.graph.node)} |", flush=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="1,2,4,8,16,32,64")
     parser.add_argument("--cells", default="rnn-16,rnn-256,gru-16,gru-256")
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--scan8", action="store_true", help="time opset-8 Scans unrolled in place instead")
     args = parser.parse_args(argv)
+    if args.scan8:
+        scan8_table(args)
+        return
     steps_list = [int(s) for s in args.steps.split(",")]
     print(f"onnxruntime {ort.__version__}, {args.threads} intra-op thread(s), median of {args.runs} runs, batch 1")
     header = f"{'cell':<8} {'T':>3} {'looped us':>10} {'unrolled us':>12} {'ratio':>6} {'nodes':>6} {'KB':>6} {'pass ms':>8}"

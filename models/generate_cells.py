@@ -11,9 +11,20 @@ tests never import torch) of ``torch._higher_order_ops.scan`` over:
 - torch_scan_gru_manual_rev: a GRU written with six nn.Linear, (r*h) inside the candidate
                              (linear_before_reset=0), scanned with dim=1, reverse=True
 Each comes with <name>.expected.npz: inputs and the outputs torch computed.
+- torch_{gru,lstm}_cell_noopt: nn.GRUCell / nn.LSTMCell exported with optimize=False
+                             (SplitToSequence + SequenceAt chunks, biases in Gemm C)
+- torch_rnn_half[_noopt]:    a hand-written tanh RNN with float16 weights cast in the step
+- torch_lstm_{concat,coupled}_noopt: cat([x, h]) @ K chunked into gates; the coupled one
+                             computes c' = f⊙c + (1-f)⊙g (input_forget=1)
+- torch_bigru[_noopt]:       two GRUCells, scan(...) and scan(..., reverse=True) over one x
+                             (the exporter reverses x with Slice step -1: a bidirectional pair)
+The issue-12 samples are exported at T=16, B=4 (dynamic seq/batch).
 Hand-built (onnx only):
 - keras_concat_lstm: Keras/TF BasicLSTMCell style: one MatMul of Concat([x, h]) by a kernel
   [I+H, 4H], gates i, c, f, o, forget bias 1.0 added to f, no batch size declared.
+- keras_gru_reset_after, tf1_gru_cell, tf1_basic_rnn_cell, coupled_lstm,
+  gru_weights_transposed_outer, lstm_fp16_weights, rnn_packed_slice_leakyrelu_clip,
+  rnn_bias_gemm_c_adds: the forms of tests/cell_builders.py (see HAND_BUILT).
 """
 
 from __future__ import annotations
@@ -35,11 +46,11 @@ OUT = os.path.join(HERE, "cells")
 T, B, I, H = 5, 2, 3, 4
 
 
-def _export(module, args, names, dynamic, outputs):
+def _export(module, args, names, dynamic, outputs, optimize=True):
     import torch
 
     program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
-                                dynamic_shapes=dynamic, verbose=False)
+                                dynamic_shapes=dynamic, verbose=False, optimize=optimize)
     m = program.model_proto
     strip_stack_traces(m)
     with torch.no_grad():
@@ -135,6 +146,100 @@ def torch_scan_gru_manual_rev():
     return _export(model, (x, h0), ["x", "h0"], {"x": {0: batch, 1: seq}, "h0": {0: batch}}, ["y", "h_n"])
 
 
+TB = 16, 4  # seq, batch of the issue-12 PyTorch samples' expected outputs (tests run T = 16 ... 200, B = 1, 4)
+
+
+def _torch_cells(kind):
+    """Recurrent step functions as people write them in PyTorch, for ``torch._higher_order_ops.scan``."""
+    import torch
+
+    nn = torch.nn
+
+    class Cells(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if kind == "gru_cell":
+                self.cell = nn.GRUCell(I, H)
+            elif kind == "lstm_cell":
+                self.cell = nn.LSTMCell(I, H)
+            elif kind == "rnn_manual_half":  # weights kept in float16, cast to float32 in the step
+                self.W = nn.Parameter(torch.randn(H, I).half() * 0.5)
+                self.R = nn.Parameter(torch.randn(H, H).half() * 0.5)
+                self.b = nn.Parameter(torch.randn(H) * 0.1)
+            elif kind in ("lstm_concat", "lstm_coupled"):
+                self.K = nn.Parameter(torch.randn(I + H, 4 * H if kind == "lstm_concat" else 3 * H) * 0.4)
+                self.b = nn.Parameter(torch.randn(self.K.shape[1]) * 0.1)
+            elif kind == "bigru":
+                self.fwd, self.bwd = nn.GRUCell(I, H), nn.GRUCell(I, H)
+
+        def step(self, carry, x_t):
+            if kind in ("gru_cell", "bigru"):
+                raise AssertionError
+            if kind == "lstm_cell":
+                h, c = self.cell(x_t, carry)
+                return (h, c), h.clone()
+            if kind == "rnn_manual_half":
+                h = torch.tanh(x_t @ self.W.float().t() + carry @ self.R.float().t() + self.b)
+                return h, h.clone()
+            h, c = carry
+            gates = torch.cat([x_t, h], dim=-1) @ self.K + self.b
+            if kind == "lstm_concat":
+                i, f, g, o = gates.chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            else:  # coupled input-forget gate: c' = f⊙c + (1 - f)⊙g
+                f, g, o = gates.chunk(3, dim=-1)
+                f = torch.sigmoid(f)
+                c = f * c + (1 - f) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            return (h, c), h.clone()
+
+        def forward(self, x, h0, *rest):
+            from torch._higher_order_ops import scan
+
+            def gru_step(cell):
+                def step(h, x_t):
+                    h = cell(x_t, h)
+                    return h, h.clone()
+                return step
+
+            if kind == "gru_cell":
+                h_n, y = scan(gru_step(self.cell), h0, x)
+                return y, h_n
+            if kind == "bigru":
+                hf, yf = scan(gru_step(self.fwd), h0, x)
+                hb, yb = scan(gru_step(self.bwd), rest[0], x, reverse=True)
+                return yf, yb, hf, hb
+            if rest:
+                (h_n, c_n), y = scan(self.step, (h0, rest[0]), x)
+                return y, h_n, c_n
+            h_n, y = scan(self.step, h0, x)
+            return y, h_n
+
+    Cells.__module__ = "scanopt_samples"
+    return Cells
+
+
+def torch_cell_sample(kind, optimize):
+    """A PyTorch cell scanned over x [seq, batch, I], exported by the dynamo exporter."""
+    import torch
+
+    torch.manual_seed(12)
+    model = _torch_cells(kind)().eval()
+    T_, B_ = TB
+    x, h0 = torch.randn(T_, B_, I), torch.randn(B_, H)
+    seq, batch = torch.export.Dim("seq"), torch.export.Dim("batch")
+    args, names, dynamic = (x, h0), ["x", "h0"], {"x": {0: seq, 1: batch}, "h0": {0: batch}}
+    outputs = ["y", "h_n"]
+    if kind.startswith("lstm"):
+        args, names, outputs = args + (torch.randn(B_, H),), names + ["c0"], outputs + ["c_n"]
+        dynamic["c0"] = {0: batch}
+    if kind == "bigru":
+        args, names, outputs = args + (torch.randn(B_, H),), names + ["h0_b"], ["y_f", "y_b", "h_f", "h_b"]
+        dynamic["h0_b"] = {0: batch}
+    dynamic = tuple(dynamic[n] for n in names[:2]) + ((tuple(dynamic[n] for n in names[2:]),) if names[2:] else ())
+    return _export(model, args, names, dynamic, outputs, optimize=optimize)
+
+
 def keras_concat_lstm():
     """gates = [x, h]·K + b split into i, c, f, o; c' = σ(f + 1)⊙c + σ(i)⊙tanh(c~); h' = σ(o)⊙tanh(c')."""
     kernel, bias = weights(40, (I + H, 4 * H), (4 * H,))
@@ -178,8 +283,49 @@ EXPORTED = {
     "torch_scan_gru_unbatched": lambda: torch_scan_gru(unbatched=True),
     "torch_scan_lstm": torch_scan_lstm,
     "torch_scan_gru_manual_rev": torch_scan_gru_manual_rev,
+    "torch_gru_cell_noopt": lambda: torch_cell_sample("gru_cell", False),
+    "torch_lstm_cell_noopt": lambda: torch_cell_sample("lstm_cell", False),
+    "torch_rnn_half_noopt": lambda: torch_cell_sample("rnn_manual_half", False),
+    "torch_rnn_half": lambda: torch_cell_sample("rnn_manual_half", True),
+    "torch_lstm_concat_noopt": lambda: torch_cell_sample("lstm_concat", False),
+    "torch_lstm_coupled_noopt": lambda: torch_cell_sample("lstm_coupled", False),
+    "torch_bigru": lambda: torch_cell_sample("bigru", True),
+    "torch_bigru_noopt": lambda: torch_cell_sample("bigru", False),
 }
-HAND_BUILT = {"keras_concat_lstm": keras_concat_lstm}
+def _builder_sample(build, kind, **body_kw):
+    """A cell written by tests/cell_builders.py (onnx.helper only) in one of the forms of issue 12."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    import cell_builders as cb
+
+    body = cb.Body(**body_kw)
+    res = build(cb, body)
+    states = [("h", res[0], body.H), ("c", res[1], body.H)] if kind == "LSTM" else [("h", res, body.H)]
+    m = cb.scan_model(body, states, ys=[states[0][1]])
+    m.producer_name = PRODUCER
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+HAND_BUILT = {
+    "keras_concat_lstm": keras_concat_lstm,
+    # Keras GRU(reset_after=True): kernel/recurrent_kernel in gate order z, r, h, bias [2, 3H] packed
+    "keras_gru_reset_after": lambda: _builder_sample(lambda cb, b: cb.keras_gru(b, "x", "h"), "GRU"),
+    # TF1 GRUCell: σ(Concat([x, h])·Kg) split into r, u; tanh(Concat([x, r⊙h])·Kc); u⊙h + (1-u)⊙c
+    "tf1_gru_cell": lambda: _builder_sample(lambda cb, b: cb.concat_gru(b, "x", "h"), "GRU"),
+    "tf1_basic_rnn_cell": lambda: _builder_sample(lambda cb, b: cb.concat_rnn(b, "x", "h"), "RNN"),
+    # c' = (1-i)⊙c + i⊙g: the native LSTM's input_forget=1
+    "coupled_lstm": lambda: _builder_sample(lambda cb, b: cb.coupled_lstm(b, "x", "h", "c", write="input"), "LSTM"),
+    # weights stored transposed and Transposed back in the main graph
+    "gru_weights_transposed_outer": lambda: _builder_sample(lambda cb, b: cb.gru(b, "x", "h", lbr=1), "GRU",
+                                                            wrap="transpose", wrap_where="outer"),
+    # float16 initializers Cast to float32 in the body
+    "lstm_fp16_weights": lambda: _builder_sample(lambda cb, b: cb.lstm(b, "x", "h", "c"), "LSTM", wrap="cast16"),
+    # weights Sliced out of packed initializers; LeakyRelu(0.2) with a Clip(±0.8) on the pre-activation
+    "rnn_packed_slice_leakyrelu_clip": lambda: _builder_sample(
+        lambda cb, b: cb.rnn(b, "x", "h", act="LeakyRelu", act_attrs={"alpha": 0.2}, clip=0.8), "RNN", wrap="slice"),
+    # the bias in a Gemm's C (beta 0.5) and two more Adds
+    "rnn_bias_gemm_c_adds": lambda: _builder_sample(lambda cb, b: cb.many_bias_rnn(b, "x", "h"), "RNN"),
+}
 
 
 def write(name):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import onnx
 from onnx import TensorProto as TP
 from onnx import helper as oh

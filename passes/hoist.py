@@ -10,7 +10,9 @@ with the rules of :mod:`lift`:
 A node that cannot be lifted (and everything after it) stays in the body. Lifted per-step
 values obey vectorize's memory bound (``vectorize_max_bytes``, symbolic dims counted as 1):
 one that would exceed it stays in the body. Skipped: Scan-8, Scans where nothing but
-constants could move, and maps without any state-dependent node (vectorize's case).
+constants could move or where the only per-step work that could move is elementwise (as a new
+scan input it costs about as much per step as it saves), and maps without any
+state-dependent node (vectorize's case).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel, is_op
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
-    Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, plan_node, to_processing_order,
-    value_dtype,
+    ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, plan_node,
+    to_processing_order, value_dtype,
 )
 from scanopt.passes.vectorize import DEFAULT_MAX_BYTES
 from scanopt.rewrite import Builder, detach, place_appended
@@ -88,6 +90,11 @@ class Hoist(ScanPass):
         if all(any(is_op(nd, op) for op in TRIVIAL) for nd in lifted_nodes):
             why = f" ({declined[0]})" if declined else ""
             return Skip(f"nothing to hoist: every computing node depends on a state{why}")
+        if not any(_worth_lifting(nd, plan) for nd in lifted_nodes):
+            first = next(nd for nd in lifted_nodes if not any(is_op(nd, op) for op in TRIVIAL))
+            return Skip(f"nothing worth hoisting: the per-step work that could move is elementwise only "
+                        f"({first.op} '{first.outputs[0].name}'); as a new scan input it would cost as much per "
+                        "step as it saves")
         lifted = {id(t) for nd in lifted_nodes for t in nd.outputs}
         frontier: dict[int, gs.Tensor] = {}
         for nd in kept:
@@ -154,6 +161,16 @@ class Hoist(ScanPass):
         moved = len(plan.steps)
         return (f"hoisted {moved} body node(s) out of the loop ({added} nodes before the Scan); "
                 f"{new_inputs} per-step result(s) became scan inputs; {len(body.nodes)} node(s) stay in the body")
+
+
+def _worth_lifting(node: gs.Node, plan: LiftPlan) -> bool:
+    """Invariant work (computed once instead of T times) always is; per-step work is when it is
+    more than elementwise (a MatMul, a reduction, ...): elementwise work costs about what
+    slicing its result from a new scan input costs per step."""
+    if any(is_op(node, op) for op in TRIVIAL):
+        return False
+    per_step = any(plan.values[id(t)].per_step for t in node.outputs if t.name)
+    return not per_step or not (node.op in ELEMENTWISE or node.op in ONE_WAY)
 
 
 def _trip_dim(node: gs.Node, view: ScanView, ctx: PassContext):

@@ -10,7 +10,9 @@ initializers and Constant nodes are hoisted once), states are threaded from step
 step; each scan output is Unsqueezed on its axis and Concatenated, in reverse step
 order when it prepends. Zero steps: final states are the initial states and scan
 outputs are empty constants (needs a static element shape), at every opset. An opset-8
-Scan is unrolled in place at opset 8, per batch item and step (:mod:`unroll_batched`).
+Scan is unrolled in place at opset 8, per batch item and step (:mod:`unroll_batched`); by
+default only with batch 1 and no ``sequence_lens`` (otherwise measured slower than the loop;
+an explicit ``unroll_max`` unrolls it anyway).
 Skipped: dynamic length (and for Scan-8 a symbolic batch), over the threshold, over the
 size cap, and Scans the fuse pass can turn into a native op.
 
@@ -73,6 +75,10 @@ class Unroll(ScanPass):
             batch = _static_batch(node, view, ctx)
             if batch is None:
                 return Skip("opset-8 Scan with a symbolic batch size: unrolling copies the body per batch item")
+            if (batch > 1 or view.sequence_lens) and ctx.options.get("unroll_max") is None:
+                return Skip(f"opset-8 Scan with {'sequence_lens' if view.sequence_lens else f'batch {batch}'}: "
+                            "unrolled per item it measured slower than the loop (1.1-3.2x, "
+                            "benchmarks/bench_unroll.py --scan8); --unroll-max N unrolls it anyway")
         too_big = _size_cap(body, steps * batch, ctx)
         if too_big:
             return Skip(too_big)

@@ -118,6 +118,7 @@ class Upgrade(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, UpgradeMatch)
         name = node_label(node)
+        _declare_body_outputs(node.attrs["body"], match, ctx)
         if match.strategy == "a":
             new = _rewrite_batch_one(node, match, level, ctx)
         elif match.strategy == "b":
@@ -135,6 +136,19 @@ class Upgrade(ScanPass):
         if match.why_not_b:
             detail += f"; not (b): {match.why_not_b}"
         return detail
+
+
+def _declare_body_outputs(body: gs.Graph, match: UpgradeMatch, ctx: PassContext) -> None:
+    """Declare each body output's shape that inference at the source opset knows and the body
+    leaves out: onnxruntime runs a Scan-8 body with unshaped outputs but refuses a Scan-9
+    body output it cannot shape, and after migration it may no longer infer one (e.g. the
+    converter's Softmax 12->13 form ends in Reshape(.., Shape(x))). Strategy (b) prefixes the
+    batch axis to the ones it batches; any other output stays undeclared."""
+    batched = {id(t) for t in match.plan.batched} if match.strategy == "b" else None
+    for tensor in body.outputs:
+        shape = ctx.shapes.shape(tensor) if tensor.shape is None else None
+        if shape is not None and (batched is None or id(tensor) in batched):
+            tensor.shape = list(shape)
 
 
 def _match_batched(node, view: ScanView, target: int, ranks, dtypes, ctx) -> BatchPlan | str:

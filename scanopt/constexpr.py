@@ -164,6 +164,10 @@ _NUMPY = {
     "Split": _split,
     "Concat": lambda node, args: [np.concatenate([a for a in args if a is not None], axis=node.attrs["axis"])],
     "Neg": lambda node, args: [-args[0]],
+    "Gather": lambda node, args: [np.take(args[0], args[1], axis=node.attrs.get("axis", 0))],
+    "Add": lambda node, args: [args[0] + args[1]],
+    "Sub": lambda node, args: [args[0] - args[1]],
+    "Mul": lambda node, args: [args[0] * args[1]],
 }
 
 

@@ -143,11 +143,7 @@ class InputShapes:
         self._read_constants(model)
         self._read_inference(model)
         opset = next((o.version for o in model.opset_import if in_default_domain(o.domain)), 0)
-        self._producers = {  # output -> first input, for shape-preserving ops of the main graph
-            node.output[0]: node.input[0]
-            for node in graph.node
-            if node.op_type in SHAPE_PRESERVING and in_default_domain(node.domain) and node.input and node.output
-        }
+        self._producers = self._shape_keeping_producers(graph)
         env = {name: t for name, t in self.templates.items() if t is not None}
         try:
             self._constrain(graph, env, opset)
@@ -220,31 +216,71 @@ class InputShapes:
         if name in self._inferred:
             template = self._template(self._inferred[name], self._main, name)
             if template is not None:
+                if self._undeclared(name):  # computed from an undeclared input: that input gets it
+                    self._set_input(name, template, env)
                 env[name] = template
             return template
         return None
 
     # -- constraints -----------------------------------------------------------------------
 
-    def _set_input(self, name: str, template: Template, env: dict[str, Template]) -> None:
-        """Give a graph input without a declared rank (or one behind a chain of
-        shape-preserving ops) the template its use implies."""
-        env[name] = template
-        seen = set()
+    def _shape_keeping_producers(self, graph: onnx.GraphProto) -> dict[str, tuple[str, list[int] | None]]:
+        """output -> (input, perm) for main-graph ops whose output has their input's shape
+        (perm: a Transpose's): unary elementwise ops, Transpose, and Slices that keep every
+        element (PyTorch's flip is a Slice from -1 to INT64_MIN with step -1)."""
+        producers = {}
+        for node in graph.node:
+            if not in_default_domain(node.domain) or not node.input or not node.output:
+                continue
+            if node.op_type in SHAPE_PRESERVING or (node.op_type == "Slice" and self._whole_slice(node)):
+                producers[node.output[0]] = (node.input[0], None)
+            elif node.op_type == "Transpose":
+                perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+                if perm is not None:
+                    producers[node.output[0]] = (node.input[0], perm)
+        return producers
+
+    def _whole_slice(self, node) -> bool:
+        ins = list(node.input) + [""] * 5
+        starts, ends, steps = (self._constants.get(n) for n in (ins[1], ins[2], ins[4]))
+        if starts is None or ends is None or (ins[4] and steps is None):
+            return False
+        steps = steps or [1] * len(starts)
+        big = 2**31 - 1
+        return all(
+            (step == 1 and start == 0 and end >= big) or (step == -1 and (start == -1 or start >= big) and end <= -big)
+            for start, end, step in zip(starts, ends, steps)
+        )
+
+    def _behind(self, name: str):
+        """(graph input or None, [perms]) reached from ``name`` through shape-keeping ops."""
+        perms, seen = [], set()
         while name not in self.templates and name in self._producers and name not in seen:
             seen.add(name)
-            name = self._producers[name]
-            env[name] = template
-        if self.templates.get(name, ()) is None:
-            self.templates[name] = template
+            name, perm = self._producers[name]
+            perms.append(perm)
+        return (name if name in self.templates else None), perms
+
+    def _set_input(self, name: str, template: Template, env: dict[str, Template]) -> None:
+        """Give a graph input without a declared rank (or one behind shape-keeping ops)
+        the template its use implies."""
+        env[name] = template
+        source, perms = self._behind(name)
+        for perm in perms:
+            if perm is not None:
+                if sorted(perm) != list(range(len(template))):
+                    return
+                unpermuted = [0] * len(template)
+                for axis, var in zip(perm, template):  # output axis j is input axis perm[j]
+                    unpermuted[axis] = var
+                template = unpermuted
+        if source is not None and self.templates[source] is None:
+            self.templates[source] = env[source] = template
 
     def _undeclared(self, name: str) -> bool:
-        """True for a graph input of unknown rank, directly or behind shape-preserving ops."""
-        seen = set()
-        while name not in self.templates and name in self._producers and name not in seen:
-            seen.add(name)
-            name = self._producers[name]
-        return name in self.templates and self.templates[name] is None
+        """True for a graph input of unknown rank, directly or behind shape-keeping ops."""
+        source, _ = self._behind(name)
+        return source is not None and self.templates[source] is None
 
     def _unify(self, a: Template, b: Template) -> None:
         if len(a) == len(b):

@@ -196,7 +196,6 @@ def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, ta
     converted.opset_import.extend(imports)
     _rename_new_names(converted, before)
     _restore_signature(original, converted)
-    _declare_body_output_shapes(converted)
     if converted.ir_version < 4 and _has_initializers(converted):
         converted.ir_version = 4  # the converter's own constants (e.g. Squeeze axes at 13)
     _check_signature(original, converted)
@@ -340,29 +339,6 @@ def _rename_new_names(model: onnx.ModelProto, before: set[str]) -> None:
 
 def _has_initializers(model: onnx.ModelProto) -> bool:
     return any(g.initializer for g in walk_proto_graphs(model.graph))
-
-
-def _declare_body_output_shapes(model: onnx.ModelProto) -> None:
-    """Give each body output without a shape the one shape inference finds: onnxruntime
-    refuses a Scan-9+ body output it cannot shape, which a Scan-8 body (whose outputs the
-    upgrade pass now stacks through a Scan-9) or a rewritten Hardmax may leave."""
-    bodies = [g for g in walk_proto_graphs(model.graph) if g is not model.graph]
-    missing = [v for g in bodies for v in g.output
-               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
-    if not missing:
-        return
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - a declaration only; verification decides
-        return
-    found = [v for g in walk_proto_graphs(inferred.graph) if g is not inferred.graph for v in g.output]
-    shapes = {}
-    for v in found:
-        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
-            shapes.setdefault(v.name, v.type.tensor_type.shape)
-    for v in missing:
-        if v.name in shapes:
-            v.type.tensor_type.shape.CopyFrom(shapes[v.name])
 
 
 def _restore_signature(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:

@@ -8,6 +8,9 @@ write each such node in a form the converter cannot get wrong:
   converter's 10→11 adapter only inserts the ``roi`` input, so the values change. The node
   is written directly in the target's form with the modes spelled out, held in
   :data:`~scanopt.emit.HOLD_DOMAIN` (the converter leaves it alone; migration moves it back).
+- **GroupNormalization-18 → opset 19 or 20.** onnx deprecates it from 19 and its successor
+  (scale/bias per channel) comes only at 21, so the converter keeps a node the checker rejects;
+  it is written out with Reshape/ReduceMean/Sqrt and a per-group affine instead.
 - **Hardmax (opset < 13) → 13+.** Hardmax before 13 coerces its input to 2-D at ``axis``;
   from 13 it works on that one axis, and the converter bumps the version without adapting it
   (its Softmax and LogSoftmax adapters do). Each such Hardmax becomes Flatten(axis) →
@@ -98,8 +101,47 @@ def _hardmax_2d(node, source, target, fresh):
 
 _hardmax_2d.ops = {"Hardmax"}
 
+def _group_norm_decomposed(node, source, target, fresh):
+    """GroupNormalization-18 (scale and bias per *group*) at opset 19 or 20, where onnx marks
+    it deprecated and has no successor yet (21 changed scale/bias to per channel): written
+    out as reshape to [N, G, -1], normalize over the last axis, per-group affine, reshape
+    back. Held nodes in the target's form (ReduceMean takes ``axes`` as an input from 18)."""
+    x, scale, bias = node.input[0], node.input[1], node.input[2]
+    groups = _attr(node, "num_groups")
+    eps = _attr(node, "epsilon", 1e-5)
+    base = node.name or "group_norm"
+
+    def held(op, inputs, **attrs):
+        out = fresh(f"{base}_{op.lower()}")
+        nodes.append(helper.make_node(op, inputs, [out], name=fresh(f"{base}_{op.lower()}"), domain=HOLD_DOMAIN, **attrs))
+        return out
+
+    def const(hint, array):
+        name = fresh(f"{base}_{hint}")
+        weights.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    nodes, weights = [], []
+    grouped = held("Reshape", [x, const("grouped", np.array([0, groups, -1], np.int64))])
+    last = const("axes", np.array([2], np.int64))
+    mean = held("ReduceMean", [grouped, last], keepdims=1)
+    centered = held("Sub", [grouped, mean])
+    var = held("ReduceMean", [held("Mul", [centered, centered]), last], keepdims=1)
+    # eps is cast to the input's type by CastLike, so float16/double inputs work too
+    eps_t = held("CastLike", [const("epsilon", np.array(eps, np.float32)), x])
+    normed = held("Div", [centered, held("Sqrt", [held("Add", [var, eps_t])])])
+    per_group = const("per_group", np.array([groups, 1], np.int64))
+    affine = held("Add", [held("Mul", [normed, held("Reshape", [scale, per_group])]), held("Reshape", [bias, per_group])])
+    nodes.append(helper.make_node("Reshape", [affine, held("Shape", [x])], list(node.output), name=node.name,
+                                  domain=HOLD_DOMAIN, doc_string=node.doc_string))
+    return nodes, weights
+
+
+_group_norm_decomposed.ops = {"GroupNormalization"}
+
 # (adapter, applies(source, target)): Resize-10 and Upsample exist only below 11.
 _RULES = [
     (_resize_asymmetric, lambda source, target: source < 11 <= target),
     (_hardmax_2d, lambda source, target: source < 13 <= target),
+    (_group_norm_decomposed, lambda source, target: source < 19 <= target <= 20),
 ]

@@ -105,6 +105,13 @@ class OutputPlan:
     def claimed(self) -> list[str]:
         return [path for _, path, _ in self._writes]
 
+    def write(self, outputs: list[tuple[str, "Writer"]]) -> None:
+        """:func:`write_outputs`, for claimed paths only (an unclaimed one is a bug here)."""
+        unclaimed = [path for path, _ in outputs if os.path.abspath(path) not in self.claimed]
+        if unclaimed:
+            raise AssertionError(f"outputs written without being checked first: {unclaimed}")
+        write_outputs(outputs)
+
 
 def check_output_path(path: str, label: str = "output") -> None:
     """Fail before any work if ``path`` cannot be written as a regular file."""

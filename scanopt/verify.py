@@ -469,9 +469,10 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
                 notes.append(f"using the reference executor: onnxruntime runs the original on no synthesized input ({failures[0][1]})")
         if run is None:
             attempt, error = failures[0]
+            why = "".join(f"; {note}" for note in notes)  # e.g. why onnxruntime was not used
             raise CannotVerifyError(
                 f"cannot verify: the original model fails on seed {seed} at every size tried "
-                f"({len(failures)} size set(s); first {attempt.describe()}: {error}); pass inputs it accepts with --inputs"
+                f"({len(failures)} size set(s); first {attempt.describe()}: {error}{why}); pass inputs it accepts with --inputs"
             )
         attempt, feeds, expected = run
         label = f"seed {seed}"

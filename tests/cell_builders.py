@@ -222,7 +222,7 @@ def scan8_model(body: Body, states, ys=("y",), *, lens=True, reverse=False, fina
     inputs += [vi(f"{name}0", TP.FLOAT, ["batch", size]) for name, _, size in states]
     outputs = [vi(f"{name}_n", TP.FLOAT, ["batch", size]) for name, _, size in states] if finals else []
     outputs += [vi(f"Y{i}", TP.FLOAT, ["batch", "seq", body.H]) for i in range(len(ys))]
-    g = h.make_graph([scan], "cell_model8", inputs, outputs, initializer=body.outer)
+    g = h.make_graph(body.outer_nodes + [scan], "cell_model8", inputs, outputs, initializer=body.outer)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 8)], ir_version=8)
 
 
@@ -519,3 +519,50 @@ def many_bias_rnn(body, x, hs, seed=0, act="Tanh"):
     xw = body.op("Gemm", x, body.const(W), body.const(rand(seed + 2, H), "b"), transB=1, beta=0.5)
     s = body.op("Add", body.op("Add", xw, body.const(rand(seed + 3, H), "b")), body.linear(hs, R))
     return body.op(act, body.op("Add", body.const(rand(seed + 4, H), "b"), s))
+
+
+# -- the hand-written native op, for "equal to the native op with the same weights" -----------
+
+def native_model(kind, W, R, B, P=None, opset=17, **attrs):
+    """X [seq, batch, I], h0 (, c0) -> Y0 [seq, batch, H], h_n (, c_n): one native op written by
+    hand from weights in ONNX layout (one direction), with the Scan samples' names."""
+    Hn = R.shape[1]
+    In = W.shape[1]
+    vi = h.make_tensor_value_info
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32)[None], k) for k, v in (("W", W), ("R", R), ("B", B))]
+    ins = ["X", "W", "R", "B", "", "h0_3"]
+    nodes = [h.make_node("Unsqueeze", ["h0", "ax0"], ["h0_3"])]
+    if kind == "LSTM":
+        ins.append("c0_3")
+        nodes.append(h.make_node("Unsqueeze", ["c0", "ax0"], ["c0_3"]))
+        if P is not None:
+            ins.append("P")
+            inits.append(numpy_helper.from_array(np.asarray(P, np.float32)[None], "P"))
+    outs = ["Y4", "Yh"] + (["Yc"] if kind == "LSTM" else [])
+    nodes.append(h.make_node(kind, ins, outs, hidden_size=Hn, **attrs))
+    nodes += [h.make_node("Squeeze", ["Y4", "ax1"], ["Y0"]), h.make_node("Squeeze", ["Yh", "ax0"], ["h_n"])]
+    if kind == "LSTM":
+        nodes.append(h.make_node("Squeeze", ["Yc", "ax0"], ["c_n"]))
+    inits += [numpy_helper.from_array(np.array([0], np.int64), "ax0"), numpy_helper.from_array(np.array([1], np.int64), "ax1")]
+    inputs = [vi("X", TP.FLOAT, ["seq", "batch", In]), vi("h0", TP.FLOAT, ["batch", Hn])]
+    outputs = [vi("h_n", TP.FLOAT, ["batch", Hn])]
+    if kind == "LSTM":
+        inputs.append(vi("c0", TP.FLOAT, ["batch", Hn]))
+        outputs.append(vi("c_n", TP.FLOAT, ["batch", Hn]))
+    outputs.append(vi("Y0", TP.FLOAT, ["seq", "batch", Hn]))
+    g = h.make_graph(nodes, "native", inputs, outputs, initializer=inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+def assert_same_as_native(model, native, shapes=((16, 1), (50, 4)), rtol=1e-5, atol=1e-5):
+    """``model`` (a fused or original Scan sample) and ``native`` give the same outputs, by
+    name, in onnxruntime on feeds of each (T, B)."""
+    import onnxruntime as ort
+
+    run = lambda m, f: dict(zip([o.name for o in m.graph.output],  # noqa: E731
+                                ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, f)))
+    for T, B in shapes:
+        (feed,) = feeds(native, T=T, B=B, seed=T + B)
+        got, want = run(model, feed), run(native, feed)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=f"{name} at T={T}, B={B}")

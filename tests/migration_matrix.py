@@ -355,7 +355,7 @@ def ops_13():  # Reduce*/Split/Pad-13 -> 18 (axes, num_outputs), Resize-13 -> 18
 
 # -- nesting levels -----------------------------------------------------------------------
 
-LEVELS = ["main", "scan", "loop", "if", "scan_in_loop", "loop_in_if", "scan_in_scan"]
+LEVELS = ["main", "scan", "scan_lens_reverse", "loop", "if", "scan_in_loop", "loop_in_if", "scan_in_scan"]
 
 
 def _renamed(nodes, prefix, keep):
@@ -436,6 +436,16 @@ def build(fam: Family, level: str) -> onnx.ModelProto:
     elif level == "scan":
         node, out_shape = _scan(source, nodes, "x", X_SHAPE, "y", elem, shape, "X__", "Y__", 2, "scan")
         inputs, graph_nodes = [_vi("X__", F, _scan_input_shape(source, X_SHAPE, 2))], [node]
+    elif level == "scan_lens_reverse":  # Scan-8: batch 2, sequence_lens, reverse; Scan-9+: reverse
+        node, out_shape = _scan(source, nodes, "x", X_SHAPE, "y", elem, shape, "X__", "Y__", 2, "scan")
+        inputs = [_vi("X__", F, _scan_input_shape(source, X_SHAPE, 2))]
+        if source == 8:
+            node.input[0] = "lens__"
+            node.attribute.append(h.make_attribute("directions", [1]))
+            inputs.insert(0, _vi("lens__", TP.INT64, [2]))
+        else:
+            node.attribute.append(h.make_attribute("scan_input_directions", [1]))
+        graph_nodes = [node]
     elif level == "loop":
         node, out_shape = _loop(nodes, "y", elem, shape, "Y__", "loop")
         graph_nodes, extra = [node], [_init("trips__", 2, np.int64), _init("zero__", 0.0)]
@@ -479,6 +489,8 @@ def feeds(model: onnx.ModelProto, seed: int = 0) -> list[dict]:
         if v.type.tensor_type.elem_type == F and v.name not in weights:
             shape = [d.dim_value for d in v.type.tensor_type.shape.dim]
             base[v.name] = rng.standard_normal(shape).astype(np.float32)
+    if any(v.name == "lens__" for v in model.graph.input):
+        base["lens__"] = np.array([1, 2], np.int64)  # item 0 stops after one of its two steps
     if any(v.name == "cond__" for v in model.graph.input):
         return [{**base, "cond__": np.array(True)}, {**base, "cond__": np.array(False)}]
     return [base]

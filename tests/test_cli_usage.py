@@ -10,7 +10,6 @@ import sys
 import threading
 
 import numpy as np
-import onnx
 import pytest
 from onnx import helper as h
 

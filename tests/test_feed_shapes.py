@@ -195,3 +195,17 @@ def test_a_reshape_in_the_body_sizes_the_scan_slice():
     model = builders.model(h.make_graph([scan], "main", [builders.vi("X", None)], [builders.vi("Y", None)]))
     assert shapes(model)["X"] == (TRIP_SIZES[0], 6)
     assert compare_models(model, model, seeds=2).passed
+
+
+def test_pytorch_transpose_and_flip_before_the_scan_are_followed_back_to_the_input():
+    # models/torch_scan_rnn_rev_dim1.onnx with its graph shapes removed: x reaches the Scan
+    # through Transpose(perm [1, 0, 2]) and a reversing Slice, the body declares the slices.
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "models", "torch_scan_rnn_rev_dim1.onnx")
+    model = onnx.load(path)
+    for value in list(model.graph.input) + list(model.graph.output):
+        value.type.tensor_type.ClearField("shape")
+    got = shapes(model)
+    assert got["x"][1] == TRIP_SIZES[0] and got["x"][0] == got["h0"][0]  # [batch, seq, 3], h0 [batch, 4]
+    assert compare_models(model, model, seeds=2).passed

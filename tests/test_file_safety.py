@@ -298,6 +298,38 @@ def test_staging_left_by_a_killed_run_is_removed_by_a_later_run(cli, tmp_path):
     assert sorted(os.listdir(out_dir)) == [".scanopt-notes", "m.onnx"]
 
 
+def test_interrupted_write_leaves_nothing(tmp_path):
+    src = _save(tmp_path / "in.onnx", b.scan9_sum(steps="T"))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, "optimize", str(src), str(out_dir / "m.onnx"), "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout.readline().strip() == "staged"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "scanopt: interrupted"
+    assert os.listdir(out_dir) == []
+
+
+def test_concurrent_runs_to_one_output_give_one_valid_file(tmp_path):
+    src = _save(tmp_path / "in.onnx", b.scan9_sum(steps=2))  # unrolled: a real rewrite each time
+    out = tmp_path / "out.onnx"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "scanopt", "optimize", str(src), str(out), "-q"], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    assert sorted(os.listdir(tmp_path)) == ["in.onnx", "out.onnx"]
+    onnx.checker.check_model(onnx.load(out))
+    alone = tmp_path / "alone.onnx"
+    assert subprocess.run([sys.executable, "-m", "scanopt", "optimize", str(src), str(alone), "-q"]).returncode == 0
+    assert alone.read_bytes() == out.read_bytes()  # byte-identical to a run on its own
+
+
 def test_only_staging_shaped_folders_are_removed(tmp_path):
     old = time.time() - STALE_AFTER_SECONDS - 60
     for name in (".scanopt-staging-12-abc_9", ".scanopt-k2j4h5g1", ".scanopt-staging-7-x", ".scanopt-mine", "scanopt-staging-1-a"):

@@ -146,6 +146,12 @@ def test_nothing_but_state_work_is_declined():
     assert hoist(m)[1] == [(False, "nothing to hoist: every computing node depends on a state")]
 
 
+def test_elementwise_only_per_step_work_is_not_worth_a_scan_input():
+    m = b.scan9_sum(opset=11, weight=np.array([2.0, 0.5]))  # s' = s + x * W
+    assert hoist(m)[1] == [(False, "nothing worth hoisting: the per-step work that could move is elementwise "
+                                   "only (Mul 'xw'); as a new scan input it would cost as much per step as it saves")]
+
+
 def test_an_unliftable_node_stays_with_its_dependents_and_the_reason():
     nodes = [h.make_node("LpNormalization", ["x"], ["xn"]), h.make_node("Add", ["s", "xn"], ["s_next"])]
     m = recurrence(nodes, [("x", [2, 3])])
@@ -183,4 +189,24 @@ def test_random_per_step_prefixes_are_hoisted(spec):
                    input_dirs=[in_dir, 0], outputs=("s_next", value))
     out, outcomes = hoist(m)
     assert outcomes[0][0], outcomes
+    assert_equivalent(m, out, engine="both")
+
+
+def test_inside_a_loop_body():
+    cell = h.make_graph([h.make_node("MatMul", ["x", "W"], ["xw"]), h.make_node("Tanh", ["xw"], ["t"]),
+                         h.make_node("Add", ["s", "t"], ["s2"]), h.make_node("Identity", ["s2"], ["y"])],
+                        "cb", [b.vi("s", [3]), b.vi("x", [4])], [b.vi("s2", [3]), b.vi("y", [3])])
+    loop_body = h.make_graph(
+        [h.make_node("Identity", ["c_in"], ["c_out"]),
+         h.make_node("Scan", ["s", "X"], ["s_next", "ys"], name="cell_scan", body=cell, num_scan_inputs=1)],
+        "lb", [b.vi("i", [], TP.INT64), b.vi("c_in", [], TP.BOOL), b.vi("s", [3])],
+        [b.vi("c_out", [], TP.BOOL), b.vi("s_next", [3])])
+    graph = h.make_graph([h.make_node("Loop", ["trips", "", "s0"], ["s_final"], name="loop", body=loop_body)], "main",
+                         [b.vi("trips", [], TP.INT64), b.vi("s0", [3]), b.vi("X", [6, 4])], [b.vi("s_final", [3])],
+                         initializer=[b.init("W", rand(4, 3, seed=3))])
+    m = b.model(graph, 16)
+    out, outcomes = hoist(m)
+    assert outcomes[0][0], outcomes
+    loop = next(a.g for a in out.graph.node[0].attribute if a.name == "body")
+    assert [n.op_type for n in loop.node] == ["Identity", "MatMul", "Tanh", "Scan"]
     assert_equivalent(m, out, engine="both")

@@ -314,7 +314,7 @@ def test_dynamic_length_is_skipped():
 @pytest.mark.parametrize("name", ["scan8_sum", "scan8_sum_seqlens", "scan8_reverse_seqlens"])
 def test_opset8_scan_unrolls_in_place_per_item(name):
     m = sample(name, seq=3, batch=2)
-    out, outcomes = unroll(m)
+    out, outcomes = unroll(m, unroll_max=4)
     assert outcomes[0][1] is True and outcomes[0][2].startswith("unrolled opset-8 Scan in place: 2 item(s) x 3 steps")
     assert "Scan" not in ops(out) and out.opset_import[0].version == 8
     assert_equivalent(m, out, engine="both")
@@ -323,7 +323,7 @@ def test_opset8_scan_unrolls_in_place_per_item(name):
 def test_opset8_lengths_mask_each_item_and_reverse_from_its_own_end():
     """Lengths 0, 1 and 3 of T = 3 (onnxruntime rejects 0: the reference executor checks it)."""
     m = sample("scan8_reverse_seqlens", seq=3, batch=3)
-    out, _ = unroll(m)
+    out, _ = unroll(m, unroll_max=3)
     x = np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2) + 1
     feeds = {"sequence_lens": np.array([0, 1, 3], np.int64), "init_fwd": np.zeros((3, 2), np.float32),
              "init_bwd": np.zeros((3, 2), np.float32), "x": x}
@@ -335,6 +335,18 @@ def test_opset8_lengths_mask_each_item_and_reverse_from_its_own_end():
     np.testing.assert_array_equal(got["y_bwd"][1], x[1, 0])
     feeds["sequence_lens"] = np.array([1, 2, 3], np.int64)
     assert_equivalent(m, out, inputs=[feeds], engine="both")
+
+
+def test_opset8_by_default_only_where_measured_no_slower():
+    """benchmarks/bench_unroll.py --scan8: batch 1 without lengths is even; batch > 1 or
+    sequence_lens is slower unrolled, so the default keeps the loop."""
+    out, outcomes = unroll(sample("scan8_sum", seq=3, batch=1))
+    assert outcomes[0][1] is True and "Scan" not in ops(out)
+    assert unroll(sample("scan8_sum", seq=3, batch=2))[1] == [(
+        "scan_sum", False, "opset-8 Scan with batch 2: unrolled per item it measured slower than the loop (1.1-3.2x, "
+        "benchmarks/bench_unroll.py --scan8); --unroll-max N unrolls it anyway")]
+    assert unroll(sample("scan8_sum_seqlens", seq=3, batch=1))[1][0][2].startswith(
+        "opset-8 Scan with sequence_lens: unrolled per item it measured slower")
 
 
 def test_opset8_symbolic_batch_is_skipped():
@@ -529,3 +541,13 @@ def test_fusable_scan_is_unrolled_when_fuse_does_not_run():
     assert "Scan" not in ops(out)
     out, report = _optimize(m)
     assert "Scan" not in ops(out) and ops(out)["RNN"] == 1
+
+
+def test_cli_huge_unroll_max_on_a_huge_trip_count_returns_at_once(cli, tmp_path):
+    """issue 11, end to end: nothing is built, the model is written back unchanged."""
+    src, out = tmp_path / "huge.onnx", tmp_path / "out.onnx"
+    onnx.save(b.scan9_sum(opset=16, steps=10**9), src)
+    result = cli("optimize", src, out, "--unroll-max", "2000000000", "-v")
+    assert result.code == 0, result.err
+    assert "over unroll_max_nodes 100000" in result.out
+    assert out.read_bytes() == src.read_bytes()

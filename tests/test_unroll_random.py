@@ -118,3 +118,47 @@ def test_the_default_pipeline_threshold_is_the_module_constant():
     params = (17, limit, 1, 1, 1, [0], [0], [0], [0])
     out, report = optimize(scan_model(*params), passes=["unroll"], verify=False)
     assert "Scan" not in ops(out)
+
+
+@st.composite
+def scan8s(draw):
+    batch = draw(st.integers(1, 3))
+    steps = draw(st.integers(0, 4))
+    n = draw(st.integers(0, 2))
+    m = draw(st.integers(1, 2))
+    k = draw(st.integers(0 if n else 1, 2))
+    dirs = draw(st.lists(st.integers(0, 1), min_size=m, max_size=m))
+    lens = draw(st.one_of(st.none(), st.lists(st.integers(0, steps), min_size=batch, max_size=batch)))
+    return batch, steps, n, m, k, dirs, lens
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scan8s())
+def test_random_scan8_unroll_in_place(params):
+    """Scan-8 with random batch, length 0..4, states, inputs, outputs, directions and per-item
+    lengths in [0, T] (the reference executor: onnxruntime rejects length 0 and T = 0)."""
+    batch, steps, n, m, k, dirs, lens = params
+    body = scan_model(9, steps, n, m, k, [0] * m, [0] * k, [0] * m, [0] * k).graph.node[0].attribute
+    body = next(a.g for a in body if a.name == "body")
+    inputs = ["L" if lens is not None else ""] + [f"S{i}" for i in range(n)] + [f"X{j}" for j in range(m)]
+    scan = h.make_node("Scan", inputs, [f"S{i}_final" for i in range(n)] + [f"Y{j}" for j in range(k)],
+                       name="scan8", body=body, num_scan_inputs=m, directions=dirs)
+    graph_inputs = ([b.vi("L", [batch], onnx.TensorProto.INT64)] if lens is not None else [])
+    graph_inputs += [b.vi(f"S{i}", [batch] + ELEMENT) for i in range(n)]
+    graph_inputs += [b.vi(f"X{j}", [batch, steps] + ELEMENT) for j in range(m)]
+    graph = h.make_graph(
+        [scan], "main", graph_inputs,
+        [b.vi(f"S{i}_final", [batch] + ELEMENT) for i in range(n)] + [b.vi(f"Y{j}", [batch, steps] + ELEMENT) for j in range(k)],
+        initializer=[b.init("W", np.array([[1.0, -2.0, 0.5], [0.25, 3.0, -1.0]], np.float32))],
+    )
+    model = b.model(graph, 8)
+    out, report = optimize(model, passes=["unroll"], verify=False, options={"unroll_max": 8})
+    outcomes = [o for o in report.outcomes if o.pass_name == "unroll"]
+    assert len(outcomes) == 1 and outcomes[0].applied, outcomes
+    assert "Scan" not in ops(out) and out.opset_import[0].version == 8
+    rng = np.random.default_rng(batch * 10 + steps)
+    feeds = {f"S{i}": rng.standard_normal([batch] + ELEMENT).astype(np.float32) for i in range(n)}
+    feeds.update({f"X{j}": rng.standard_normal([batch, steps] + ELEMENT).astype(np.float32) for j in range(m)})
+    if lens is not None:
+        feeds["L"] = np.array(lens, np.int64)
+    assert_equivalent(model, out, inputs=[feeds], engine="reference")

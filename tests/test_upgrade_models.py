@@ -85,3 +85,19 @@ def test_onnx_backend_scan_tests_upgrade_to_their_expected_outputs(name, target)
         feeds = {v.name: np.asarray(x) for v, x in zip(original.graph.input, inputs)}
         for got, want in zip(session.run(None, feeds), expected):
             np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("target", [12, 13, 17])
+def test_cli_upgrades_the_ir3_backend_scan_sum(cli, tmp_path, target):
+    """The issue's command: test_scan_sum (IR 3, Scan-8) went to 12 but failed from 13 on
+    with "Input axes is undefined!" (the converter ignored initializers that IR 3 does not
+    list as graph inputs)."""
+    original = _backend_scan_cases()["test_scan_sum"].model
+    assert original.ir_version == 3
+    src, dst = tmp_path / "scan_sum.onnx", tmp_path / "out.onnx"
+    onnx.save(original, str(src))
+    result = cli("upgrade", "--target-opset", target, src, dst)
+    assert result.code == 0, result.err
+    migrated = onnx.load(str(dst))
+    assert default_opset(migrated) == target
+    assert _signature(migrated) == _signature(original)

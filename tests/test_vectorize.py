@@ -305,3 +305,26 @@ def test_unknown_rank_is_declined():
     m.graph.input[0].type.tensor_type.ClearField("shape")
     _, outcomes = vectorize(m)
     assert reason(outcomes) == "not vectorized: Neg 'Neg->y': the rank of 'x' is unknown"
+
+
+def test_cli_passes_vectorize_and_hoist(cli, tmp_path):
+    out = tmp_path / "knn.opt.onnx"
+    result = cli("optimize", MODELS / "skl" / "knn_classifier.onnx", out, "--passes", "vectorize,hoist")
+    assert result.code == 0, result.err
+    assert "vectorize     applied" in result.out or "vectorize applied" in " ".join(result.out.split())
+    assert "Scan" not in ops(onnx.load(out))
+    out = tmp_path / "cell.opt.onnx"
+    result = cli("optimize", MODELS / "maps" / "cell_rnn_residual.onnx", out, "--passes", "vectorize,hoist")
+    assert result.code == 0, result.err
+    assert "hoist" in result.out and "hoisted 2 body node(s)" in result.out
+
+
+def test_a_map_inside_a_map_vectorizes_at_both_levels():
+    inner = h.make_graph([h.make_node("Mul", ["e", "W"], ["y"])], "ib", [b.vi("e", [3])], [b.vi("y", [3])])
+    nodes = [h.make_node("Scan", ["row"], ["rows_out"], name="inner_map", body=inner, num_scan_inputs=1),
+             h.make_node("ReduceSum", ["rows_out", "ax"], ["z"], keepdims=0)]
+    m = map_scan(nodes, [("row", [2, 3])], ["z"], steps=4, inits={"W": rand(3, seed=1), "ax": np.array([0], np.int64)})
+    out, report = optimize(m, passes=["vectorize"], verify=False)
+    assert [(o.node, o.applied) for o in report.outcomes] == [("inner_map", True), ("scan_map", True)]
+    assert dict(ops(out)) == {"Mul": 1, "ReduceSum": 1}
+    assert_equivalent(m, out, engine="both")

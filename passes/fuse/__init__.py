@@ -27,7 +27,8 @@ the Scan but not in the native op), reversals needing Slice steps before opset 1
 The package: ``fuse_pass`` (the pass: match, rewrite), ``directions`` (one Scan as one
 direction of the native op, bidirectional partners), ``glue`` (the ops around the native
 op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as polynomials),
-``recognize`` with ``reader``/``gru``/``lstm`` (cells), ``cell`` and ``linear`` (their terms).
+``cuts`` (last-axis cuts), ``recognize`` with ``reader``/``gru``/``lstm`` (cells), ``cell`` and
+``linear`` (their terms).
 """
 
 from scanopt.passes.fuse.fuse_pass import Fuse

@@ -84,7 +84,10 @@ class GruReader(GateReader):
             (rest if known else gated).append(t)
         leaves = {id(f.tensor): f.tensor for t in gated for f in t.factors if isinstance(f, Leaf) and not self._known(f)}
         if len(leaves) != 1:
-            raise NoMatch(f"the candidate's pre-activation {format_poly(p, self.names)} has no single reset gate")
+            others = [self.describe(t) for t in leaves.values()] + [self.describe(f.tensor) for t in rest for f in t.factors
+                                                                    if isinstance(f, Leaf) and not self._known(f)]
+            reads = f" (it reads {', '.join(dict.fromkeys(others))})" if others else ""
+            raise NoMatch(f"the candidate's pre-activation {format_poly(p, self.names)} has no single reset gate{reads}")
         (r,) = leaves.values()
         self.role(r, "r")
         lbr0, inner = [], []

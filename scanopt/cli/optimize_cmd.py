@@ -8,7 +8,6 @@ import textwrap
 from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, text_writer
 from scanopt.errors import ScanoptError, VerificationError
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
-from scanopt.outputs import write_outputs
 from scanopt.pipeline import optimize, select_passes
 
 EPILOG = """\
@@ -60,7 +59,7 @@ def _order_paragraph() -> str:
 
 
 def run(args) -> int:
-    loaded, feeds, _plan = start_job(args)
+    loaded, feeds, plan = start_job(args)
     progress = info if args.verbose and not args.quiet else None
     result, report = optimize(
         loaded.model,
@@ -87,7 +86,7 @@ def run(args) -> int:
     outputs = [(args.output, writer)]
     if args.report:
         outputs.append((args.report, text_writer(report.to_json() + "\n")))
-    write_outputs(outputs)
+    plan.write(outputs)
     if not args.quiet:
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"

@@ -11,7 +11,7 @@ from scanopt.cli.feeds import feed_files, user_feeds
 from scanopt.engines import prepare
 from scanopt.inputs import synthesize_inputs
 from scanopt.model_io import load
-from scanopt.outputs import OutputPlan, write_output
+from scanopt.outputs import OutputPlan
 
 EPILOG = """\
 examples:
@@ -71,7 +71,7 @@ def run(args) -> int:
         source = "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}" if synthesized else "")
     outputs = runner(feeds)
     if args.out:
-        _save_npz(outputs, args.out)
+        plan.write([(args.out, _npz_writer(outputs))])
         print(f"wrote {len(outputs)} output(s) to {args.out} (engine {runner.engine})")
         return 0
     print(f"engine: {runner.engine}")
@@ -82,12 +82,12 @@ def run(args) -> int:
     return 0
 
 
-def _save_npz(outputs: dict[str, np.ndarray], path: str) -> None:
+def _npz_writer(outputs: dict[str, np.ndarray]):
     def write(staged: str) -> None:
         with open(staged, "wb") as handle:  # a handle, so numpy does not append ".npz"
             np.savez(handle, **outputs)
 
-    write_output(path, write)
+    return write
 
 
 def _table(arrays: dict[str, np.ndarray]) -> str:

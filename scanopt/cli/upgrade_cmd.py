@@ -8,7 +8,6 @@ import json
 from scanopt.cli.common import add_job_arguments, info, start_job, text_writer
 from scanopt.errors import ScanoptError
 from scanopt.model_io import model_writer
-from scanopt.outputs import write_outputs
 from scanopt.emit import MIN_TARGET
 from scanopt.migrate import migrate_verified
 from scanopt.report import count_ops
@@ -48,7 +47,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    loaded, feeds, _plan = start_job(args)
+    loaded, feeds, plan = start_job(args)
     if args.verbose and not args.quiet:
         info(f"moving {args.input} to opset {args.target_opset}")
     options = {} if args.strategy == "auto" else {"upgrade_strategy": args.strategy}
@@ -63,7 +62,7 @@ def run(args) -> int:
     outputs = [(args.output, model_writer(migration.model, args.output, external_data=loaded.had_external_data or None))]
     if args.report:
         outputs.append((args.report, text_writer(json.dumps(report, indent=2) + "\n")))
-    write_outputs(outputs)
+    plan.write(outputs)
     if not args.quiet:
         print(_format(report))
         print(f"wrote {args.output} (opset {migration.target_opset})")
