@@ -276,3 +276,10 @@ def test_user_inputs_with_a_zero_sequence_length_fall_back_to_the_reference(cli,
     assert upgraded.code == 0, upgraded.err
     assert_same(run_engine(path("scan8_short_lens_reverse"), feeds, "reference"),
                 run_engine(str(tmp_path / "u.onnx"), feeds, "reference"))
+
+
+def test_float16_cell_decline_does_not_blame_a_missing_double_kernel(optimized):
+    """The float16 RNN was declined with '(onnxruntime has no double GRU/LSTM kernel)':
+    not about float16 (onnxruntime 1.32 runs float16 RNN/GRU/LSTM on CPU)."""
+    detail = _detail(optimized("rnn_f16")[4], "fuse")
+    assert "float16" in detail and "double" not in detail and "not implemented" in detail
