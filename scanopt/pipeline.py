@@ -342,7 +342,7 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     values around the node they replace). Returns [] when that cannot decide, and
     every key when no rewrite can be cleared.
     """
-    from scanopt.protos import outer_names
+    from scanopt.protos import attribute_graphs, outer_names
     from scanopt.verify import compare_models
 
     keys = applied_keys(report)
@@ -363,7 +363,7 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
         node = by_label.get(label)
         if node is None:
             return []
-        reads = set(node.input) | {n for a in node.attribute for g in _graphs(a) for n in outer_names(g)}
+        reads = set(node.input) | {n for a in node.attribute for g in attribute_graphs(a) for n in outer_names(g)}
         sides[label] = ({o for o in node.output if o}, {r for r in reads if r in produced})
         for name in sides[label][0] | sides[label][1]:
             elem = shapes.elem_type_of(name)
@@ -380,12 +380,6 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     wrong = {c.name for comp in outcome.comparisons for c in comp.checks if not c.passed}
     guilty = {label for label, (outs, ins) in sides.items() if outs & wrong and not ins & wrong}
     return [k for k in keys if anchors[k] in guilty]
-
-
-def _graphs(attr: onnx.AttributeProto) -> list:
-    from scanopt.protos import attribute_graphs
-
-    return attribute_graphs(attr)
 
 
 class _extra_outputs:
