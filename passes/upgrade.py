@@ -81,7 +81,11 @@ class Upgrade(ScanPass):
         if any(d is None for d in dtypes):
             return Skip("a body output has no element type; declare the body's output types")
         inputs = [t for t in node.inputs if t.name]
-        input_dtypes = [_dtype(ctx, t) for t in inputs]
+        # An outer value nothing types (e.g. the output of an ai.onnx.ml op onnx cannot
+        # infer) has the element type its body input declares: Scan's contract.
+        declared = ([np.dtype(np.int64)] if view.sequence_lens is not None else []) + [
+            _dtype(ctx, t) for t in body.inputs[:n + m]]
+        input_dtypes = [_first_known(_dtype(ctx, t), d) for t, d in zip(inputs, declared)]
         if any(d is None for d in input_dtypes):
             return Skip("an input of the Scan has no known element type")
         ranks = [_rank(ctx, t) for t in body.outputs]
@@ -198,6 +202,11 @@ def _dtype(ctx: PassContext, tensor: gs.Tensor) -> np.dtype | None:
         return dtype
     elem = ctx.shapes.elem_type(tensor)
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem else None
+
+
+def _first_known(*dtypes):
+    """The first dtype that is not None (np.dtype is falsy, so ``a or b`` would skip it)."""
+    return next((d for d in dtypes if d is not None), None)
 
 
 def _rank(ctx: PassContext, tensor: gs.Tensor) -> int | None:

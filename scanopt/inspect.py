@@ -69,7 +69,7 @@ def describe_scans(graph: gs.Graph, ctx: PassContext, passes: list[ScanPass] = (
 def format_scans(scans: list[dict]) -> str:
     """Text listing for ``scanopt inspect``."""
     if not scans:
-        return "no Scan nodes"
+        return "no Scan nodes in the graph or its bodies"
     lines = []
     for scan in scans:
         where = scan["graph_path"] or "main"

@@ -15,7 +15,14 @@ graph's inputs), and it would re-convert anything already written at the target 
 3. Held nodes return to the default domain, the opset import says the target, and the
    names the converter invented are made unique model-wide (onnx 1.23's converter
    reuses ``_v_N`` names in nested graphs, which breaks SSA).
-The caller verifies the result numerically against the original.
+
+Around the converter: ops it converts wrongly are rewritten first by
+:mod:`scanopt.opset_adapters` (held like the upgrade pass's nodes); an IR-3 model moves to
+IR 4 before converting (the converter takes an initializer IR 3 does not list as a graph
+input for undefined: the upgrade pass's Squeeze axes from opset 13); the graph's declared
+inputs and outputs are put back (the converter writes the shapes it inferred into them).
+The caller verifies the result numerically against the original; tests/test_upgrade_matrix.py
+proves every op family at every nesting level.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class Report:
         """Human-readable report: one block per Scan node, then op-count changes."""
         lines = []
         if not self.scans:
-            lines.append("no Scan nodes in the model; nothing to do")
+            lines.append("no Scan nodes in the graph or its bodies; nothing to do")
         for scan in self.scans:
             lines.append(f"{scan['node']}  [{scan_summary(scan)}]")
             mine = [o for o in self.outcomes if o.node == scan["node"] and o.path == scan["graph_path"]]

@@ -35,9 +35,25 @@ def validate_model(model: onnx.ModelProto, *, name: str = "model") -> list[str]:
         _check_names_and_scans(model)
         warnings += _check_untidy_values(model)
         warnings += _check_node_order(model)
+        warnings += _scans_in_functions(model)
         return warnings + _check_with_onnx_checker(model)
     except (InvalidModelError, UnsupportedModelError) as exc:
         raise type(exc)(f"{name}: {exc}") from None
+
+
+def _scans_in_functions(model: onnx.ModelProto) -> list[str]:
+    """scanopt rewrites the main graph and the bodies in it, not model-local functions: say so
+    rather than report "no Scan nodes" for a model whose Scans all live in a function."""
+
+    def has_scan(nodes) -> bool:
+        return any(n.op_type == "Scan" or any(has_scan(a.g.node) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+                   for n in nodes)
+
+    names = [f"{f.domain}.{f.name}" if f.domain else f.name for f in model.functions if has_scan(f.node)]
+    if not names:
+        return []
+    return [f"Scan nodes inside model-local function(s) {', '.join(repr(n) for n in names)} are not optimized "
+            "(scanopt rewrites the main graph and the bodies in it)"]
 
 
 def _check_versions(model: onnx.ModelProto) -> None:

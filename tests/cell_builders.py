@@ -86,16 +86,14 @@ class Body:
         elif form == "concat":
             k = max(1, n // 2)
             nodes.append(node("Concat", [raw(value[:k].copy()), raw(value[k:].copy())], [name], axis=0))
-        elif form == "unsqueeze":
+        elif form == "unsqueeze":  # Unsqueeze then Squeeze (a [1, H] row would change an unbatched body's rank)
             mid = self._name("unsq")
             if self.opset >= 13:
-                nodes.append(node("Unsqueeze", [raw(value), ints([0])], [mid if value.ndim > 1 else name]))
-                if value.ndim > 1:
-                    nodes.append(node("Squeeze", [mid, ints([0])], [name]))
+                nodes.append(node("Unsqueeze", [raw(value), ints([0])], [mid]))
+                nodes.append(node("Squeeze", [mid, ints([0])], [name]))
             else:
-                nodes.append(node("Unsqueeze", [raw(value)], [mid if value.ndim > 1 else name], axes=[0]))
-                if value.ndim > 1:
-                    nodes.append(node("Squeeze", [mid], [name], axes=[0]))
+                nodes.append(node("Unsqueeze", [raw(value)], [mid], axes=[0]))
+                nodes.append(node("Squeeze", [mid], [name], axes=[0]))
         elif form == "identity":
             mid = self._name("id")
             nodes.append(node("Identity", [raw(value)], [mid]))

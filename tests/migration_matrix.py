@@ -355,7 +355,7 @@ def ops_13():  # Reduce*/Split/Pad-13 -> 18 (axes, num_outputs), Resize-13 -> 18
 
 # -- nesting levels -----------------------------------------------------------------------
 
-LEVELS = ["main", "scan", "scan_lens_reverse", "loop", "if", "scan_in_loop", "loop_in_if", "scan_in_scan"]
+LEVELS = ["main", "scan", "scan_lens_reverse", "loop", "if", "scan_in_loop", "loop_in_if", "if_in_scan", "scan_in_scan"]
 
 
 def _renamed(nodes, prefix, keep):
@@ -466,6 +466,12 @@ def build(fam: Family, level: str) -> onnx.ModelProto:
         graph_nodes, out_shape = [node], loop_shape
         inputs.append(_vi("cond__", TP.BOOL, []))
         extra = [_init("trips__", 2, np.int64), _init("zero__", 0.0)]
+    elif level == "if_in_scan":  # an If inside the Scan body, its condition read from the main graph
+        neg = [N("Neg", ["x"], ["e_x"])] + _renamed(nodes, "e_", {"x": "e_x"})
+        branch = _if(nodes, "y", neg, "e_y", elem, shape, "yi__", "if")
+        node, out_shape = _scan(source, [branch], "x", X_SHAPE, "yi__", elem, shape, "X__", "Y__", 2, "scan")
+        inputs = [_vi("X__", F, _scan_input_shape(source, X_SHAPE, 2)), _vi("cond__", TP.BOOL, [])]
+        graph_nodes = [node]
     elif level == "scan_in_scan":
         outer_x = _scan_input_shape(source, X_SHAPE, 1)  # what the outer body sees per step
         inner, inner_shape = _scan(source, nodes, "x", X_SHAPE, "y", elem, shape, "xo__", "yo__", 1, "inner_scan")

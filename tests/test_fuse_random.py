@@ -1,7 +1,8 @@
 """fuse on hypothesis-generated cells: random sizes (1..5), batch axis or not, scan axis,
 input and output directions, number of scan outputs, opset, weight placement (body,
-outer scope, Constant nodes, graph inputs = run-time weights) and the written form of
-the cell. Every generated body is a true cell, so each must fuse into
+outer scope, Constant nodes, graph inputs = run-time weights), the nodes a constant weight
+is computed by (Transpose, Cast from float16, Reshape, Slice, Split, Concat, Unsqueeze,
+Identity, Constant; in the body or the main graph) and the written form of the cell. Every generated body is a true cell, so each must fuse into
 exactly one native op that matches the Scan in onnxruntime and the reference executor."""
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def scan_setup(draw):
         "inputs": draw(st.integers(1, 5)),
         "opset": draw(st.sampled_from([11, 13, 17, 18])),
         "where": draw(st.sampled_from(["body", "outer", "node", "runtime"])),
+        "wrap": draw(st.sampled_from([None, None, "transpose", "cast16", "reshape", "slice", "split", "concat",
+                                      "unsqueeze", "identity", "constant"])),
+        "wrap_where": draw(st.sampled_from(["body", "outer"])),
         "in_axis": draw(st.integers(0, rank)),
         "in_dir": draw(st.integers(0, 1)),
         "out_axes": [draw(st.integers(0, rank)) for _ in range(outputs)],
@@ -44,7 +48,8 @@ def forms(batch):
 def run(setup, kind, make):
     runtime = setup["where"] == "runtime"  # weights as graph inputs: run-time inputs of the native op
     body = cb.Body(batch=setup["batch"], where="outer" if runtime else setup["where"], opset=setup["opset"],
-                   hidden=setup["hidden"], inputs=setup["inputs"])
+                   hidden=setup["hidden"], inputs=setup["inputs"], wrap=None if runtime else setup["wrap"],
+                   wrap_where=setup["wrap_where"])
     states, h_new = make(body)
     ys = [h_new] * len(setup["out_axes"])
     model = cb.scan_model(body, states, ys=ys, in_axis=setup["in_axis"], out_axes=setup["out_axes"] or None,

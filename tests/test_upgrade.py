@@ -707,3 +707,36 @@ def test_bidaf_like_graph_around_the_scan_is_converted_too(target):
     assert len(top["ReduceMax"].input) == (2 if target >= 18 else 1)
     assert len(top["Squeeze"].input) == (2 if target >= 13 else 1)
     assert_equivalent(model, result)
+
+
+def _scan8_after_untyped_op(body_declares_type: bool):
+    """A Scan-8 whose scan input comes from an ai.onnx.ml Normalizer, which onnx's shape
+    inference cannot type."""
+    x_in = vi("x", [3, 4]) if body_declares_type else onnx.ValueInfoProto(name="x")
+    body = h.make_graph(
+        [h.make_node("ReduceSum", ["x"], ["r"], axes=[0], keepdims=0), h.make_node("Add", ["s", "r"], ["s2"]),
+         h.make_node("Identity", ["s2"], ["y"])],
+        "body", [vi("s", [4]), x_in], [vi("s2", [4]), vi("y", [4])])
+    graph = h.make_graph(
+        [h.make_node("Normalizer", ["X2"], ["Xn"], domain="ai.onnx.ml", norm="L2"),
+         h.make_node("Reshape", ["Xn", "shape"], ["X"]),
+         h.make_node("Scan", ["", "S", "X"], ["SF", "Y"], body=body, num_scan_inputs=1)],
+        "main", [vi("S", [1, 4]), vi("X2", [6, 4])], [vi("SF", [1, 4]), vi("Y", [1, 2, 4])],
+        initializer=[const("shape", np.array([1, 2, 3, 4], np.int64))])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 8), h.make_opsetid("ai.onnx.ml", 1)], ir_version=4)
+
+
+@pytest.mark.parametrize("target", [9, 13])
+def test_an_input_nothing_types_takes_the_type_its_body_declares(target):
+    original = _scan8_after_untyped_op(body_declares_type=True)
+    result = migrate(original, target).model
+    assert default_opset(result) == target
+    feeds = {"S": RNG.standard_normal((1, 4)).astype(np.float32), "X2": RNG.standard_normal((6, 4)).astype(np.float32)}
+    # compare_models, not assert_equivalent: strict shape inference fails on the original too
+    verdict = compare_models(original, result, inputs=feeds, engine="ort")
+    assert verdict.passed, verdict.format()
+
+
+def test_an_input_neither_the_graph_nor_the_body_types_is_declined_with_the_reason():
+    with pytest.raises(ScanoptError, match="an input of the Scan has no known element type"):
+        migrate(_scan8_after_untyped_op(body_declares_type=False), 13)

@@ -62,7 +62,8 @@ class Algebra:
 
     def __init__(self, rank=None, stops: Iterable[gs.Tensor] = (), body: gs.Graph | None = None,
                  varying: Iterable[gs.Tensor] = (), folder: ConstantFolder | None = None):
-        self._rank = rank or (lambda t: None)
+        self._declared_rank = rank or (lambda t: None)
+        self._ranks: dict[int, int | None] = {}
         self._stops = {id(t) for t in stops}
         # With ``body``, only its nodes are expanded; every other non-constant value it reads
         # (an enclosing graph's value, a body input not in ``varying``) is a run-time constant.
@@ -136,6 +137,38 @@ class Algebra:
         if handler is None:
             return leaf(tensor)
         return handler(self, node, tensor)
+
+    def _rank(self, tensor: gs.Tensor, depth: int = 0) -> int | None:
+        """A value's rank: declared or inferred, else derived through the ops that keep or
+        combine ranks (shape inference often stops at a body's Reshape of a constant); the
+        derivation looks at most 64 ops back (no deep recursion)."""
+        found = self._declared_rank(tensor)
+        if found is not None or depth > 64:
+            return found
+        if id(tensor) not in self._ranks:
+            self._ranks[id(tensor)] = None  # a cycle ends here
+            self._ranks[id(tensor)] = self._derived_rank(tensor, depth)
+        return self._ranks[id(tensor)]
+
+    def _derived_rank(self, tensor: gs.Tensor, depth: int) -> int | None:
+        value = self.const(tensor)
+        if value is not None:
+            return value.ndim
+        node = producer(tensor)
+        if node is None or not is_op(node, node.op):
+            return None
+        if node.op in _RANK_KEEPING or is_cut(node):
+            source = cut_source(node) if is_cut(node) else node.inputs[0]
+            return None if source is None else self._rank(source, depth + 1)
+        if node.op in ("Add", "Sub", "Mul", "Div", "Sum"):
+            ranks = [self._rank(t, depth + 1) for t in node.inputs]
+            return None if None in ranks else max(ranks)
+        if node.op == "MatMul":
+            a, b = (self._rank(t, depth + 1) for t in node.inputs)
+            if (a, b) in ((2, 1), (1, 2)):
+                return 1
+            return 2 if (a, b) == (2, 2) else None
+        return 2 if node.op == "Gemm" else None
 
     def is_runtime(self, tensor: gs.Tensor) -> bool:
         """A value the body reads but does not compute and that does not vary per step."""
@@ -275,6 +308,9 @@ def _cut(alg, node, out):
     start, stop = alg.column_range(node, out, whole.width())
     return columns(whole, start, stop)
 
+
+_RANK_KEEPING = {"Identity", "Neg", "Cast", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Elu", "HardSigmoid", "Softsign",
+                 "Softplus", "ThresholdedRelu", "Clip", "Concat"}
 
 _HANDLERS = {
     "Identity": _identity,
