@@ -131,3 +131,25 @@ def test_help_lists_exactly_the_registered_passes(cli, tmp_path):
     for name in listed:  # every pass the help names is one --passes accepts
         assert cli("optimize", src, tmp_path / "o.onnx", "--passes", name, "--no-verify", "-q").code == 0
     _one_line_error(cli("optimize", src, tmp_path / "o.onnx", "--passes", "no_such_pass"), "unknown pass no_such_pass")
+
+
+def test_every_subcommand_is_registered_and_a_missing_one_is_an_error(monkeypatch):
+    """A subcommand module missing from an install must not vanish from the CLI silently."""
+    import importlib
+
+    import scanopt.cli as cli
+
+    parser = cli.build_parser()
+    actions = [a for a in parser._actions if a.dest == "command"]
+    assert sorted(actions[0].choices) == sorted(cli.SUBCOMMANDS)
+
+    real = importlib.import_module
+
+    def without_run(name, *args, **kwargs):
+        if name == "scanopt.cli.run_cmd":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_run)
+    with pytest.raises(ModuleNotFoundError):
+        cli.build_parser()
