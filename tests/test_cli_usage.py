@@ -153,3 +153,17 @@ def test_every_subcommand_is_registered_and_a_missing_one_is_an_error(monkeypatc
     monkeypatch.setattr(importlib, "import_module", without_run)
     with pytest.raises(ModuleNotFoundError):
         cli.build_parser()
+
+
+def test_run_over_the_feed_budget_exits_1_as_its_help_says(tmp_path):
+    """`run --help` lists the exit codes; the memory-budget refusal is exit 1, not 2."""
+    graph = h.make_graph(
+        [h.make_node("Relu", ["x"], ["y"], name="relu")], "main", [b.vi("x", [10**12, 2])], [b.vi("y", [10**12, 2])]
+    )
+    path = tmp_path / "big.onnx"
+    path.write_bytes(b.model(graph).SerializeToString())
+    done = subprocess.run([sys.executable, "-m", "scanopt", "run", str(path)], capture_output=True, text=True)
+    assert done.returncode == 1, done
+    assert "budget" in done.stderr and "--inputs" in done.stderr
+    helped = subprocess.run([sys.executable, "-m", "scanopt", "run", "--help"], capture_output=True, text=True)
+    assert "1 synthesized inputs would exceed the memory budget" in " ".join(helped.stdout.split())

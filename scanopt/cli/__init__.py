@@ -28,7 +28,8 @@ examples:
   scanopt run model.onnx --inputs feeds.npz --engine reference
   scanopt verify model.onnx model.opt.onnx --seeds 3
 
-exit codes: 0 ok, 1 verification failed (strict mode / verify), 2 bad input or usage
+exit codes: 0 ok, 1 verification failed or impossible (verify, upgrade, optimize --strict),
+2 bad input or usage
 """
 
 
