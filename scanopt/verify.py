@@ -468,6 +468,9 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
         synthesizer = InputSynthesizer(original)
     except ScanoptError as exc:  # an input without a rank, or of a type scanopt cannot draw
         raise CannotVerifyError(f"cannot verify: {exc}") from None
+    # where the shape derivation met contradictory declarations or stopped on a model it
+    # misreads: the sizes tried may then be poor, and the report should say so
+    notes.extend(f"input sizes: {conflict}" for conflict in synthesizer.input_shapes.conflicts)
     runs, sizes = [], {}
     for seed in range(seeds):
         run, failures = _first_that_runs(synthesizer, seed, pairs)

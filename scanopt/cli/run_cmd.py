@@ -26,7 +26,8 @@ length). Inputs you do not give are synthesized for --seed, with the sizes your
 arrays give their symbolic dims; --input overrides the same name in --inputs. --engine auto uses onnxruntime when it can load the model, else
 the reference executor.
 
-exit codes: 0 ok, 2 bad input or usage (also a model that fails to run)
+exit codes: 0 ok, 1 synthesized inputs would exceed the memory budget (pass --inputs),
+2 bad input or usage (also a model that fails to run)
 """
 
 
