@@ -1,5 +1,5 @@
 """Package discovery that pyproject.toml alone cannot express: ``passes/`` installs as
-``scanopt.passes``, and every subpackage of either tree (``scanopt/cli``, a future
+``scanopt.passes``, and every subpackage of either tree (``scanopt/cli``,
 ``passes/fuse/`` ...) is found without being listed, so a wheel never misses one."""
 
 from setuptools import find_packages, setup

@@ -24,10 +24,9 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel, is_op
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
-    ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, plan_node,
-    to_processing_order, value_dtype,
+    DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate,
+    plan_node, to_processing_order, value_dtype,
 )
-from scanopt.passes.vectorize import DEFAULT_MAX_BYTES
 from scanopt.rewrite import Builder, detach, place_appended
 from scanopt.scan_view import ScanView
 

@@ -72,6 +72,11 @@ class Declined(Exception):
     """A node that cannot be lifted; the message is the reason."""
 
 
+# Default memory bound of lifted per-step values (option ``vectorize_max_bytes``); vectorize
+# and hoist share it because both hold T steps of a body value at once.
+DEFAULT_MAX_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class Value:
     """What the planner knows of one body value."""

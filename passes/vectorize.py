@@ -26,13 +26,12 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
-    Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, needed_nodes, plan_nodes,
-    through_identity, to_processing_order,
+    DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, needed_nodes,
+    plan_nodes, through_identity, to_processing_order,
 )
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
-DEFAULT_MAX_BYTES = 64 << 20
 MAX_CHUNKS = 8
 
 

@@ -434,6 +434,11 @@ class InputShapes:
 
     # -- sizes ---------------------------------------------------------------------------
 
+    @property
+    def conflicts(self) -> list[str]:
+        """Declarations that disagree, and a derivation walk that stopped (with why)."""
+        return list(self.dims.conflicts)
+
     def unknown_rank(self) -> list[str]:
         return [n for n in self.names if self.templates.get(n) is None]
 

@@ -131,3 +131,39 @@ def test_help_lists_exactly_the_registered_passes(cli, tmp_path):
     for name in listed:  # every pass the help names is one --passes accepts
         assert cli("optimize", src, tmp_path / "o.onnx", "--passes", name, "--no-verify", "-q").code == 0
     _one_line_error(cli("optimize", src, tmp_path / "o.onnx", "--passes", "no_such_pass"), "unknown pass no_such_pass")
+
+
+def test_every_subcommand_is_registered_and_a_missing_one_is_an_error(monkeypatch):
+    """A subcommand module missing from an install must not vanish from the CLI silently."""
+    import importlib
+
+    import scanopt.cli as cli
+
+    parser = cli.build_parser()
+    actions = [a for a in parser._actions if a.dest == "command"]
+    assert sorted(actions[0].choices) == sorted(cli.SUBCOMMANDS)
+
+    real = importlib.import_module
+
+    def without_run(name, *args, **kwargs):
+        if name == "scanopt.cli.run_cmd":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_run)
+    with pytest.raises(ModuleNotFoundError):
+        cli.build_parser()
+
+
+def test_run_over_the_feed_budget_exits_1_as_its_help_says(tmp_path):
+    """`run --help` lists the exit codes; the memory-budget refusal is exit 1, not 2."""
+    graph = h.make_graph(
+        [h.make_node("Relu", ["x"], ["y"], name="relu")], "main", [b.vi("x", [10**12, 2])], [b.vi("y", [10**12, 2])]
+    )
+    path = tmp_path / "big.onnx"
+    path.write_bytes(b.model(graph).SerializeToString())
+    done = subprocess.run([sys.executable, "-m", "scanopt", "run", str(path)], capture_output=True, text=True)
+    assert done.returncode == 1, done
+    assert "budget" in done.stderr and "--inputs" in done.stderr
+    helped = subprocess.run([sys.executable, "-m", "scanopt", "run", "--help"], capture_output=True, text=True)
+    assert "1 synthesized inputs would exceed the memory budget" in " ".join(helped.stdout.split())

@@ -308,3 +308,39 @@ def test_an_output_declared_without_a_type_is_still_compared():
     assert compare_models(typeless, model, seeds=2).passed
     result = compare_models(typeless, perturbed(typeless, "y", 0.5), seeds=2)
     assert not result.passed and result.comparisons[0].checks[0].name == "y"
+
+
+def test_a_stopped_input_shape_derivation_is_reported_not_swallowed(monkeypatch):
+    """The derivation walk catches anything so a model it misreads still gets its declared
+    shapes; what it caught must reach the verification notes, not vanish."""
+    from scanopt.feed_shapes import InputShapes
+
+    def broken(self, graph, env, opset):
+        raise RuntimeError("walk bug")
+
+    monkeypatch.setattr(InputShapes, "_constrain", broken)
+    model = mul_model(TP.FLOAT)
+    result = compare_models(model, model, engine="ort", seeds=1)
+    assert result.passed
+    assert result.notes == ["input sizes: shape derivation stopped: RuntimeError: walk bug"]
+
+
+def test_contradictory_declared_sizes_are_a_verification_note():
+    """A Scan state declared [4] outside and [5] in its body: the derivation records the
+    contradiction (and compare_models passes it on as a note)."""
+    from scanopt.feed_shapes import InputShapes
+
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "e"], ["s2"]), h.make_node("Identity", ["s2"], ["o"])],
+        "body",
+        [builders.vi("s", [5]), builders.vi("e", [5])],
+        [builders.vi("s2", [5]), builders.vi("o", [5])],
+    )
+    graph = h.make_graph(
+        [h.make_node("Scan", ["s0", "xs"], ["sN", "ys"], body=body, num_scan_inputs=1)],
+        "main",
+        [builders.vi("s0", [4]), builders.vi("xs", ["T", 5])],
+        [builders.vi("sN", [4]), builders.vi("ys", ["T", 5])],
+    )
+    shapes = InputShapes(builders.model(graph), ["s0", "xs"])
+    assert len(shapes.conflicts) == 1 and "4" in shapes.conflicts[0] and "5" in shapes.conflicts[0]

@@ -28,7 +28,8 @@ examples:
   scanopt run model.onnx --inputs feeds.npz --engine reference
   scanopt verify model.onnx model.opt.onnx --seeds 3
 
-exit codes: 0 ok, 1 verification failed (strict mode / verify), 2 bad input or usage
+exit codes: 0 ok, 1 verification failed or impossible (verify, upgrade, optimize --strict),
+2 bad input or usage
 """
 
 
@@ -49,14 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"scanopt {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"scanopt.cli.{name}_cmd")
-        except ModuleNotFoundError as exc:  # a subcommand still being built
-            if exc.name != f"scanopt.cli.{name}_cmd":
-                raise
-            continue
-        module.register(subparsers)
+    for name in SUBCOMMANDS:  # a module missing from an install is an error, not a silently absent command
+        importlib.import_module(f"scanopt.cli.{name}_cmd").register(subparsers)
     return parser
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from scanopt.cli.common import input_files
 from scanopt.cli.feeds import feed_files, user_feeds
-from scanopt.engines import prepare
+from scanopt.engines import EngineError, prepare
 from scanopt.inputs import synthesize_inputs
 from scanopt.model_io import load
 from scanopt.outputs import OutputPlan
@@ -26,7 +26,8 @@ length). Inputs you do not give are synthesized for --seed, with the sizes your
 arrays give their symbolic dims; --input overrides the same name in --inputs. --engine auto uses onnxruntime when it can load the model, else
 the reference executor.
 
-exit codes: 0 ok, 2 bad input or usage (also a model that fails to run)
+exit codes: 0 ok, 1 synthesized inputs would exceed the memory budget (pass --inputs),
+2 bad input or usage (also a model that fails to run)
 """
 
 
@@ -69,7 +70,13 @@ def run(args) -> int:
     else:
         feeds = given[0]
         source = "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}" if synthesized else "")
-    outputs = runner(feeds)
+    try:
+        outputs = runner(feeds)
+    except EngineError:
+        if args.engine != "auto" or runner.engine != "ort" or given is None:
+            raise
+        runner = prepare(model, "reference")  # inputs onnxruntime refuses, such as a sequence length 0
+        outputs = runner(feeds)
     if args.out:
         plan.write([(args.out, _npz_writer(outputs))])
         print(f"wrote {len(outputs)} output(s) to {args.out} (engine {runner.engine})")
