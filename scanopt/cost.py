@@ -170,8 +170,7 @@ class CostPolicy:
         if pass_name == "unroll":
             if "unroll_max" in ctx.options:  # the user chose the threshold: not second-guessed
                 return Estimate(True, None, f"unroll_max={ctx.options['unroll_max']} given: applied as asked")
-            # Scan-8 is unrolled per batch item and step: what the table measures is body copies.
-            return self._unroll(shape, getattr(match, "batch", 1))
+            return self._unroll(shape)
         if pass_name == "upgrade":
             return self._upgrade(view, match, shape)
         return Estimate(True, None, "no cost data for this form; loop-free forms are not predicted slower")
@@ -209,15 +208,10 @@ class CostPolicy:
             where += f"; {', '.join(unknown)} unknown: worst case over {', '.join(f'{u} in {list(UNKNOWN[u])}' for u in unknown)}"
         return self._verdict(speedup, where)
 
-    def _unroll(self, shape: Shape, items: int = 1) -> Estimate:
-        """``items``: Scan-8 is unrolled per batch item and step, so it costs T·B body copies."""
+    def _unroll(self, shape: Shape) -> Estimate:
         rows = [(dict(T=t, K=k, H=hd), r) for t, k, hd, r in UNROLL_MEASURED]
-        copies = Shape(T=shape.T * items, B=shape.B, I=shape.I, H=shape.H, K=shape.K) if shape.T is not None else shape
-        speedup, near, unknown = _worst_nearest(rows, copies, ("T", "K", "H"))
-        where = f"unrolled at {shape.describe()}"
-        if items > 1 and shape.T is not None:
-            where += f" ({copies.T} body copies: per batch item and step)"
-        where += f"; nearest measured {_point(near)}"
+        speedup, near, unknown = _worst_nearest(rows, shape, ("T", "K", "H"))
+        where = f"unrolled at {shape.describe()}; nearest measured {_point(near)}"
         if unknown:
             where += f"; {', '.join(unknown)} unknown: worst case"
         return self._verdict(speedup, where)

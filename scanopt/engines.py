@@ -54,12 +54,15 @@ class Runner:
 
 
 def prepare(model: ModelLike, engine: str, *, path: str | os.PathLike | None = None) -> Runner:
-    """Load ``model`` into ``engine`` ("ort", "reference", or "auto": ort if it can load it).
+    """Load ``model`` into ``engine`` ("ort", "reference", or "auto": ort if it can load it
+    and is not known to miscompute it).
 
     ``model`` is a ModelProto or a file path; ``path`` is the file a ModelProto came from.
     """
     model, path = resolve_model(model, path)
     if engine == "auto":
+        if ort_miscomputes(model):  # `scanopt run` would print onnxruntime's wrong numbers
+            return _prepare_reference(model)
         try:
             return _prepare_ort(model, path)
         except EngineError:

@@ -6,6 +6,7 @@ Passes use these and never re-implement them; a second copy inside a pass is a d
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -283,7 +284,36 @@ def editing(root: gs.Graph):
     finally:
         _SORT_DEFERRED[0] -= 1
         _OUTPUT_INDEX.pop(id(root), None)
+        if not _SORT_DEFERRED[0]:
+            _POSITIONS.clear()
     sort_all(root)
+
+
+# While a pass runs (editing): id(graph) -> (graph, {id(node): index when indexed}, sorted
+# indices removed since), so removing a node costs O(log n) instead of a scan of the list.
+_POSITIONS: dict[int, tuple[gs.Graph, dict[int, int], list[int]]] = {}
+
+
+def remove_node(graph: gs.Graph, node: gs.Node) -> None:
+    """Delete ``node`` (by identity) from ``graph.nodes`` if it is there. Inside
+    :func:`editing` the node's position comes from an index corrected for the removals
+    since it was built (checked against the list; any other edit just rebuilds it)."""
+    entry = _POSITIONS.get(id(graph))
+    if entry is not None and entry[0] is graph and id(node) in entry[1]:
+        original = entry[1][id(node)]
+        position = original - bisect.bisect_left(entry[2], original)
+        if position < len(graph.nodes) and graph.nodes[position] is node:
+            del graph.nodes[position]
+            bisect.insort(entry[2], original)
+            return
+    ids = list(map(id, graph.nodes))  # identity, in C: gs.Node's == compares structure
+    if id(node) not in ids:
+        return
+    position = ids.index(id(node))
+    del graph.nodes[position]
+    if _SORT_DEFERRED[0]:
+        index = {i: k for k, i in enumerate(ids)}
+        _POSITIONS[id(graph)] = (graph, index, [position])
 
 
 def in_graph_outputs(tensor: gs.Tensor, root: gs.Graph) -> bool:

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import NameAllocator, has_node, in_graph_outputs, note_output
+from scanopt.graph import NameAllocator, has_node, in_graph_outputs, note_output, remove_node
 
 
 class Builder:
@@ -62,9 +62,7 @@ def detach(node: gs.Node, graph: gs.Graph) -> None:
     """Remove ``node`` from ``graph`` and unhook its tensors, so new producers can own them."""
     node.inputs.clear()
     node.outputs.clear()
-    ids = list(map(id, graph.nodes))  # identity, in C: gs.Node's == compares structure
-    if id(node) in ids:
-        del graph.nodes[ids.index(id(node))]
+    remove_node(graph, node)
 
 
 def rebind_outputs(old: gs.Node, new_values: Sequence[gs.Tensor | None], graph: gs.Graph) -> None:

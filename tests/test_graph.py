@@ -201,3 +201,18 @@ def test_in_graph_outputs_index_sees_redirected_outputs_and_forgets_removed_ones
         assert in_graph_outputs(last, graph) and not in_graph_outputs(other, graph)
         replace_all_uses(last, other, graph)
         assert in_graph_outputs(other, graph) and not in_graph_outputs(last, graph)
+
+
+def test_remove_node_inside_a_pass_finds_nodes_after_earlier_removals_and_other_edits():
+    from scanopt.graph import editing, remove_node
+
+    graph = _chain(6)
+    nodes = list(graph.nodes)
+    with editing(graph):
+        remove_node(graph, nodes[1])  # builds the index
+        remove_node(graph, nodes[4])  # shifted by one removal
+        graph.nodes.insert(0, nodes[1])  # an edit the index does not know: checked, rebuilt
+        remove_node(graph, nodes[3])
+        remove_node(graph, nodes[1])
+        remove_node(graph, nodes[1])  # not there any more: nothing happens
+    assert [n.name for n in graph.nodes] == ["neg0", "neg2", "neg5"]

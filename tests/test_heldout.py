@@ -181,7 +181,7 @@ def test_two_sequence_cell_is_not_fused_and_says_why(optimized):
     assert "2 scan inputs" in _detail(optimized("scan8_tf_lstm_b3_bidir_inputs")[4], "fuse")
 
 
-def test_scan8_unroll_counts_batch_copies_and_is_declined_when_slower(optimized):
+def test_short_batched_scan8_is_not_unrolled_because_it_would_be_slower(optimized):
     """B=3, T=3 with sequence_lens: unrolled in place it ran 3x slower than the Scan-8
     (48 us vs 147 us, onnxruntime CPU, one thread) while the report said 'expected 1.03x
     faster': the cost ignored that Scan-8 is unrolled per batch item. The unroll pass itself
@@ -230,3 +230,54 @@ def test_tf1_lstm_cell_with_unsqueeze_around_concat_fuses(optimized):
     fused = [o for o in report["outcomes"] if o["pass"] == "fuse"]
     # recognized: fused, or declined only by the cost policy
     assert fused and all(o["applied"] or "not applied: predicted" in o["detail"] for o in fused), fused
+
+
+def test_run_auto_does_not_print_numbers_onnxruntime_miscomputes(cli, tmp_path):
+    """`scanopt run` (engine auto) printed onnxruntime's zeros for a body output that is a
+    body input (sT = [0, 0] for s0 = [1, 2]) with exit 0, though scanopt knows onnxruntime
+    miscomputes that form; auto now takes the reference executor for it."""
+    feeds_path, out = tmp_path / "f.npz", tmp_path / "o.npz"
+    s0, x = np.array([1, 2], np.float32), np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.savez(feeds_path, s0=s0, X=x)
+    result = cli("run", path("passthrough_outputs"), "--inputs", feeds_path, "--out", out)
+    assert result.code == 0, result.err
+    got = np.load(out)
+    np.testing.assert_array_equal(got["sT"], s0)  # the state passes through unchanged
+    np.testing.assert_array_equal(got["Xcopy"], x)
+    np.testing.assert_array_equal(got["Y"], s0 + x)
+
+
+def test_verify_with_engine_ort_says_onnxruntime_miscomputes_the_original(cli, tmp_path, optimized):
+    """Asked for onnxruntime explicitly, `verify` fails the (correct) candidate against
+    onnxruntime's wrong original: exit 1 stays, and the output now says why."""
+    result = cli("verify", path("passthrough_outputs"), optimized("passthrough_outputs")[3], "--engine", "ort")
+    assert result.code == 1
+    assert "onnxruntime miscomputes Scan 'pass'" in result.out + result.err
+
+
+def _lens0_feeds(tmp_path):
+    rng = np.random.RandomState(0)
+    feeds = {"lens": np.array([3, 0, 1], np.int64), "s0": rng.randn(3, 2).astype(np.float32),
+             "n0": np.zeros((3, 1), np.float32), "A": rng.randn(3, 3, 2).astype(np.float32),
+             "Bx": rng.randn(3, 3, 2).astype(np.float32)}
+    np.savez(tmp_path / "lens0.npz", **feeds)
+    return feeds, tmp_path / "lens0.npz"
+
+
+def test_user_inputs_with_a_zero_sequence_length_fall_back_to_the_reference(cli, tmp_path):
+    """A sequence_lens entry of 0 is legal (the item keeps its initial state, zero outputs);
+    onnxruntime refuses it. `run`, `verify` and `upgrade` with the default engine exited 2
+    ("the original model fails on inputs: ort failed ...") as if the file were broken."""
+    feeds, npz = _lens0_feeds(tmp_path)
+    out = tmp_path / "o.npz"
+    ran = cli("run", path("scan8_short_lens_reverse"), "--inputs", npz, "--out", out)
+    assert ran.code == 0 and "engine reference" in ran.out, ran.err
+    got = np.load(out)
+    np.testing.assert_array_equal(got["sT"][1], feeds["s0"][1])  # length 0: the initial state
+    np.testing.assert_array_equal(got["Y"][1], np.zeros((3, 2), np.float32))
+    verified = cli("verify", path("scan8_short_lens_reverse"), path("scan8_short_lens_reverse"), "--inputs", npz)
+    assert verified.code == 0 and "using the reference executor" in verified.out, verified.err
+    upgraded = cli("upgrade", path("scan8_short_lens_reverse"), tmp_path / "u.onnx", "--target-opset", "17", "--inputs", npz)
+    assert upgraded.code == 0, upgraded.err
+    assert_same(run_engine(path("scan8_short_lens_reverse"), feeds, "reference"),
+                run_engine(str(tmp_path / "u.onnx"), feeds, "reference"))

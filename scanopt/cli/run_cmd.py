@@ -8,7 +8,7 @@ import numpy as np
 
 from scanopt.cli.common import input_files
 from scanopt.cli.feeds import feed_files, user_feeds
-from scanopt.engines import prepare
+from scanopt.engines import EngineError, prepare
 from scanopt.inputs import synthesize_inputs
 from scanopt.model_io import load
 from scanopt.outputs import OutputPlan
@@ -70,7 +70,13 @@ def run(args) -> int:
     else:
         feeds = given[0]
         source = "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}" if synthesized else "")
-    outputs = runner(feeds)
+    try:
+        outputs = runner(feeds)
+    except EngineError:
+        if args.engine != "auto" or runner.engine != "ort" or given is None:
+            raise
+        runner = prepare(model, "reference")  # inputs onnxruntime refuses, such as a sequence length 0
+        outputs = runner(feeds)
     if args.out:
         plan.write([(args.out, _npz_writer(outputs))])
         print(f"wrote {len(outputs)} output(s) to {args.out} (engine {runner.engine})")
