@@ -185,8 +185,7 @@ def test_short_batched_scan8_is_not_unrolled_because_it_would_be_slower(optimize
     """B=3, T=3 with sequence_lens: unrolled in place it ran 3x slower than the Scan-8
     (48 us vs 147 us, onnxruntime CPU, one thread) while the report said 'expected 1.03x
     faster': the cost ignored that Scan-8 is unrolled per batch item. The unroll pass itself
-    now declines a Scan-8 with sequence_lens by default (its own measurement), before the cost
-    policy (which counts the 9 body copies) is asked."""
+    now declines a Scan-8 with batch > 1 or sequence_lens by default (its own measurement)."""
     code, out, _, result, report = optimized("scan8_short_lens_reverse")
     detail = _detail(report, "unroll")
     assert "slower than the loop" in detail and "--unroll-max" in detail
