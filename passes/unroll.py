@@ -85,8 +85,13 @@ class Unroll(ScanPass):
         if steps:
             fuse = registered_passes().get("fuse")
             fuse_runs = ctx.selected is None or "fuse" in ctx.selected
-            if fuse is not None and fuse_runs and ("fuse", node_label(node)) not in ctx.denied:
-                if isinstance(fuse().match(node, view, level, ctx), Match):
+            label = node_label(node)
+            if fuse is not None and fuse_runs and ("fuse", label) not in ctx.denied:
+                fused = fuse().match(node, view, level, ctx)
+                # a fusion the cost policy declines (predicted slower) leaves the Scan to us
+                declined = ctx.cost is not None and isinstance(fused, Match) and not getattr(
+                    ctx.cost.decide("fuse", label, node, view, fused, ctx), "apply", True)
+                if isinstance(fused, Match) and not declined:
                     return Skip("left to fuse: it becomes a native op")
         empty = []
         if steps == 0:

@@ -207,7 +207,3 @@ def bytes_writer(data: bytes) -> Writer:
 
     return write
 
-
-def save_bytes(data: bytes, path: str) -> None:
-    """Write ``data`` to ``path`` atomically (used to pass an untouched model through as is)."""
-    write_output(path, bytes_writer(data))

@@ -110,15 +110,9 @@ def no_scan_model() -> onnx.ModelProto:
 
 def ort_refuses(m: onnx.ModelProto) -> bool:
     """True when the installed onnxruntime cannot load ``m`` (probed, never assumed per release)."""
-    import onnxruntime as ort
+    from scanopt.engines import ort_load_error
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception:  # onnxruntime's pybind errors share no useful base class
-        return True
-    return False
+    return ort_load_error(m) is not None
 
 
 def layout1_rnn() -> onnx.ModelProto:

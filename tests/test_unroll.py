@@ -551,3 +551,29 @@ def test_cli_huge_unroll_max_on_a_huge_trip_count_returns_at_once(cli, tmp_path)
     assert result.code == 0, result.err
     assert "over unroll_max_nodes 100000" in result.out
     assert out.read_bytes() == src.read_bytes()
+
+
+def test_short_cell_whose_fusion_the_cost_policy_declines_is_unrolled_not_left_to_fuse(monkeypatch):
+    """A 4-step tanh RNN at batch 8, hidden 64: the native RNN is predicted slower (the cost
+    table's B=8 rows), so fuse declines it; unroll must not then skip it as 'left to fuse'
+    (which left a short loop nobody rewrote). With --target portable fuse takes it."""
+    import cell_builders as cb
+    from scanopt.pass_api import registered_passes
+
+    monkeypatch.setattr(unroll_module, "registered_passes", registered_passes)  # the real fuse
+    body = cb.Body(hidden=64, inputs=64)
+    y = cb.rnn(body, "x", "h")
+    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
+    m = cb.scan_model(body, [("h", "h_new", 64)], ys=("h_new",))
+    for value in list(m.graph.input) + list(m.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in ("seq", "batch"):
+                dim.dim_value = {"seq": 4, "batch": 8}[dim.dim_param]
+    out, report = optimize(m, passes=["fuse", "unroll"], verify=False)
+    verdicts = {o.pass_name: o.detail for o in report.outcomes}
+    assert "slower" in verdicts["fuse"], verdicts
+    assert "left to fuse" not in verdicts["unroll"] and "unrolled 4 steps" in verdicts["unroll"], verdicts
+    assert "Scan" not in ops(out) and "RNN" not in ops(out)
+    assert_equivalent(m, out, engine="ort")
+    portable, _ = optimize(m, passes=["fuse", "unroll"], verify=False, options={"target": "portable"})
+    assert "RNN" in ops(portable)

@@ -28,10 +28,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_formatter(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-
-
 def info(message: str) -> None:
     """Progress and notes go to stderr, so stdout stays clean for reports and JSON."""
     print(message, file=sys.stderr, flush=True)
