@@ -44,15 +44,16 @@ class Builder:
         inputs: Sequence[gs.Tensor],
         *,
         outputs: Sequence[gs.Tensor] | None = None,
-        num_outputs: int = 1,
+        n_outputs: int = 1,
         dtype=None,
         shape=None,
         domain: str | None = None,
         **attrs,
     ):
-        """Append ``op`` to the graph; return its output (or the list when several)."""
+        """Append ``op`` to the graph; return its output (or the list when several). Every
+        other keyword is an ONNX attribute (``num_outputs`` of Split-18 included)."""
         if outputs is None:
-            outputs = [self.variable(f"{op.lower()}_out", dtype, shape if num_outputs == 1 else None) for _ in range(num_outputs)]
+            outputs = [self.variable(f"{op.lower()}_out", dtype, shape if n_outputs == 1 else None) for _ in range(n_outputs)]
         node = gs.Node(op, name=self._fresh(op.lower()), attrs=attrs, inputs=list(inputs), outputs=list(outputs), domain=domain)
         self.graph.nodes.append(node)
         return outputs[0] if len(outputs) == 1 else list(outputs)

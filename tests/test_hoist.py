@@ -210,3 +210,14 @@ def test_inside_a_loop_body():
     loop = next(a.g for a in out.graph.node[0].attribute if a.name == "body")
     assert [n.op_type for n in loop.node] == ["Identity", "MatMul", "Tanh", "Scan"]
     assert_equivalent(m, out, engine="both")
+
+
+def test_a_split_18_keeps_num_outputs_when_hoisted():
+    """PyTorch's GRU cell chunks its input projection with Split-18 `num_outputs`; the hoisted
+    Split must keep the attribute (onnxruntime refuses a Split with neither sizes nor count)."""
+    m = onnx.load(MODELS / "cells" / "torch_bigru.onnx")
+    out, outcomes = hoist(m)
+    assert any(applied for applied, _ in outcomes)
+    splits = [n for n in out.graph.node if n.op_type == "Split"]
+    assert splits and all(any(a.name == "num_outputs" for a in n.attribute) for n in splits)
+    assert_equivalent(m, out, engine="ort")
