@@ -256,7 +256,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
             progress("verifying")
         start = time.perf_counter()
         try:
-            outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds)
+            outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True)
         except SignatureMismatchError as exc:  # a rewrite changed the model's interface
             return _Verdict(False, str(exc))
         finally:
@@ -372,7 +372,7 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     added = [onnx.helper.make_tensor_value_info(name, elem, None) for name, elem in sorted(probes.items())]
     try:
         with _extra_outputs(model, added), _extra_outputs(candidate, added):
-            outcome = compare_models(model, candidate, inputs=inputs, engine=engine, seeds=seeds)
+            outcome = compare_models(model, candidate, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True)
     except ScanoptError:
         return []
     if any(c.error for c in outcome.comparisons):

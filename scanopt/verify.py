@@ -340,13 +340,15 @@ def compare_models(
     seeds: int = 3,
     rtol: float | None = None,
     atol: float | None = None,
+    keep_ort: bool = False,
 ) -> VerifyResult:
     """Run both models on the same feeds and compare every output.
 
     ``inputs``: one feed dict or a list of them; without, feeds are synthesized for
     seeds 0..seeds-1. ``engine``: "ort", "reference", "auto" (onnxruntime when it loads
     both models, else the reference executor for both) or "both" (each engine on each
-    model, plus a cross-check of the engines on each model). A candidate that fails to
+    model, plus a cross-check of the engines on each model); ``keep_ort``: with "auto", a
+    candidate onnxruntime cannot load while it loads the original fails. A candidate that fails to
     load or run is a failed comparison; an original that fails is a ScanoptError,
     since then the inputs (or the engine) are the problem.
     """
@@ -357,7 +359,7 @@ def compare_models(
     original, original_path = resolve_model(original)
     candidate, candidate_path = resolve_model(candidate)
     check_signatures(original, candidate)
-    pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine)
+    pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort)
     if inputs is not None:
         try:
             runs, sizes = _given_runs(original, inputs, pairs), {}
@@ -413,8 +415,12 @@ class CannotVerifyError(EngineError):
     exit_code = 1
 
 
-def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
-    """(engine, original runner, candidate runner or load error) per engine to use, and notes."""
+def _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort=False):
+    """(engine, original runner, candidate runner or load error) per engine to use, and notes.
+
+    ``keep_ort`` (auto only): a candidate onnxruntime cannot load while it loads the original
+    fails, instead of both going to the reference executor (what the pipeline wants: a rewrite
+    must not cost the user their runtime)."""
     notes: list[str] = []
     wrong = ort_miscomputes(original) or ort_miscomputes(candidate)
     if engine == "auto" and wrong:
@@ -425,7 +431,12 @@ def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
     if engine == "auto":
         try:
             original_runner = prepare(original, "ort", path=original_path)
-            candidate_runner = prepare(candidate, "ort", path=candidate_path)
+            try:
+                candidate_runner = prepare(candidate, "ort", path=candidate_path)
+            except EngineError as exc:
+                if keep_ort:  # the rewrite lost onnxruntime: a failure, never a reason to switch engines
+                    return [("ort", original_runner, f"{exc} (onnxruntime loads the original)")], notes
+                raise
             return [("ort", original_runner, candidate_runner)], notes
         except EngineError as exc:
             notes.append(f"using the reference executor: {exc}")

@@ -344,3 +344,18 @@ def test_contradictory_declared_sizes_are_a_verification_note():
     )
     shapes = InputShapes(builders.model(graph), ["s0", "xs"])
     assert len(shapes.conflicts) == 1 and "4" in shapes.conflicts[0] and "5" in shapes.conflicts[0]
+
+
+def test_keep_ort_fails_a_candidate_only_onnxruntime_refuses():
+    """The pipeline's policy: a rewrite that onnxruntime can no longer load is a failure, not a
+    reason to verify both models with the reference executor instead."""
+    original = builders.scan9_sum(opset=18)
+    candidate = onnx.ModelProto()
+    candidate.CopyFrom(original)  # a Split-18 with neither sizes nor num_outputs: onnxruntime refuses it
+    candidate.graph.node.append(h.make_node("Split", ["X"], ["half_a", "half_b"], axis=0))
+    assert builders.ort_refuses(candidate) and not builders.ort_refuses(original)
+    lenient = compare_models(original, candidate, engine="auto", seeds=1)
+    assert lenient.engine == "reference"
+    strict = compare_models(original, candidate, engine="auto", seeds=1, keep_ort=True)
+    assert strict.engine == "ort" and not strict.passed
+    assert "onnxruntime loads the original" in strict.comparisons[0].error
