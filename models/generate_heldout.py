@@ -581,5 +581,25 @@ HAND.update({
 })
 
 
+
+def neg_axes_map_unnamed():
+    """An unnamed map Scan (hand-written models often leave names empty) reading X [2, 3, T] on
+    axis -1 in reverse, writing Y on axis -1 and R prepended on axis 1; MatMul by an outer
+    weight, Softmax and ReduceSum on the last axis."""
+    body = h.make_graph(
+        [h.make_node("MatMul", ["x", "W"], ["xw"]), h.make_node("Softmax", ["xw"], ["y"], axis=-1),
+         h.make_node("ReduceSum", ["xw", "ax"], ["r"], keepdims=1)],
+        "b", [vi("x", [2, 3])], [vi("y", [2, 4]), vi("r", [2, 1])],
+        initializer=[init("ax", np.array([-1], np.int64))])
+    node = h.make_node("Scan", ["X"], ["Y", "R"], body=body, num_scan_inputs=1, scan_input_axes=[-1],
+                       scan_input_directions=[1], scan_output_axes=[-1, 1], scan_output_directions=[0, 1])
+    g = h.make_graph([node], "m", [vi("X", [2, 3, "T"])], [vi("Y", [2, 4, "T"]), vi("R", [2, "T", 1])],
+                     initializer=[init("W", rng(9).randn(3, 4).astype(np.float32))])
+    return model(g, 16)
+
+
+HAND["neg_axes_map_unnamed"] = neg_axes_map_unnamed
+
+
 if __name__ == "__main__":
     main()

@@ -76,8 +76,8 @@ class Unroll(ScanPass):
             if batch is None:
                 return Skip("opset-8 Scan with a symbolic batch size: unrolling copies the body per batch item")
             if (batch > 1 or view.sequence_lens) and ctx.options.get("unroll_max") is None:
-                return Skip(f"opset-8 Scan with {'sequence_lens' if view.sequence_lens else f'batch {batch}'}: "
-                            "unrolled per item it measured slower than the loop (1.1-3.2x, "
+                return Skip(f"not applied: opset-8 Scan with {'sequence_lens' if view.sequence_lens else f'batch {batch}'}: "
+                            f"unrolled per item ({batch * steps} body copies) it measured slower than the loop (1.1-3.2x, "
                             "benchmarks/bench_unroll.py --scan8); --unroll-max N unrolls it anyway")
         too_big = _size_cap(body, steps * batch, ctx)
         if too_big:

@@ -429,7 +429,10 @@ def _prepare_pairs(original, original_path, candidate, candidate_path, engine):
             return [("ort", original_runner, candidate_runner)], notes
         except EngineError as exc:
             notes.append(f"using the reference executor: {exc}")
-            engine = "reference"
+            try:
+                return _pairs_for("reference", original, original_path, candidate, candidate_path), notes
+            except EngineError as neither:  # no engine runs both: a limit of the engines, not bad input
+                raise CannotVerifyError(f"cannot verify: {exc}; and {neither}") from None
     return _pairs_for(engine, original, original_path, candidate, candidate_path), notes
 
 

@@ -141,3 +141,20 @@ def test_help_describes_the_strategies(cli):
     result = cli("upgrade", "--help")
     assert result.code == 0
     assert "(a) batch 1 without sequence_lens" in result.out and "--target-opset N" in result.out
+
+
+def test_a_target_no_engine_can_run_exits_1_cannot_verify(cli, tmp_path):
+    """GlobalLpPool has no kernel at opset 22+ in onnxruntime (up to at least 1.32) nor in onnx's
+    reference: the migrated model cannot be checked, which is not bad input."""
+    from builders import ort_refuses
+
+    graph = h.make_graph([h.make_node("GlobalLpPool", ["x"], ["y"])], "g", [vi("x", [1, 2, 3, 3])], [vi("y", [1, 2, 1, 1])])
+    newer = h.make_model(graph, opset_imports=[h.make_opsetid("", 22)], ir_version=8)
+    if not ort_refuses(newer):
+        pytest.skip("the installed onnxruntime runs GlobalLpPool-22")
+    src, out = tmp_path / "glp.onnx", tmp_path / "glp22.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 8)], ir_version=4), src)
+    result = cli("upgrade", "--target-opset", "22", src, out)
+    assert result.code == 1, result.err
+    assert "cannot verify" in result.err and "reference executor cannot load" in result.err
+    assert not out.exists()

@@ -69,8 +69,9 @@ def _direction(node, view, level, ctx, folder=None):
     n = view.num_states
     x = body.inputs[n]
     if dtype_of(x) != np.float32:
-        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused "
-                    "(onnxruntime has no double GRU/LSTM kernel)")
+        why = ("onnxruntime has no double RNN/GRU/LSTM kernel" if dtype_of(x) == np.float64
+               else f"fusing {dtype_of(x)} cells is not implemented")
+        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({why})")
     ins, outs = body.inputs[:n], body.outputs[:n]
     invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
     recurrent = [i for i in range(n) if i not in invariant]
