@@ -148,14 +148,15 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) ->
     """A Scan over the same X and axis in the other direction, with a cell one native op can
     run beside this one (same kind, sizes, clip, linear_before_reset). Only X's readers are
     looked at (gs tracks them), so finding partners costs O(readers) per Scan, not O(graph);
-    ``members`` (ids of the level's nodes) tells which of them live in this graph."""
+    ``members()`` (ids of the level's nodes, asked for only when X has another Scan reader)
+    tells which of them live in this graph."""
     x = direction.x
     readers = list(x.outputs) + [r for t in x.outputs for o in t.outputs
                                  if is_op(t, "Slice") or is_op(t, "ReverseSequence") for r in o.outputs]
     for other in {id(r): r for r in readers}.values():
         if other is node or not is_op(other, "Scan") or not other.inputs:
             continue
-        if members is not None and id(other) not in members:
+        if members is not None and id(other) not in members():
             continue
         if ("fuse", node_label(other)) in ctx.denied:
             continue

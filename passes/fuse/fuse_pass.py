@@ -56,7 +56,7 @@ class Fuse(ScanPass):
         direction, batched, in_axis = found
         dirs = [direction]
         partner = None if view.batched else _partner(node, direction, in_axis, level, ctx, run.folder,
-                                                     run.nodes_of(level.graph))
+                                                     lambda: run.nodes_of(level.graph))
         if partner is not None:
             dirs = sorted([direction, partner], key=lambda d: d.reverse)
         # onnxruntime 1.31 refuses layout=1 ("Batchwise recurrent operations are not supported"),
