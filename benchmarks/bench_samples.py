@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import statistics
+import sys
 import time
 
 import onnx
@@ -23,28 +23,10 @@ import onnxruntime as ort
 import scanopt
 from scanopt.verify import runnable_feeds
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fuse import latencies, session  # noqa: E402 - the one interleaved timer
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
-
-
-def session(model):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 4
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def latencies(sessions, feeds, seconds):
-    for s in sessions:
-        s.run(None, feeds)
-    samples = [[] for _ in sessions]
-    deadline = time.perf_counter() + seconds * len(sessions)
-    while time.perf_counter() < deadline or len(samples[0]) < 5:
-        for s, acc in zip(sessions, samples):
-            start = time.perf_counter()
-            s.run(None, feeds)
-            acc.append(time.perf_counter() - start)
-    return [statistics.median(a) for a in samples]
 
 
 def main(argv=None):
@@ -72,7 +54,7 @@ def main(argv=None):
             continue
         try:
             feeds = runnable_feeds(model, seeds=1, engine="ort")[0]
-            before, after = latencies([session(model), session(out)], feeds, args.seconds)
+            before, after = latencies([session(model, 1), session(out, 1)], feeds, args.seconds)
         except Exception as exc:  # noqa: BLE001
             print(f"| {name} | {', '.join(forms)} | n/a ({str(exc).splitlines()[0][:50]}) | | | {took:.2f} |", flush=True)
             continue

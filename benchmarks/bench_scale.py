@@ -138,27 +138,24 @@ def table(title, rows, header):
         print("| " + " | ".join(row) + " |")
 
 
-def bench_counts(counts):
+def _per_scan_rows(sizes, build):
+    """One row per size: optimize ``build(size)`` (size Scans) and divide the time by size."""
     rows = []
-    for count in counts:
-        model = independent_scans(count)
-        out, report, total, verify_s = run_optimize(model)
+    for size in sizes:
+        out, report, total, verify_s = run_optimize(build(size))
         fused = sum(1 for o in report.outcomes if o.applied and o.pass_name == "fuse")
-        rows.append((str(count), f"{total:.2f}", f"{verify_s:.2f}", f"{1000 * total / count:.1f}",
-                     f"{1000 * (total - verify_s) / count:.1f}", str(fused)))
-    table("optimizer time vs N independent Scans (seeds=1)", rows,
+        rows.append((str(size), f"{total:.2f}", f"{verify_s:.2f}", f"{1000 * total / size:.1f}",
+                     f"{1000 * (total - verify_s) / size:.1f}", str(fused)))
+    return rows
+
+
+def bench_counts(counts):
+    table("optimizer time vs N independent Scans (seeds=1)", _per_scan_rows(counts, independent_scans),
           ("N", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
 
 
 def bench_depths(depths):
-    rows = []
-    for depth in depths:
-        model = nested_scans(depth)
-        out, report, total, verify_s = run_optimize(model)
-        fused = sum(1 for o in report.outcomes if o.applied and o.pass_name == "fuse")
-        rows.append((str(depth), f"{total:.2f}", f"{verify_s:.2f}", f"{1000 * total / depth:.1f}",
-                     f"{1000 * (total - verify_s) / depth:.1f}", str(fused)))
-    table("optimizer time vs nesting depth (one Scan per level)", rows,
+    table("optimizer time vs nesting depth (one Scan per level)", _per_scan_rows(depths, nested_scans),
           ("depth", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
 
 
