@@ -20,6 +20,8 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper
 
+from generate import strip_stack_traces
+
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heldout")
 F, D, H16, I64 = TP.FLOAT, TP.DOUBLE, TP.FLOAT16, TP.INT64
 
@@ -284,15 +286,7 @@ def external_data_rnn():
 
 
 def _strip(m):
-    def walk(graph):
-        for n in graph.node:
-            keep = [p for p in n.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
-            del n.metadata_props[:]
-            n.metadata_props.extend(keep)
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-    walk(m.graph)
+    strip_stack_traces(m)
     return m
 
 
