@@ -4,6 +4,7 @@ verification with per-node rollback."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import pytest
 
@@ -63,12 +64,31 @@ class _NegateScanInput(ScanPass):
         return "negated the scan input"
 
 
-@pytest.fixture
-def test_passes(monkeypatch):
-    registry = dict(pass_api.registered_passes())
-    registry.update({"upgrade": _RenameA, "canonicalize": _RenameB, "fuse": _NegateScanInput})
+def _use_passes(monkeypatch, **replacements):
+    """The registry with some passes replaced by test passes (for this test only)."""
+    registry = {**pass_api.registered_passes(), **replacements}
     monkeypatch.setattr(pass_api, "_REGISTRY", registry)
     return registry
+
+
+def _independent_scans(names: list[str], outputs) -> onnx.ModelProto:
+    """scan9_sum's running-sum Scan once per name, each with its own (state, Y) output names."""
+    model = b.scan9_sum()
+    template = model.graph.node.pop()
+    del model.graph.output[:]
+    for name, (state, y) in zip(names, outputs):
+        node = model.graph.node.add()
+        node.CopyFrom(template)
+        node.name = name
+        del node.output[:]
+        node.output.extend([state, y])
+        model.graph.output.extend([b.vi(state, [2]), b.vi(y, [3, 2])])
+    return model
+
+
+@pytest.fixture
+def test_passes(monkeypatch):
+    return _use_passes(monkeypatch, upgrade=_RenameA, canonicalize=_RenameB, fuse=_NegateScanInput)
 
 
 def test_select_passes_orders_by_pipeline_not_by_request(test_passes):
@@ -175,9 +195,7 @@ class _DropOutputType(ScanPass):
 
 
 def test_signature_change_is_rolled_back(monkeypatch):
-    registry = dict(pass_api.registered_passes())
-    registry["fuse"] = _DropOutputType
-    monkeypatch.setattr(pass_api, "_REGISTRY", registry)
+    _use_passes(monkeypatch, fuse=_DropOutputType)
     model = b.scan9_sum()
     out, report = optimize(model, passes=["fuse"], seeds=1)
     assert out is model
@@ -202,21 +220,10 @@ def test_an_input_without_shape_gets_one_from_the_scan_body(test_passes):
     assert report.modified and report.verification["passed"] is True
 
 
-def _two_independent_scans():
-    model = b.scan9_sum()
-    second = b.scan9_sum().graph.node[0]
-    second.name = "other_scan"
-    del second.output[:]
-    second.output.extend(["s_final2", "Y2"])
-    model.graph.node.append(second)
-    model.graph.output.extend([b.vi("s_final2", [2]), b.vi("Y2", [3, 2])])
-    return model
-
-
 def test_blame_names_the_node_whose_outputs_differ_from_right_inputs(test_passes):
     from scanopt.pipeline import _blame, _run_passes
 
-    model = _two_independent_scans()
+    model = _independent_scans(["scan_sum", "other_scan"], [("s_final", "Y"), ("s_final2", "Y2")])
     candidate, report = _run_passes(model, select_passes(["fuse"]), {}, frozenset(), None)
     assert applied_keys(report) == [("fuse", "scan_sum")]
     assert _blame(model, candidate, report, None, "auto", 1) == [("fuse", "scan_sum")]
@@ -245,19 +252,8 @@ def test_one_failing_rewrite_among_many_costs_a_constant_number_of_runs(monkeypa
     """Per-node blame: the pipeline runs a fixed number of times, not once per rewrite."""
     from scanopt import pipeline
 
-    registry = dict(pass_api.registered_passes())
-    registry["fuse"] = _CopyScanInput
-    monkeypatch.setattr(pass_api, "_REGISTRY", registry)
-    model = b.scan9_sum()
-    template = model.graph.node.pop()
-    del model.graph.output[:]
-    for k in range(8):
-        node = model.graph.node.add()
-        node.CopyFrom(template)
-        node.name = f"scan_{k}"
-        del node.output[:]
-        node.output.extend([f"s_{k}", f"Y_{k}"])
-        model.graph.output.extend([b.vi(f"s_{k}", [2]), b.vi(f"Y_{k}", [3, 2])])
+    _use_passes(monkeypatch, fuse=_CopyScanInput)
+    model = _independent_scans([f"scan_{k}" for k in range(8)], [(f"s_{k}", f"Y_{k}") for k in range(8)])
     runs = []
     real = pipeline._run_passes
     monkeypatch.setattr(pipeline, "_run_passes", lambda *a, **k: runs.append(1) or real(*a, **k))
