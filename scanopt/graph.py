@@ -66,12 +66,21 @@ def is_removed(node: gs.Node) -> bool:
     return not node.outputs
 
 
+_LABEL = "_scanopt_label"
+
+
 def node_label(node: gs.Node) -> str:
-    """The node's name, or for an unnamed node its op and first output (always unique)."""
+    """The node's name, or for an unnamed node its op and first output (always unique). An
+    unnamed node keeps the label it had when first asked, so a pass that renames or drops
+    its first output (canonicalize) does not split its report entries or rollback keys."""
     if node.name:
         return node.name
-    first = node.outputs[0].name if node.outputs else "?"
-    return f"{node.op}->{first}"
+    label = getattr(node, _LABEL, None)
+    if label is None:
+        first = node.outputs[0].name if node.outputs else "?"
+        label = f"{node.op}->{first}"
+        setattr(node, _LABEL, label)
+    return label
 
 
 def walk_graphs(graph: gs.Graph) -> Iterator[GraphLevel]:

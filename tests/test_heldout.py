@@ -289,9 +289,6 @@ def test_float16_cell_decline_does_not_blame_a_missing_double_kernel(optimized):
     assert "float16" in detail and "double" not in detail and "not implemented" in detail
 
 
-@pytest.mark.xfail(strict=True, reason="report: an unnamed Scan is labelled by its first output ('Scan->Y'); "
-                   "canonicalize renames that output, so later passes' outcomes ('Scan->scan_axis0_out: vectorize "
-                   "applied') are printed outside the Scan's block and the block shows only canonicalize")
 def test_outcomes_of_an_unnamed_scan_stay_in_its_block(optimized):
     report = optimized("neg_axes_map_unnamed")[4]
     labels = {s["node"] for s in report["scans"]}
