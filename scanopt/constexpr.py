@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import constant_value, is_op
+from scanopt.graph import constant_value, is_op, subgraphs_of
 
 # An evaluated value larger than this is not folded (a matcher then sees no constant).
 MAX_ELEMENTS = 1 << 27
@@ -76,7 +76,7 @@ class ConstantFolder:
 def _foldable(node: gs.Node) -> bool:
     if not is_op(node, node.op) or node.op in _NONDETERMINISTIC:
         return False
-    return not any(isinstance(v, gs.Graph) for v in node.attrs.values())
+    return next(subgraphs_of(node), None) is None  # a body (GRAPH or GRAPHS attribute) is not folded
 
 
 def _ints(value) -> list[int]:
