@@ -342,7 +342,7 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     values around the node they replace). Returns [] when that cannot decide, and
     every key when no rewrite can be cleared.
     """
-    from scanopt.protos import attribute_graphs, outer_names
+    from scanopt.protos import attribute_graphs, outer_names, proto_node_label
     from scanopt.verify import compare_models
 
     keys = applied_keys(report)
@@ -350,9 +350,7 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     for o in report.outcomes:
         if o.applied and (o.pass_name, o.node) in keys:
             anchors.setdefault((o.pass_name, o.node), _anchor(o))
-    by_label = {}
-    for node in model.graph.node:
-        by_label[node.name or f"{node.op_type}->{node.output[0] if node.output else '?'}"] = node
+    by_label = {proto_node_label(node): node for node in model.graph.node}
     shapes = ShapeTable(model)
     produced = {o for graph in (model.graph, candidate.graph) for n in graph.node for o in n.output if o}
     in_candidate = {o for n in candidate.graph.node for o in n.output if o}
