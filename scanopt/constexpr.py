@@ -25,7 +25,6 @@ from scanopt.graph import constant_value, is_op, subgraphs_of
 MAX_ELEMENTS = 1 << 27
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"}
-_UNKNOWN = object()
 
 
 class ConstantFolder:
