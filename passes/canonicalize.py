@@ -27,8 +27,8 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node
 from scanopt.pass_api import Match, ScanPass, Skip, register_pass
-from scanopt.passes.canonicalize_analysis import identity_root, input_dependencies, reverses_axis, shadows
-from scanopt.graph import in_graph_outputs
+from scanopt.passes.canonicalize_analysis import identity_root, input_dependencies, shadows
+from scanopt.graph import in_graph_outputs, reverses_axis
 from scanopt.passes.canonicalize_edit import apply_plan
 from scanopt.rewrite import consumers, is_read
 

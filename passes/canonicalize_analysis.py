@@ -1,18 +1,13 @@
 """What the canonicalize pass needs to know before it touches anything: which body inputs
-each body output depends on, where a body value merely passes another through, and
-whether a Slice reverses a whole axis. Read-only helpers; the pass decides.
+each body output depends on and where a body value merely passes another through (whether a
+Slice reverses a whole axis lives in scanopt.graph.reverses_axis). Read-only helpers; the pass decides.
 """
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import constant_value, is_op, outer_captures, subgraphs_of, walk_graphs
-
-# A Slice start at or above this (or an end at or below its negation) is clamped to the
-# axis end for any tensor that fits in memory: no axis has 2**62 elements.
-HUGE = 2**62
-
+from scanopt.graph import is_op, outer_captures, subgraphs_of, walk_graphs
 
 def identity_root(tensor: gs.Tensor) -> gs.Tensor:
     """The value ``tensor`` copies through a chain of Identity nodes (itself if none)."""
@@ -68,19 +63,3 @@ def shadows(body: gs.Graph, outer: gs.Tensor, replaced: gs.Tensor) -> bool:
         if any(t.name == outer.name and t is not outer and t is not replaced for t in tensors):
             return True
     return False
-
-
-def reverses_axis(node: gs.Node, axis: int, rank: int | None, opset: int) -> bool:
-    """True if ``node`` is a Slice (opset 10+) that reverses its data along ``axis`` whole,
-    for every length: one step of -1 from the last element past the first."""
-    if opset < 10 or not is_op(node, "Slice") or len(node.inputs) != 5 or len(node.outputs) != 1:
-        return False
-    values = [constant_value(t) if t.name else None for t in node.inputs[1:]]
-    if any(v is None or v.size != 1 or v.dtype.kind not in "iu" for v in values):
-        return False
-    starts, ends, axes, steps = (int(v.reshape(-1)[0]) for v in values)
-    if axes < 0:
-        if rank is None:
-            return False
-        axes += rank
-    return steps == -1 and axes == axis and (starts == -1 or starts >= HUGE) and ends <= -HUGE

@@ -19,13 +19,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import constant_value, is_op
+from scanopt.graph import constant_value, is_op, subgraphs_of
 
 # An evaluated value larger than this is not folded (a matcher then sees no constant).
 MAX_ELEMENTS = 1 << 27
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"}
-_UNKNOWN = object()
 
 
 class ConstantFolder:
@@ -76,7 +75,7 @@ class ConstantFolder:
 def _foldable(node: gs.Node) -> bool:
     if not is_op(node, node.op) or node.op in _NONDETERMINISTIC:
         return False
-    return not any(isinstance(v, gs.Graph) for v in node.attrs.values())
+    return next(subgraphs_of(node), None) is None  # a body (GRAPH or GRAPHS attribute) is not folded
 
 
 def _ints(value) -> list[int]:

@@ -202,6 +202,27 @@ def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
     return None
 
 
+# A Slice start at or above this (or an end at or below its negation) is clamped to the
+# axis end for any tensor that fits in memory: no axis has 2**62 elements.
+HUGE = 2**62
+
+
+def reverses_axis(node: gs.Node, axis: int, rank: int | None, opset: int) -> bool:
+    """True if ``node`` is a Slice (opset 10+) that reverses its data along ``axis`` whole,
+    for every length: one step of -1 from the last element past the first."""
+    if opset < 10 or not is_op(node, "Slice") or len(node.inputs) != 5 or len(node.outputs) != 1:
+        return False
+    values = [constant_value(t) if t.name else None for t in node.inputs[1:]]
+    if any(v is None or v.size != 1 or v.dtype.kind not in "iu" for v in values):
+        return False
+    starts, ends, axes, steps = (int(v.reshape(-1)[0]) for v in values)
+    if axes < 0:
+        if rank is None:
+            return False
+        axes += rank
+    return steps == -1 and axes == axis and (starts == -1 or starts >= HUGE) and ends <= -HUGE
+
+
 def cleanup(graph: gs.Graph) -> gs.Graph:
     """Remove dead nodes and restore topological order, bodies included. Linear in the
     model (gs's own cleanup tests graph inputs against a list with a name-comparing ==).

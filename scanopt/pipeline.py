@@ -177,7 +177,9 @@ def _report_migration(report: Report, migration, original, final) -> None:
         report.verification["summary"] = f"{moved}; then {report.verification['summary']}"
 
 
-def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, progress) -> tuple[onnx.ModelProto, Report]:
+def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, progress,
+                shapes: ShapeTable | None = None) -> tuple[onnx.ModelProto, Report]:
+    """``shapes``: a ShapeTable of this very ``model`` (read-only), to skip inferring it again."""
     report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
     if not report.ops_before["Scan"]:  # nothing to do: skip the import and shape inference
         report.ops_after = report.ops_before
@@ -187,7 +189,7 @@ def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, pro
     ctx = PassContext(
         opset=opset or 0,
         names=NameAllocator(graph),
-        shapes=ShapeTable(model),
+        shapes=shapes if shapes is not None else ShapeTable(model),
         options=options,
         denied=denied,
         selected=tuple(p.name for p in chosen),
@@ -281,17 +283,18 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         return candidate, report
     keys = applied_keys(report)
     start = time.perf_counter()
-    suspects = _blame(model, candidate, report, inputs, engine, seeds) or keys
+    shapes = ShapeTable(model)  # one inference for every re-run below (same model, read-only)
+    suspects = _blame(model, candidate, report, inputs, engine, seeds, shapes) or keys
     spent[0] += time.perf_counter() - start
 
     def passes_with(allowed: list) -> bool:
-        trial, trial_report = _run_passes(model, chosen, options, frozenset(k for k in keys if k not in allowed), progress)
+        trial, trial_report = _run_passes(model, chosen, options, frozenset(k for k in keys if k not in allowed), progress, shapes)
         return not trial_report.modified or check(trial).passed
 
     accepted = [k for k in keys if k not in suspects]
     _bisect(suspects, accepted, passes_with)
     rejected = [k for k in keys if k not in accepted]
-    final, final_report = _run_passes(model, chosen, options, frozenset(rejected), progress)
+    final, final_report = _run_passes(model, chosen, options, frozenset(rejected), progress, shapes)
     final_report.warnings = report.warnings
     final_verdict = check(final) if final_report.modified else None
     if final_verdict is not None and not final_verdict.passed:
@@ -334,7 +337,7 @@ def _anchor(outcome) -> str:
     return outcome.path.split(" > ")[0].rsplit("/", 1)[0]
 
 
-def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, str]]:
+def _blame(model, candidate, report, inputs, engine, seeds, shapes: ShapeTable | None = None) -> list[tuple[str, str]]:
     """The applied rewrites whose top-level node computes wrong outputs from right inputs.
 
     Both models are run once with the outputs and inputs of every top-level node that
@@ -342,7 +345,7 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     values around the node they replace). Returns [] when that cannot decide, and
     every key when no rewrite can be cleared.
     """
-    from scanopt.protos import attribute_graphs, outer_names
+    from scanopt.protos import attribute_graphs, outer_names, proto_node_label
     from scanopt.verify import compare_models
 
     keys = applied_keys(report)
@@ -350,10 +353,8 @@ def _blame(model, candidate, report, inputs, engine, seeds) -> list[tuple[str, s
     for o in report.outcomes:
         if o.applied and (o.pass_name, o.node) in keys:
             anchors.setdefault((o.pass_name, o.node), _anchor(o))
-    by_label = {}
-    for node in model.graph.node:
-        by_label[node.name or f"{node.op_type}->{node.output[0] if node.output else '?'}"] = node
-    shapes = ShapeTable(model)
+    by_label = {proto_node_label(node): node for node in model.graph.node}
+    shapes = shapes if shapes is not None else ShapeTable(model)
     produced = {o for graph in (model.graph, candidate.graph) for n in graph.node for o in n.output if o}
     in_candidate = {o for n in candidate.graph.node for o in n.output if o}
     listed = {v.name for v in model.graph.output} | {v.name for v in candidate.graph.output}

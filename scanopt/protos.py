@@ -57,6 +57,12 @@ def outer_names(graph: onnx.GraphProto) -> list[str]:
     return list(found)
 
 
+def proto_node_label(node: onnx.NodeProto) -> str:
+    """The label :func:`scanopt.graph.node_label` gives this node once imported (its name,
+    or its op and first output): how reports name a top-level node."""
+    return node.name or f"{node.op_type}->{node.output[0] if node.output else '?'}"
+
+
 def _label(node: onnx.NodeProto) -> str:
     return node.name or node.op_type
 

@@ -17,7 +17,7 @@ from typing import Callable
 import onnx
 
 from scanopt.cost import NEUTRAL_PASSES, NOISE
-from scanopt.protos import attribute_graphs, outer_names
+from scanopt.protos import attribute_graphs, outer_names, proto_node_label
 from scanopt.shapes import ShapeTable
 
 DEFAULT_SECONDS = 10.0
@@ -40,7 +40,7 @@ def tune(model: onnx.ModelProto, run_passes: Callable, chosen, options: dict, se
     if not candidates:
         return measured, notes
     shapes = ShapeTable(model)
-    nodes = {(n.name or f"{n.op_type}->{n.output[0] if n.output else '?'}"): n for n in model.graph.node}
+    nodes = {proto_node_label(n): n for n in model.graph.node}
     deadline = time.perf_counter() + seconds
     for k, (label, passes) in enumerate(candidates.items()):
         share = (deadline - time.perf_counter()) / (len(candidates) - k)

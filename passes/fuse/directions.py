@@ -9,9 +9,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.errors import ScanoptError
-from scanopt.graph import dtype_of, is_op, node_label
+from scanopt.graph import dtype_of, is_op, node_label, reverses_axis
 from scanopt.pass_api import Match, Skip
-from scanopt.passes.canonicalize_analysis import reverses_axis
 from scanopt.passes.fuse.algebra import describe, producer, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
