@@ -24,8 +24,8 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel, is_op
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
-    DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate,
-    plan_node, to_processing_order, value_dtype,
+    DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
+    largest_intermediate, plan_node, to_processing_order, value_dtype,
 )
 from scanopt.rewrite import Builder, detach, place_appended
 from scanopt.scan_view import ScanView
@@ -57,8 +57,7 @@ class Hoist(ScanPass):
             readable = view.input_axes[j] == 0 or view.input_ranks[j] is not None
             readable &= ctx.opset >= 10 or not view.input_directions[j]
             if readable:
-                rank = view.input_ranks[j] - 1 if view.input_ranks[j] is not None else ctx.shapes.rank(element)
-                plan.values[id(element)] = Value(True, rank)
+                plan.values[id(element)] = element_value(view, j, element, ctx.shapes)
             else:
                 stays.add(id(element))
         declined: list[str] = []

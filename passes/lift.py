@@ -483,6 +483,13 @@ def value_dtype(t: gs.Tensor, shapes) -> np.dtype | None:
     return dtype
 
 
+def element_value(view, j: int, element: gs.Tensor, shapes) -> Value:
+    """Body input ``element`` of scan input ``j`` as a per-step value: its rank is the outer
+    rank less the scan axis, else the inferred one."""
+    rank = view.input_ranks[j] - 1 if view.input_ranks[j] is not None else shapes.rank(element)
+    return Value(True, rank)
+
+
 def to_processing_order(e: LiftEmitter, x: gs.Tensor, view, j: int) -> gs.Tensor:
     """Scan input ``j`` with its scan axis first, in the order the loop reads it."""
     axis = view.input_axes[j]
