@@ -25,7 +25,7 @@ from scanopt.graph import GraphLevel, is_op
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
-    largest_intermediate, plan_node, to_processing_order, value_dtype,
+    plan_node, step_bytes, to_processing_order, value_dtype,
 )
 from scanopt.rewrite import Builder, detach, place_appended
 from scanopt.scan_view import ScanView
@@ -62,6 +62,8 @@ class Hoist(ScanPass):
                 stays.add(id(element))
         declined: list[str] = []
         limit = ctx.options.get("vectorize_max_bytes", DEFAULT_MAX_BYTES)
+        trip = view.trip_count if view.trip_count is not None else 1
+        sizes: dict[int, int] = {}  # per-step bytes of the lifted per-step values, as in largest_intermediate
         for body_node in body.nodes:
             if any(id(t) in stays for t in body_node.inputs):
                 stays.update(id(t) for t in body_node.outputs)
@@ -73,13 +75,14 @@ class Hoist(ScanPass):
                 declined.append(str(exc))
                 stays.update(id(t) for t in body_node.outputs)
                 continue
-            trial = LiftPlan(plan.steps + [(body_node, emit)], dict(plan.values))
-            trial.values.update((id(t), v) for t, v in zip(body_node.outputs, outs))
-            if largest_intermediate(trial, view.trip_count, ctx.shapes)[1] > limit:
+            found = step_bytes(body_node, outs, sizes, ctx.shapes)
+            if max(found.values(), default=0) * trip > limit:
                 declined.append(f"'{body_node.outputs[0].name}' would exceed vectorize_max_bytes lifted")
                 stays.update(id(t) for t in body_node.outputs)
                 continue
-            plan = trial
+            plan.steps.append((body_node, emit))
+            plan.values.update((id(t), v) for t, v in zip(body_node.outputs, outs))
+            sizes.update(found)
         plan = _keep_trailing_copies(plan, stays)
         kept = [nd for nd in body.nodes if any(id(t) in stays for t in nd.outputs)]
         if not kept:
