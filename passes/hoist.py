@@ -27,7 +27,7 @@ from scanopt.passes.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
     plan_node, step_bytes, to_processing_order, value_dtype,
 )
-from scanopt.rewrite import Builder, detach, place_appended
+from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
 from scanopt.scan_view import ScanView
 
 TRIVIAL = ("Constant", "Identity")  # moving only these out gains nothing
@@ -201,12 +201,9 @@ def _keep_trailing_copies(plan: LiftPlan, stays: set[int]) -> LiftPlan:
 def _redirect(body: gs.Graph, old: gs.Tensor, new: gs.Tensor, build: Builder) -> None:
     """Body readers of ``old`` read ``new``; a body output that was ``old`` becomes an Identity of
     ``new`` (onnxruntime mishandles a body output that is a body input or an outer value)."""
-    for reader in list(old.outputs):  # nested bodies' readers included
-        for i, t in enumerate(reader.inputs):
-            if t is old:
-                reader.inputs[i] = new
     for i, t in enumerate(body.outputs):
         if t is old:
             copy = build.variable(f"{old.name}_out", old.dtype, None if old.shape is None else list(old.shape))
             build.op("Identity", [new], outputs=[copy])
             body.outputs[i] = copy
+    replace_all_uses(old, new, body)  # the readers (nested bodies' included); no output lists it any more
