@@ -72,7 +72,7 @@ class Unroll(ScanPass):
         body = node.attrs["body"]
         batch = 1
         if view.batched and steps:
-            batch = _static_batch(node, view, ctx)
+            batch = _static_batch(node, ctx)
             if batch is None:
                 return Skip("opset-8 Scan with a symbolic batch size: unrolling copies the body per batch item")
             if (batch > 1 or view.sequence_lens) and ctx.options.get("unroll_max") is None:
@@ -200,7 +200,7 @@ def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext, batched: bool
     return np.zeros(shape, dtype)
 
 
-def _static_batch(node: gs.Node, view: ScanView, ctx: PassContext) -> int | None:
+def _static_batch(node: gs.Node, ctx: PassContext) -> int | None:
     """Scan-8's batch size when a state or scan input declares it statically."""
     for t in node.inputs[1:]:
         shape = ctx.shapes.shape(t)
