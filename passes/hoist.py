@@ -122,8 +122,7 @@ class Hoist(ScanPass):
 
         def steps() -> gs.Tensor:
             if "steps" not in order:
-                first = mapping[id(body.inputs[n])]
-                order["steps"] = e.op("Gather", [e.op("Shape", [first]), e.ints("first", [0])])
+                order["steps"] = e.length(mapping[id(body.inputs[n])])
             return order["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)

@@ -92,6 +92,10 @@ class LiftEmitter(Emitter):
         super().__init__(builder, opset)
         self._steps = steps
 
+    def length(self, x: gs.Tensor) -> gs.Tensor:
+        """``x``'s size on axis 0 as int64 [1]: the step count of a value in processing order."""
+        return self.op("Gather", [self.op("Shape", [x]), self.ints("first", [0])])
+
     def pad(self, x: gs.Tensor, count: int) -> gs.Tensor:
         """A per-step value with ``count`` unit axes inserted after the step axis."""
         return self.unsqueeze(x, list(range(1, count + 1))) if count else x

@@ -106,7 +106,7 @@ class Vectorize(ScanPass):
 
         def steps() -> gs.Tensor:
             if "steps" not in chunk:
-                chunk["steps"] = e.op("Gather", [e.op("Shape", [chunk["input"]]), e.ints("first", [0])])
+                chunk["steps"] = e.length(chunk["input"])
             return chunk["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)
