@@ -24,10 +24,10 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel, is_op
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
-    DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate,
-    plan_node, to_processing_order, value_dtype,
+    DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
+    plan_node, step_bytes, to_processing_order, value_dtype,
 )
-from scanopt.rewrite import Builder, detach, place_appended
+from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
 from scanopt.scan_view import ScanView
 
 TRIVIAL = ("Constant", "Identity")  # moving only these out gains nothing
@@ -57,12 +57,13 @@ class Hoist(ScanPass):
             readable = view.input_axes[j] == 0 or view.input_ranks[j] is not None
             readable &= ctx.opset >= 10 or not view.input_directions[j]
             if readable:
-                rank = view.input_ranks[j] - 1 if view.input_ranks[j] is not None else ctx.shapes.rank(element)
-                plan.values[id(element)] = Value(True, rank)
+                plan.values[id(element)] = element_value(view, j, element, ctx.shapes)
             else:
                 stays.add(id(element))
         declined: list[str] = []
         limit = ctx.options.get("vectorize_max_bytes", DEFAULT_MAX_BYTES)
+        trip = view.trip_count if view.trip_count is not None else 1
+        sizes: dict[int, int] = {}  # per-step bytes of the lifted per-step values, as in largest_intermediate
         for body_node in body.nodes:
             if any(id(t) in stays for t in body_node.inputs):
                 stays.update(id(t) for t in body_node.outputs)
@@ -74,13 +75,14 @@ class Hoist(ScanPass):
                 declined.append(str(exc))
                 stays.update(id(t) for t in body_node.outputs)
                 continue
-            trial = LiftPlan(plan.steps + [(body_node, emit)], dict(plan.values))
-            trial.values.update((id(t), v) for t, v in zip(body_node.outputs, outs))
-            if largest_intermediate(trial, view.trip_count, ctx.shapes)[1] > limit:
+            found = step_bytes(body_node, outs, sizes, ctx.shapes)
+            if max(found.values(), default=0) * trip > limit:
                 declined.append(f"'{body_node.outputs[0].name}' would exceed vectorize_max_bytes lifted")
                 stays.update(id(t) for t in body_node.outputs)
                 continue
-            plan = trial
+            plan.steps.append((body_node, emit))
+            plan.values.update((id(t), v) for t, v in zip(body_node.outputs, outs))
+            sizes.update(found)
         plan = _keep_trailing_copies(plan, stays)
         kept = [nd for nd in body.nodes if any(id(t) in stays for t in nd.outputs)]
         if not kept:
@@ -120,8 +122,7 @@ class Hoist(ScanPass):
 
         def steps() -> gs.Tensor:
             if "steps" not in order:
-                first = mapping[id(body.inputs[n])]
-                order["steps"] = e.op("Gather", [e.op("Shape", [first]), e.ints("first", [0])])
+                order["steps"] = e.length(mapping[id(body.inputs[n])])
             return order["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)
@@ -199,12 +200,9 @@ def _keep_trailing_copies(plan: LiftPlan, stays: set[int]) -> LiftPlan:
 def _redirect(body: gs.Graph, old: gs.Tensor, new: gs.Tensor, build: Builder) -> None:
     """Body readers of ``old`` read ``new``; a body output that was ``old`` becomes an Identity of
     ``new`` (onnxruntime mishandles a body output that is a body input or an outer value)."""
-    for reader in list(old.outputs):  # nested bodies' readers included
-        for i, t in enumerate(reader.inputs):
-            if t is old:
-                reader.inputs[i] = new
     for i, t in enumerate(body.outputs):
         if t is old:
             copy = build.variable(f"{old.name}_out", old.dtype, None if old.shape is None else list(old.shape))
             build.op("Identity", [new], outputs=[copy])
             body.outputs[i] = copy
+    replace_all_uses(old, new, body)  # the readers (nested bodies' included); no output lists it any more

@@ -92,6 +92,10 @@ class LiftEmitter(Emitter):
         super().__init__(builder, opset)
         self._steps = steps
 
+    def length(self, x: gs.Tensor) -> gs.Tensor:
+        """``x``'s size on axis 0 as int64 [1]: the step count of a value in processing order."""
+        return self.op("Gather", [self.op("Shape", [x]), self.ints("first", [0])])
+
     def pad(self, x: gs.Tensor, count: int) -> gs.Tensor:
         """A per-step value with ``count`` unit axes inserted after the step axis."""
         return self.unsqueeze(x, list(range(1, count + 1))) if count else x
@@ -483,6 +487,13 @@ def value_dtype(t: gs.Tensor, shapes) -> np.dtype | None:
     return dtype
 
 
+def element_value(view, j: int, element: gs.Tensor, shapes) -> Value:
+    """Body input ``element`` of scan input ``j`` as a per-step value: its rank is the outer
+    rank less the scan axis, else the inferred one."""
+    rank = view.input_ranks[j] - 1 if view.input_ranks[j] is not None else shapes.rank(element)
+    return Value(True, rank)
+
+
 def to_processing_order(e: LiftEmitter, x: gs.Tensor, view, j: int) -> gs.Tensor:
     """Scan input ``j`` with its scan axis first, in the order the loop reads it."""
     axis = view.input_axes[j]
@@ -499,19 +510,28 @@ def largest_intermediate(plan: LiftPlan, trip: int | None, shapes) -> tuple[str,
     sizes: dict[int, int] = {}
     best = ("", 0)
     for node, _ in plan.steps:
-        inputs = [sizes.get(id(t), 0) for t in node.inputs]
+        found = step_bytes(node, [plan.values.get(id(t)) for t in node.outputs], sizes, shapes)
+        sizes.update(found)
         for t in node.outputs:
-            if not t.name or not plan.values[id(t)].per_step:
-                continue
-            shape = shapes.shape(t)
-            if shape is None:
-                count = max(inputs, default=0)
-            else:
-                count = math.prod(d if isinstance(d, int) else 1 for d in shape) * _itemsize(t, shapes)
-            sizes[id(t)] = count
-            if count * trip > best[1]:
-                best = (t.name, count * trip)
+            if id(t) in found and found[id(t)] * trip > best[1]:
+                best = (t.name, found[id(t)] * trip)
     return best
+
+
+def step_bytes(node: gs.Node, outs: Sequence[Value | None], sizes: dict[int, int], shapes) -> dict[int, int]:
+    """id -> per-step bytes of ``node``'s per-step outputs (``outs``: their values); symbolic dims
+    count as 1, an unknown shape as the largest of its node's inputs in ``sizes`` (earlier results)."""
+    inputs = [sizes.get(id(t), 0) for t in node.inputs]
+    found: dict[int, int] = {}
+    for t, v in zip(node.outputs, outs):
+        if not t.name or v is None or not v.per_step:
+            continue
+        shape = shapes.shape(t)
+        if shape is None:
+            found[id(t)] = max(inputs, default=0)
+        else:
+            found[id(t)] = math.prod(d if isinstance(d, int) else 1 for d in shape) * _itemsize(t, shapes)
+    return found
 
 
 def _itemsize(t: gs.Tensor, shapes) -> int:

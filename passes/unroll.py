@@ -27,15 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.clone import BodyInliner
-from scanopt.graph import GraphLevel, dtype_of, node_label, walk_graphs
+from scanopt.graph import GraphLevel, node_label, walk_graphs
 from scanopt.ir import OWNER
 from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.passes.lift import value_dtype
 from scanopt.passes.unroll_batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
 
@@ -72,7 +72,7 @@ class Unroll(ScanPass):
         body = node.attrs["body"]
         batch = 1
         if view.batched and steps:
-            batch = _static_batch(node, view, ctx)
+            batch = _static_batch(node, ctx)
             if batch is None:
                 return Skip("opset-8 Scan with a symbolic batch size: unrolling copies the body per batch item")
             if (batch > 1 or view.sequence_lens) and ctx.options.get("unroll_max") is None:
@@ -105,7 +105,7 @@ class Unroll(ScanPass):
                 empty.append(array)
         dtypes = None
         if view.batched and view.sequence_lens and steps:
-            dtypes = [_element_dtype(t, ctx) for t in body.outputs[view.num_states:]]
+            dtypes = [value_dtype(t, ctx.shapes) for t in body.outputs[view.num_states:]]
             unknown = [view.scan_outputs[k] for k, d in enumerate(dtypes) if d is None]
             if unknown:
                 return Skip(f"the element type of scan output '{unknown[0]}' is unknown (needed for the zeros past each length)")
@@ -186,18 +186,11 @@ def _stack(emit: Emitter, values: list[gs.Tensor], axis: int) -> gs.Tensor:
     return emit.op("Concat", parts, axis=axis, dtype=values[0].dtype)
 
 
-def _element_dtype(element: gs.Tensor, ctx: PassContext) -> np.dtype | None:
-    dtype = dtype_of(element)
-    if dtype is None and ctx.shapes.elem_type(element):
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ctx.shapes.elem_type(element)))
-    return dtype
-
-
 def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext, batched: bool = False) -> np.ndarray | None:
     """The empty scan output for zero steps, when the element's shape and type are static
     (Scan-8: [1, 0, ...], expanded to the batch later)."""
     shape = ctx.shapes.shape(element)
-    dtype = _element_dtype(element, ctx)
+    dtype = value_dtype(element, ctx.shapes)
     if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
         return None
     shape = list(shape)
@@ -207,7 +200,7 @@ def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext, batched: bool
     return np.zeros(shape, dtype)
 
 
-def _static_batch(node: gs.Node, view: ScanView, ctx: PassContext) -> int | None:
+def _static_batch(node: gs.Node, ctx: PassContext) -> int | None:
     """Scan-8's batch size when a state or scan input declares it statically."""
     for t in node.inputs[1:]:
         shape = ctx.shapes.shape(t)

@@ -26,8 +26,8 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
-    DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, emit_nodes, largest_intermediate, needed_nodes,
-    plan_nodes, through_identity, to_processing_order,
+    DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, largest_intermediate,
+    needed_nodes, plan_nodes, through_identity, to_processing_order,
 )
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
@@ -63,11 +63,10 @@ class Vectorize(ScanPass):
         for i in range(n):
             roots[id(body.inputs[i])] = Value(False, ctx.shapes.rank(body.inputs[i]))
         for j in range(view.num_scan_inputs):
-            element = body.inputs[n + j]
-            rank = view.input_ranks[j] - 1 if view.input_ranks[j] is not None else ctx.shapes.rank(element)
             if view.input_axes[j] != 0 and view.input_ranks[j] is None:
                 return Skip(f"scan input '{view.scan_inputs[j]}' on axis {view.input_axes[j]} has an unknown rank")
-            roots[id(element)] = Value(True, rank)
+            element = body.inputs[n + j]
+            roots[id(element)] = element_value(view, j, element, ctx.shapes)
         outputs = body.outputs[n:]
         try:
             plan = plan_nodes(needed_nodes(body, outputs), roots, ctx.opset, ctx.shapes.shape)
@@ -107,7 +106,7 @@ class Vectorize(ScanPass):
 
         def steps() -> gs.Tensor:
             if "steps" not in chunk:
-                chunk["steps"] = e.op("Gather", [e.op("Shape", [chunk["input"]]), e.ints("first", [0])])
+                chunk["steps"] = e.length(chunk["input"])
             return chunk["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)
