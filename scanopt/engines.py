@@ -22,6 +22,7 @@ import onnx
 from scanopt.errors import ScanoptError, first_line
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
+from scanopt.protos import in_default_domain, walk_proto_graphs
 
 ENGINES = ("ort", "reference")
 
@@ -86,8 +87,6 @@ def ort_miscomputes(model: onnx.ModelProto) -> str | None:
     between) yields zeros or stale memory for that output. Verification must not
     trust onnxruntime on such a model.
     """
-    from scanopt.protos import in_default_domain, walk_proto_graphs
-
     for graph in walk_proto_graphs(model.graph):
         for node in graph.node:
             if node.op_type != "Scan" or not in_default_domain(node.domain):
