@@ -19,9 +19,10 @@ from typing import Callable, Mapping
 import numpy as np
 import onnx
 
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, first_line
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
+from scanopt.protos import in_default_domain, walk_proto_graphs
 
 ENGINES = ("ort", "reference")
 
@@ -86,8 +87,6 @@ def ort_miscomputes(model: onnx.ModelProto) -> str | None:
     between) yields zeros or stale memory for that output. Verification must not
     trust onnxruntime on such a model.
     """
-    from scanopt.protos import in_default_domain, walk_proto_graphs
-
     for graph in walk_proto_graphs(model.graph):
         for node in graph.node:
             if node.op_type != "Scan" or not in_default_domain(node.domain):
@@ -199,7 +198,6 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
 
 def _one_line(exc: BaseException) -> str:
     """The first meaningful line of an engine's message, without onnxruntime's prefixes."""
-    text = str(exc).strip() or type(exc).__name__
-    line = text.splitlines()[0].removeprefix("[ONNXRuntimeError] : ")
+    line = first_line(exc).removeprefix("[ONNXRuntimeError] : ")
     line = re.sub(r"\S+\.(?:cc|cpp|h):\d+ \S.*?\) (?=\S)", "", line, count=1)  # source location
     return line.split("\x1b[")[0].strip()

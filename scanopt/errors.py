@@ -5,6 +5,12 @@ never a bug in scanopt; the CLI prints ``scanopt: <message>`` and exits 2.
 """
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
 class ScanoptError(Exception):
     """A problem with the input or the request, reported as one line."""
 

@@ -30,7 +30,8 @@ from typing import Iterator
 
 import onnx
 
-from scanopt.protos import in_default_domain
+from scanopt.protos import in_default_domain, walk_proto_graphs
+from scanopt.validate import default_opset
 
 # Sizes given to free dims: the i-th distinct symbolic name gets DIM_SIZES[(seed + i) % len],
 # unnamed dims share DIM_SIZES[seed % len] (two of them often meet in one elementwise op).
@@ -142,7 +143,7 @@ class InputShapes:
             self.templates[name] = self._template(declared[name], graph, name)
         self._read_constants(model)
         self._read_inference(model)
-        opset = next((o.version for o in model.opset_import if in_default_domain(o.domain)), 0)
+        opset = default_opset(model) or 0
         self._producers = self._shape_keeping_producers(graph)
         env = {name: t for name, t in self.templates.items() if t is not None}
         try:
@@ -177,8 +178,6 @@ class InputShapes:
         return self._symbols[key]
 
     def _read_constants(self, model: onnx.ModelProto) -> None:
-        from scanopt.protos import walk_proto_graphs
-
         for graph in walk_proto_graphs(model.graph):
             for init in graph.initializer:
                 self._initializers[init.name] = tuple(init.dims)
@@ -194,8 +193,6 @@ class InputShapes:
 
     def _read_inference(self, model: onnx.ModelProto) -> None:
         """Shapes onnx infers for computed values (symbolic dims propagate by name)."""
-        from scanopt.protos import walk_proto_graphs
-
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
         except Exception:  # noqa: BLE001 - inference is a best effort

@@ -18,7 +18,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import onnx
 
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, first_line
 from scanopt.feed_shapes import Attempt, InputShapes
 from scanopt.protos import in_default_domain, walk_proto_graphs
 from scanopt.scan_view import scan_version
@@ -373,12 +373,12 @@ def read_feeds(*, npz: str | None = None, arrays: Iterable[str] = ()) -> dict[st
             with archive:
                 feeds.update({key: archive[key] for key in archive.files})
         except (OSError, ValueError) as exc:
-            raise ScanoptError(f"--inputs {npz}: cannot read ({_first_line(exc)})") from None
+            raise ScanoptError(f"--inputs {npz}: cannot read ({first_line(exc)})") from None
     for name, path in assignments:
         try:
             value = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise ScanoptError(f"--input {name}={path}: cannot read ({_first_line(exc)})") from None
+            raise ScanoptError(f"--input {name}={path}: cannot read ({first_line(exc)})") from None
         if not isinstance(value, np.ndarray):
             value.close()
             raise ScanoptError(f"--input {name}={path}: not a single .npy array (for an .npz use --inputs)")
@@ -439,8 +439,3 @@ def _shape_text(shape: tuple[Dim, ...]) -> str:
 
 def _names(names: Iterable[str]) -> str:
     return ", ".join(f"'{n}'" for n in names)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
