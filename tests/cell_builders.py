@@ -428,13 +428,42 @@ def _rows(a, gate, order, H):
     return a[k * H:(k + 1) * H]
 
 
-def concat_rnn(body, x, hs, seed=0, act="Tanh"):
+VIAS = ("identity", "unsqueeze", "reshape", "flatten", "cast")
+
+
+def relaid_matmul(body, value, K, via=None):
+    """``value·K`` with ``value`` first re-laid out by ``via`` (rows kept: what TF1 converters and
+    hand-written cells put between Concat([x, h]) and its MatMul), and the product laid back."""
+    ints = lambda v: body.const(np.asarray(v, np.int64), "shape", where="body")  # noqa: E731
+    lead = 1 if body.batch else 0
+    if via is None:
+        return body.op("MatMul", value, body.const(K))
+    if via == "identity":
+        return body.op("MatMul", body.op("Identity", body.op("Identity", value)), body.const(K))
+    if via == "cast":
+        return body.op("MatMul", body.op("Cast", value, to=TP.FLOAT), body.const(K))
+    if via == "unsqueeze":  # [.., K] -> [.., 1, K] (a row), and Squeeze after the product
+        up = body.op("Unsqueeze", value, ints([lead])) if body.opset >= 13 else body.op("Unsqueeze", value, axes=[lead])
+        out = body.op("MatMul", up, body.const(K))
+        return body.op("Squeeze", out, ints([lead])) if body.opset >= 13 else body.op("Squeeze", out, axes=[lead])
+    if via == "flatten":  # Flatten at the last axis of a [B, K] value keeps it; [K] becomes [1, K] by Reshape
+        flat = body.op("Flatten", value, axis=1) if body.batch else body.op("Reshape", value, ints([1, K.shape[0]]))
+        out = body.op("MatMul", flat, body.const(K))
+        return out if body.batch else body.op("Reshape", out, ints([K.shape[1]]))
+    if via == "reshape":  # Reshape to [-1, K] (or [1, K]) and back to the state's shape
+        row = body.op("Reshape", value, ints([-1, K.shape[0]]) if body.batch else ints([1, K.shape[0]]))
+        out = body.op("MatMul", row, body.const(K))
+        return body.op("Reshape", out, ints([-1, K.shape[1]]) if body.batch else ints([K.shape[1]]))
+    raise ValueError(via)
+
+
+def concat_rnn(body, x, hs, seed=0, act="Tanh", via=None):
     """Keras/TF1 BasicRNNCell: act(Concat([x, h]) @ K + b), K [I+H, H]."""
     H, I = body.H, body.I
     W, R, Wb = rand(seed, H, I), rand(seed + 1, H, H), rand(seed + 2, H)
     K = np.concatenate([W.T, R.T])
     cat = body.op("Concat", x, hs, axis=-1)
-    return body.op(act, body.op("Add", body.op("MatMul", cat, body.const(K)), body.const(Wb, "b")))
+    return body.op(act, body.op("Add", relaid_matmul(body, cat, K, via), body.const(Wb, "b")))
 
 
 def concat_gru(body, x, hs, seed=0):
@@ -457,14 +486,14 @@ def concat_gru(body, x, hs, seed=0):
     return body.op("Add", body.op("Mul", u, hs), body.op("Mul", body.op("Sub", one, u), c))
 
 
-def concat_lstm(body, x, hs, cs, seed=0, forget_bias=1.0):
+def concat_lstm(body, x, hs, cs, seed=0, forget_bias=1.0, via=None):
     """TF1 BasicLSTMCell: [i, j, f, o] = Concat([x, h]) @ K + b; c' = c⊙σ(f + forget_bias) +
     σ(i)⊙tanh(j); h' = tanh(c')⊙σ(o)."""
     H, I = body.H, body.I
     W, R, Wb = rand(seed, 4 * H, I), rand(seed + 1, 4 * H, H), rand(seed + 2, 4 * H)
     order = "ijfo"
     K = np.concatenate([W.T, R.T])
-    pre = body.op("Add", body.op("MatMul", body.op("Concat", x, hs, axis=-1), body.const(K)), body.const(Wb, "b"))
+    pre = body.op("Add", relaid_matmul(body, body.op("Concat", x, hs, axis=-1), K, via), body.const(Wb, "b"))
     g = dict(zip(order, body.split(pre, 4)))
     f = body.op("Sigmoid", body.op("Add", g["f"], body.const(np.float32(forget_bias), "fb", where="body")))
     c_new = body.op("Add", body.op("Mul", cs, f), body.op("Mul", body.op("Sigmoid", g["i"]), body.op("Tanh", g["j"])))

@@ -221,10 +221,10 @@ def test_scan_in_if_in_loop_is_reached(optimized):
     assert _count_scans(onnx.load(str(result)).graph) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="fuse: a TF1 concat-linear LSTM cell whose Concat output reaches the "
-                   "MatMul through Unsqueeze (1-D body, Scan-8) or Identity is not recognized: 'the input gate "
-                   "reads 'xh' (Concat output)'; the same cell with Concat feeding MatMul directly fuses")
 def test_tf1_lstm_cell_with_unsqueeze_around_concat_fuses(optimized):
+    """A TF1 concat-linear LSTM whose Concat reaches the MatMul through Unsqueeze (1-D body,
+    Scan-8) was declined ('the input gate reads 'xh' (Concat output)'); fuse now reads through
+    layout-preserving nodes."""
     report = optimized("scan8_tf_lstm_b3_fwd")[4]
     fused = [o for o in report["outcomes"] if o["pass"] == "fuse"]
     # recognized: fused, or declined only by the cost policy

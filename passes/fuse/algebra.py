@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_op
 from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
+from scanopt.passes.fuse.layout import LAYOUT_OPS, layout_rank, same_rows, through_layout
 from scanopt.passes.fuse.poly import (
     NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -84,9 +85,9 @@ class Algebra:
         if is_op(node, "SequenceAt"):
             deps = [cut_source(node)] if cut_source(node) is not None else []
         else:
-            data_only = node.op in ("Split", "Slice", "Unsqueeze", "Squeeze")
+            data_only = node.op in ("Split", "Slice") + LAYOUT_OPS
             deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
-        src = producer(node.inputs[0]) if is_op(node, "MatMul") else None
+        src = producer(through_layout(self, node.inputs[0])[0]) if is_op(node, "MatMul") else None
         if src is not None and is_op(src, "Concat"):
             deps += [t for t in src.inputs if t.name]
         return deps
@@ -157,6 +158,8 @@ class Algebra:
         node = producer(tensor)
         if node is None or not is_op(node, node.op):
             return None
+        if node.op in LAYOUT_OPS:
+            return layout_rank(self, node, depth)
         if node.op in _RANK_KEEPING or is_cut(node):
             source = cut_source(node) if is_cut(node) else node.inputs[0]
             return None if source is None else self._rank(source, depth + 1)
@@ -195,10 +198,6 @@ class Algebra:
         return column_range(self, node, out, width)
 
 # -- per-op expansion -------------------------------------------------------------------
-
-def _identity(alg: Algebra, node, out):
-    return alg.value(node.inputs[0])
-
 
 def _add(alg, node, out):
     return add(*(alg.value(t) for t in node.inputs))
@@ -239,23 +238,31 @@ def _matmul(alg, node, out):
             return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
         return matmul(alg.value(b), _weight(alg, a, node).T)
     w = _weight(alg, b, node)
-    src = producer(a)
-    if src is not None and is_op(src, "Concat") and alg.is_last_axis(a, src.attrs.get("axis", 0)):
-        polys = [alg.value(piece) for piece in src.inputs]
-        sizes = [_last_dim(piece, p) for piece, p in zip(src.inputs, polys)]
-        if sizes.count(None) == 1:  # the weight's rows tell the one unknown width
-            sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
-        if None in sizes:
-            unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
-            raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
-        parts, start = [], 0
-        for p, size in zip(polys, sizes):
-            parts.append(matmul(p, w[start:start + size]))
-            start += size
-        if start != w.shape[0]:
-            raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
-        return add(*parts)
+    cat, reshaped = through_layout(alg, a, w.shape[0])
+    src = producer(cat)
+    if src is not None and is_op(src, "Concat") and alg.is_last_axis(cat, src.attrs.get("axis", 0)):
+        return _concat_matmul(alg, src, w, infer=not reshaped)
     return matmul(alg.value(a), w)
+
+
+def _concat_matmul(alg, src, w, infer: bool) -> Poly:
+    """``Concat(pieces, last axis)·W`` as ``Σ piece·W[rows of the piece]``; one unknown piece
+    width is what the weight's rows leave, unless a Reshape on the way made the rows the
+    weight sees differ from the Concat's (then every width must be known)."""
+    polys = [alg.value(piece) for piece in src.inputs]
+    sizes = [_last_dim(piece, p) for piece, p in zip(src.inputs, polys)]
+    if infer and sizes.count(None) == 1:  # the weight's rows tell the one unknown width
+        sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
+    if None in sizes:
+        unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
+        raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
+    parts, start = [], 0
+    for p, size in zip(polys, sizes):
+        parts.append(matmul(p, w[start:start + size]))
+        start += size
+    if start != w.shape[0]:
+        raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
+    return add(*parts)
 
 
 def _last_dim(tensor, p: Poly) -> int | None:
@@ -282,22 +289,6 @@ def _gemm(alg, node, out):
     return result
 
 
-def _reshape_lead(alg, node, out):
-    """Unsqueeze/Squeeze of leading axes (an exporter's [H] <-> [1, H]): the last axis,
-    which all of the algebra works on, is untouched, so the value is the same polynomial."""
-    data = node.inputs[0]
-    axes = node.attrs.get("axes")
-    if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
-        axes = alg.const(node.inputs[1])
-    rank = alg._rank(out if node.op == "Unsqueeze" else data)
-    if axes is None or rank is None:
-        raise NoMatch(f"{node.op} '{node.name}' has unknown axes or rank")
-    axes = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
-    if rank - 1 in axes:
-        raise NoMatch(f"{node.op} '{node.name}' changes the last axis")
-    return alg.value(data)
-
-
 def _cut(alg, node, out):
     source = cut_source(node)
     src = None if source is None else producer(source)
@@ -313,7 +304,7 @@ _RANK_KEEPING = {"Identity", "Neg", "Cast", "Tanh", "Sigmoid", "Relu", "LeakyRel
                  "Softplus", "ThresholdedRelu", "Clip", "Concat"}
 
 _HANDLERS = {
-    "Identity": _identity,
+    "Identity": same_rows,
     "Add": _add,
     "Sum": _add,
     "Sub": _sub,
@@ -324,6 +315,9 @@ _HANDLERS = {
     "Split": _cut,
     "Slice": _cut,
     "SequenceAt": _cut,
-    "Unsqueeze": _reshape_lead,
-    "Squeeze": _reshape_lead,
+    "Unsqueeze": same_rows,
+    "Squeeze": same_rows,
+    "Reshape": same_rows,
+    "Flatten": same_rows,
+    "Cast": same_rows,
 }
