@@ -283,10 +283,11 @@ def test_user_inputs_with_a_zero_sequence_length_fall_back_to_the_reference(cli,
 
 
 def test_float16_cell_decline_does_not_blame_a_missing_double_kernel(optimized):
-    """The float16 RNN was declined with '(onnxruntime has no double GRU/LSTM kernel)':
-    not about float16 (onnxruntime 1.32 runs float16 RNN/GRU/LSTM on CPU)."""
+    """The float16 RNN was declined with '(onnxruntime has no double GRU/LSTM kernel)', then
+    as 'not implemented'; the reason now is the per-step float16 rounding a native op does not
+    reproduce (tests/test_fuse_dtypes.py shows the difference)."""
     detail = _detail(optimized("rnn_f16")[4], "fuse")
-    assert "float16" in detail and "double" not in detail and "not implemented" in detail
+    assert "float16" in detail and "double" not in detail and "not provably equivalent" in detail
 
 
 def test_outcomes_of_an_unnamed_scan_stay_in_its_block(optimized):

@@ -68,9 +68,7 @@ def _direction(node, view, level, ctx, folder=None):
     n = view.num_states
     x = body.inputs[n]
     if dtype_of(x) != np.float32:
-        why = ("onnxruntime has no double RNN/GRU/LSTM kernel" if dtype_of(x) == np.float64
-               else f"fusing {dtype_of(x)} cells is not implemented")
-        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({why})")
+        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({_dtype_reason(dtype_of(x))})")
     ins, outs = body.inputs[:n], body.outputs[:n]
     invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
     recurrent = [i for i in range(n) if i not in invariant]
@@ -118,6 +116,18 @@ def _direction(node, view, level, ctx, folder=None):
     if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
         return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
     return Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source), rank == 2, in_axis
+
+
+def _dtype_reason(dtype) -> str:
+    if dtype == np.float64:
+        return "onnxruntime has no double RNN/GRU/LSTM kernel"
+    if dtype == np.float16:
+        # Probed: onnxruntime's CPU runs a float16 RNN/GRU/LSTM in float32 behind Casts.
+        return ("the Scan rounds every op's result and the state to float16 at each step, while a native "
+                "float16 op computes at the runtime's internal precision (onnxruntime's CPU: float32 behind "
+                "Casts, rounding only Y/Y_h), so the rewrite is not provably equivalent; a Cast-to-float32 "
+                "wrapper changes the per-step rounding the same way")
+    return f"the native ops take float16/float/double, not {dtype}"
 
 
 def _reversed_source(x: gs.Tensor, axis: int, rank: int, ctx, folder) -> gs.Tensor | None:

@@ -169,3 +169,26 @@ class GateReader:
         W, R, Wb, rows = self.weights([lin], ["RNN"], hidden)
         B = _cat(*Wb, np.zeros(hidden))
         return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), B, None, (act,), clip, h=h)
+
+    def affine_rnn(self, h, h_out) -> Cell | None:
+        """A cell with no nonlinearity: the new state is linear in x and h (an ``alpha·pre + beta``
+        written with Mul/Add is linear too) and becomes RNN with Affine(alpha=1, beta=0), every
+        scale folded into W, R and B; None when the new state is not linear in x and h. A state
+        that reads h only elementwise (EMA ``a⊙h + (1-a)⊙x·W``, a running sum) is declined."""
+        self.role(h, "h")
+        try:
+            p = self.alg.poly(h_out)
+        except NoMatch:
+            return None
+        if not p.terms or any(t.factors and (len(t.factors) != 1 or not self._known(t.factors[0])) for t in p.terms):
+            return None
+        lin = self.linear(p, "the new state", ("x", "h"))
+        if "h" in lin.diags and "h" not in lin.mats:
+            raise NoMatch("the new state is linear with h read elementwise only (a diagonal recurrence such as an "
+                          "EMA or a running sum): the native RNN (Affine) would turn its O(H) elementwise steps "
+                          "into H×H products")
+        hidden = self.hidden_of(lin, state=h)
+        W, R, Wb, rows = self.weights([lin], ["the new state"], hidden)
+        act = Activation("Affine", (("alpha", 1.0), ("beta", 0.0)))
+        return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), _cat(*Wb, np.zeros(hidden)), None, (act,),
+                    notes=("no nonlinearity: Affine(1, 0)",), h=h)
