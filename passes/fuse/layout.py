@@ -25,9 +25,10 @@ LAYOUT_OPS = ("Identity", "Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten")
 def keeps_rows(alg, node: gs.Node, width: int | None = None) -> str | None:
     """None when ``node`` keeps every last-axis row of its data input, else why not.
     ``width`` is the data's last dimension when the caller knows it (a Reshape needs it)."""
-    data, op = node.inputs[0], node.op
-    if not any(is_op(node, o) for o in LAYOUT_OPS):
+    op = node.op
+    if not any(is_op(node, o) for o in LAYOUT_OPS) or not node.inputs:
         return f"{op} is not a layout-preserving op"
+    data = node.inputs[0]
     if op == "Identity":
         return None
     if op == "Cast":
