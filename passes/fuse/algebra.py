@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_op
 from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
-from scanopt.passes.fuse.layout import LAYOUT_OPS, layout_rank, same_rows, through_layout
+from scanopt.passes.fuse.layout import LAYOUT_OPS, layout_rank, runtime_matrix, same_rows, through_layout
 from scanopt.passes.fuse.poly import (
     NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -226,10 +226,11 @@ def _weight(alg, tensor, node) -> np.ndarray:
 
 def _matmul(alg, node, out):
     a, b = node.inputs
-    if alg.is_runtime(b):
-        if alg._rank(b) != 2:
+    found = runtime_matrix(alg, b)
+    if found is not None or alg.is_runtime(b):
+        if found is None:
             raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
-        return runtime_matmul(alg.value(a), Runtime(b))
+        return runtime_matmul(alg.value(a), Runtime(found[0], transposed=found[1]))
     left = alg.const(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
     if left and alg.const(b) is None and not alg.is_runtime(b):
         if alg._rank(b) != 1:  # W @ v equals v @ Wᵀ only for a vector v
@@ -276,8 +277,9 @@ def _gemm(alg, node, out):
     if node.attrs.get("transA", 0):
         raise NoMatch(f"Gemm '{node.name}' transposes its data operand (transA=1)")
     alpha, trans_b = float(node.attrs.get("alpha", 1.0)), bool(node.attrs.get("transB", 0))
-    if alg.is_runtime(node.inputs[1]):
-        result = runtime_matmul(alg.value(node.inputs[0]), Runtime(node.inputs[1], transposed=trans_b, scale=alpha))
+    found = runtime_matrix(alg, node.inputs[1])
+    if found is not None:
+        result = runtime_matmul(alg.value(node.inputs[0]), Runtime(found[0], transposed=trans_b != found[1], scale=alpha))
     else:
         w = _weight(alg, node.inputs[1], node)
         result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)

@@ -86,6 +86,25 @@ def layout_rank(alg, node: gs.Node, depth: int) -> int | None:
     return rank + (1 if node.op == "Unsqueeze" else -1) * int(np.asarray(axes).size)
 
 
+def runtime_matrix(alg, tensor: gs.Tensor) -> tuple[gs.Tensor, bool] | None:
+    """(the run-time matrix, whether it is transposed) when ``tensor`` is a value the body reads but
+    does not compute (a graph input, an invariant state), maybe behind Identity or a 2-D Transpose
+    in the body (PyTorch's [out, in] weights transposed where they are used)."""
+    flip = False
+    for _ in range(16):
+        if alg.is_runtime(tensor):
+            return (tensor, flip) if alg._rank(tensor) == 2 else None
+        node = producer(tensor)
+        if node is None or not node.inputs:
+            return None
+        if is_op(node, "Transpose") and list(node.attrs.get("perm", [1, 0])) == [1, 0]:
+            flip = not flip
+        elif not is_op(node, "Identity"):
+            return None
+        tensor = node.inputs[0]
+    return None
+
+
 def through_layout(alg, tensor: gs.Tensor, width: int | None = None) -> tuple[gs.Tensor, bool]:
     """(the value ``tensor`` is a re-layout of, whether a Reshape/Flatten was passed) following
     layout-preserving nodes back; ``width`` is the last dimension at ``tensor``."""
