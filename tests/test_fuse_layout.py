@@ -108,3 +108,20 @@ def test_reshape_that_regroups_rows_is_declined():
     h_new = body.op("Tanh", half)
     detail = _declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
     assert f"cuts '{back}' itself" in detail, detail
+
+
+@pytest.mark.parametrize("rank, axis, keeps", [(1, 0, True), (1, 1, False), (2, 1, True), (2, -1, True),
+                                               (2, 0, False), (3, 2, True), (3, 1, False)])
+def test_flatten_keeps_rows_only_at_the_last_axis(rank, axis, keeps):
+    """Flatten -> [prod(d[:axis]), prod(d[axis:])]: rows are kept only for axis = rank - 1 (a [K]
+    vector at axis 1 becomes the column [K, 1])."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.passes.fuse.algebra import Algebra
+    from scanopt.passes.fuse.layout import keeps_rows
+
+    data = gs.Variable("v", np.float32, [2] * (rank - 1) + [7])
+    out = gs.Variable("f", np.float32)
+    node = gs.Node("Flatten", attrs={"axis": axis}, inputs=[data], outputs=[out])
+    why = keeps_rows(Algebra(rank=lambda t: len(t.shape) if t.shape else None), node)
+    assert (why is None) == keeps, why

@@ -50,7 +50,8 @@ def keeps_rows(alg, node: gs.Node, width: int | None = None) -> str | None:
     if op == "Flatten":
         rank = alg._rank(data)
         axis = int(node.attrs.get("axis", 1))
-        if rank is None or axis % max(rank, 1) != rank - 1 or rank < 1:
+        # [d0.., d_axis..] -> [prod(d0..), prod(d_axis..)]: the last axis is kept only at axis = rank - 1
+        if rank is None or rank < 1 or (axis + rank if axis < 0 else axis) != rank - 1:
             return f"Flatten '{node.name}' does not keep the last axis"
         return None
     target = alg.const(node.inputs[1]) if len(node.inputs) > 1 else None
