@@ -149,3 +149,12 @@ def test_thresholded_relu_cell_at_x_equal_alpha_is_declined_and_differs_from_the
     assert spec_activation == alpha  # ...the recurrent activation keeps it
     reason = _declined(model)
     assert "zeroes x == alpha" in reason and "keeps it (x if x >= alpha)" in reason, reason
+
+
+def test_lstm_with_a_linear_cell_candidate_is_declined_with_the_reason():
+    """g = Affine (c' = f⊙c + i⊙(x·W + h·R + b)): the candidate's products sit inside i⊙(...), which
+    the cell-state reading does not take apart; declined, the reason says where."""
+    body = cb.Body()
+    h_new, c_new = cb.lstm(body, "x", "h", "c", acts=("Sigmoid", "Identity", "Tanh"))
+    reason = _declined(cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new]))
+    assert "the new cell state has a matrix product outside any activation" in reason, reason
