@@ -400,6 +400,16 @@ def check_fused(model, kind, inputs=True, **feed_kw):
     return out
 
 
+def declined(model) -> str:
+    """Fuse ``model``: its one Scan stays (fuse declines it); the reason."""
+    from equivalence import ops
+
+    out, outcomes = fuse(model)
+    assert [o.applied for o in outcomes] == [False], [o.detail for o in outcomes]
+    assert ops(out)["Scan"] == 1
+    return outcomes[0].detail
+
+
 def native(model):
     """The one RNN/GRU/LSTM node of a model."""
     (node,) = [n for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]
@@ -498,6 +508,18 @@ def concat_lstm(body, x, hs, cs, seed=0, forget_bias=1.0, via=None):
     f = body.op("Sigmoid", body.op("Add", g["f"], body.const(np.float32(forget_bias), "fb", where="body")))
     c_new = body.op("Add", body.op("Mul", cs, f), body.op("Mul", body.op("Sigmoid", g["i"]), body.op("Tanh", g["j"])))
     return body.op("Mul", body.op("Tanh", c_new), body.op("Sigmoid", g["o"])), c_new
+
+
+def concat_lstm_native(seed=0, forget_bias=1.0, H=H, I=I):
+    """The native LSTM :func:`concat_lstm` computes, its i, j, f, o blocks laid out in ONNX order
+    i, o, f, c by hand (the forget bias added to f's input bias)."""
+    W, R, Wb = rand(seed, 4 * H, I), rand(seed + 1, 4 * H, H), rand(seed + 2, 4 * H)
+    blocks = lambda a: dict(zip("ijfo", np.split(a, 4)))  # noqa: E731
+    w, r, b = blocks(W), blocks(R), blocks(Wb)
+    b["f"] = b["f"] + forget_bias
+    order = "iofj"
+    return native_model("LSTM", np.concatenate([w[g] for g in order]), np.concatenate([r[g] for g in order]),
+                        np.concatenate([np.concatenate([b[g] for g in order]), np.zeros(4 * H)]))
 
 
 def keras_gru(body, x, hs, seed=0, bias_cut="gather"):

@@ -14,19 +14,11 @@ import onnx
 import pytest
 
 import cell_builders as cb
-from equivalence import ops
 from scanopt.engines import run as run_engine
 
 H, I = cb.H, cb.I
 R_ = cb.rand
 AFFINE = dict(activations=["Affine"], activation_alpha=[1.0], activation_beta=[0.0])
-
-
-def _declined(model) -> str:
-    out, outcomes = cb.fuse(model)
-    assert [o.applied for o in outcomes] == [False], [o.detail for o in outcomes]
-    assert ops(out)["Scan"] == 1
-    return outcomes[0].detail
 
 
 def _rnn_scan(build):
@@ -93,7 +85,7 @@ def test_elementwise_linear_recurrences_stay_loops(write):
         return b.op("Add", b.op("Mul", b.const(np.float32(0.8), "a", where="body"), "h"),
                     b.op("Mul", b.const(np.float32(0.2), "a2", where="body"), xw))
 
-    reason = _declined(_rnn_scan(build))
+    reason = cb.declined(_rnn_scan(build))
     assert "h read elementwise only" in reason and "H×H products" in reason, reason
 
 
@@ -117,7 +109,7 @@ def test_gru_with_a_linear_candidate_is_declined_with_the_reason():
     the candidate's matrix products; the reason says so (minGRU-like forms, a near-miss)."""
     body = cb.Body()
     h_new = cb.gru(body, "x", "h", acts=("Sigmoid", "Identity"))
-    reason = _declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
+    reason = cb.declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
     assert "matrix product outside any activation" in reason, reason
 
 
@@ -147,7 +139,7 @@ def test_thresholded_relu_cell_at_x_equal_alpha_is_declined_and_differs_from_the
         np.testing.assert_array_equal(got["Y0"], np.zeros((3, 2, H), np.float32))  # the op zeroes x == alpha
     spec_activation = np.where(np.float32(alpha) >= alpha, np.float32(alpha), 0)  # x if x >= alpha else 0
     assert spec_activation == alpha  # ...the recurrent activation keeps it
-    reason = _declined(model)
+    reason = cb.declined(model)
     assert "zeroes x == alpha" in reason and "keeps it (x if x >= alpha)" in reason, reason
 
 
@@ -156,5 +148,5 @@ def test_lstm_with_a_linear_cell_candidate_is_declined_with_the_reason():
     the cell-state reading does not take apart; declined, the reason says where."""
     body = cb.Body()
     h_new, c_new = cb.lstm(body, "x", "h", "c", acts=("Sigmoid", "Identity", "Tanh"))
-    reason = _declined(cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new]))
+    reason = cb.declined(cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new]))
     assert "the new cell state has a matrix product outside any activation" in reason, reason

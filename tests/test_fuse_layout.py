@@ -16,16 +16,6 @@ H, I = cb.H, cb.I
 R_ = cb.rand
 
 
-def _lstm_native():
-    W, R, Wb = R_(0, 4 * H, I), R_(1, 4 * H, H), R_(2, 4 * H)
-    blocks = lambda a: dict(zip("ijfo", np.split(a, 4)))  # noqa: E731
-    w, r, b = blocks(W), blocks(R), blocks(Wb)
-    b["f"] = b["f"] + 1.0
-    order = "iofj"
-    return cb.native_model("LSTM", np.concatenate([w[g] for g in order]), np.concatenate([r[g] for g in order]),
-                           np.concatenate([np.concatenate([b[g] for g in order]), np.zeros(4 * H)]))
-
-
 def _rnn_native():
     W, R, Wb = R_(0, H, I), R_(1, H, H), R_(2, H)
     return cb.native_model("RNN", W, R, np.concatenate([Wb, np.zeros(H)]))
@@ -45,7 +35,7 @@ def _model(kind, via, batch=True, opset=17):
 def test_concat_cell_through_layout_nodes_fuses(kind, via):
     model = _model(kind, via)
     out = cb.check_fused(model, kind)
-    native = _lstm_native() if kind == "LSTM" else _rnn_native()
+    native = cb.concat_lstm_native() if kind == "LSTM" else _rnn_native()
     cb.assert_same_as_native(out, native)
     cb.assert_same_as_native(model, native, shapes=((5, 2),))  # the builder's weights are the native ones
 
@@ -63,37 +53,29 @@ def test_scan8_tf1_lstm_through_unsqueeze_fuses_with_sequence_lens():
     assert cb.native(out)[0].input[4], "sequence_lens passed to the native op"
 
 
-def _declined(model):
-    out, outcomes = cb.fuse(model)
-    assert [o.applied for o in outcomes] == [False], [o.detail for o in outcomes]
-    return outcomes[0].detail
+def _concat_rnn_via(body, relayout):
+    """A TF1 BasicRNNCell whose Concat([x, h]) goes through ``relayout(body, cat)`` to its MatMul;
+    (the model, the re-laid value)."""
+    cat = body.op("Concat", "x", "h", axis=-1)
+    moved = relayout(body, cat)
+    W, R, Wb = R_(0, H, I), R_(1, H, H), R_(2, H)
+    h_new = body.op("Tanh", body.op("Add", body.op("MatMul", moved, body.const(np.concatenate([W.T, R.T]))),
+                                    body.const(Wb, "b")))
+    return cb.scan_model(body, [("h", h_new, H)], ys=[h_new]), moved
 
 
 def test_reshape_with_a_run_time_target_is_declined_with_the_reshape_named():
     """Reshape(Concat, Shape(...)): the target is not constant, so the kept layout cannot be
     proven; the cell is declined and the reason names the Reshape output."""
-    body = cb.Body()
-    cat = body.op("Concat", "x", "h", axis=-1)
-    target = body.op("Shape", cat)
-    row = body.op("Reshape", cat, target)
-    W, R, Wb = R_(0, H, I), R_(1, H, H), R_(2, H)
-    h_new = body.op("Tanh", body.op("Add", body.op("MatMul", row, body.const(np.concatenate([W.T, R.T]))),
-                                    body.const(Wb, "b")))
-    detail = _declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
-    assert f"'{row}' (Reshape output)" in detail, detail
+    model, row = _concat_rnn_via(cb.Body(), lambda b, cat: b.op("Reshape", cat, b.op("Shape", cat)))
+    assert f"'{row}' (Reshape output)" in cb.declined(model)
 
 
 def test_cast_to_another_dtype_is_not_read_through():
     """Cast float32 -> float16 -> float32 rounds the values: not a re-layout, so the Cast output
     is a leaf of the algebra and the cell is declined naming it."""
-    body = cb.Body()
-    cat = body.op("Concat", "x", "h", axis=-1)
-    back = body.op("Cast", body.op("Cast", cat, to=TP.FLOAT16), to=TP.FLOAT)
-    W, R, Wb = R_(0, H, I), R_(1, H, H), R_(2, H)
-    h_new = body.op("Tanh", body.op("Add", body.op("MatMul", back, body.const(np.concatenate([W.T, R.T]))),
-                                    body.const(Wb, "b")))
-    detail = _declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
-    assert f"'{back}' (Cast output)" in detail, detail
+    model, back = _concat_rnn_via(cb.Body(), lambda b, cat: b.op("Cast", b.op("Cast", cat, to=TP.FLOAT16), to=TP.FLOAT))
+    assert f"'{back}' (Cast output)" in cb.declined(model)
 
 
 def test_reshape_that_regroups_rows_is_declined():
@@ -106,7 +88,7 @@ def test_reshape_that_regroups_rows_is_declined():
     back = body.op("Reshape", prod, body.const(np.array([-1, 2 * H], np.int64), "shape", where="body"))
     half = body.split(back, 2)[0]
     h_new = body.op("Tanh", half)
-    detail = _declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
+    detail = cb.declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
     assert f"cuts '{back}' itself" in detail, detail
 
 
