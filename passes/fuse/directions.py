@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 from scanopt.errors import ScanoptError
 from scanopt.graph import dtype_of, is_op, node_label
 from scanopt.pass_api import Match, Skip
-from scanopt.passes.fuse.algebra import describe, producer, resolve
+from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
 from scanopt.passes.fuse.recognize import recognize
