@@ -58,8 +58,10 @@ SCANOPT = "from scanopt.cli import main; sys.exit(main(sys.argv[1:]))"
 def measure(code: str, args: list[str]) -> tuple[float, float]:
     """(peak RSS in MB, wall seconds) of ``code`` run in a fresh Python process."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", REPORT + code, *args], check=True, stdout=subprocess.DEVNULL,
+    done = subprocess.run([sys.executable, "-c", REPORT + code, *args], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(args)}: exit {done.returncode}\n{done.stderr}")
     wall = time.perf_counter() - start
     peak = [line for line in done.stderr.splitlines() if line.startswith("MAXRSS ")][-1]
     return int(peak.split()[1]) / 1024, wall

@@ -4,9 +4,12 @@ A :class:`Runner` is built once per model and called once per set of feeds, so
 verification over several seeds loads each model only once. Every failure to load or
 run becomes an :class:`EngineError` with a one-line message.
 
-Models over 2 GB: protobuf cannot serialize them, so onnxruntime must read them from
-their file. Pass ``path=`` (the file the model was loaded from); without it such a
-model cannot run in onnxruntime, and "auto" falls back to the reference executor.
+Big weights left in their file (scanopt.external_data) are not read by scanopt: onnxruntime
+gets the small proto and the folder of the data file, and memory-maps the weights itself,
+once per file for every session. Models over 2 GB in memory: protobuf cannot serialize them,
+so onnxruntime must read them from their file. Pass ``path=`` (the file the model was
+loaded from); without it such a model cannot run in onnxruntime, and "auto" falls back to
+the reference executor.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import onnx
 
 from scanopt.errors import ScanoptError, first_line
+from scanopt.external_data import ExternalDataError, has_marks, inlined, without_marks
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
 from scanopt.protos import in_default_domain, walk_proto_graphs
@@ -129,10 +133,10 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
     options.log_severity_level = 4  # errors come back as exceptions; keep stderr clean
     if path is not None:
         source = os.fspath(path)
-    elif needs_external_data(model):
+    elif needs_external_data(model) and not has_marks(model):
         raise EngineError("onnxruntime can load a model over 2 GB only from its file; pass its path")
     else:
-        source = model.SerializeToString()
+        source = ort_source(model, options)
     try:
         session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's pybind errors share no useful base class
@@ -147,6 +151,23 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
         return [_from_ort_value(v) for v in session.run_with_ort_values(names, values)]
 
     return Runner("ort", names, call)
+
+
+def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> bytes:
+    """The bytes onnxruntime loads ``model`` from, with ``options`` (an
+    onnxruntime.SessionOptions) set to find the weights left in their file: onnxruntime
+    memory-maps them from there (no copy per session). Without ``prepack`` (for checking
+    numbers, not timing) it also keeps using the mapped pages instead of a packed copy of
+    each weight per session."""
+    try:
+        clean, folder = without_marks(model)
+    except ExternalDataError as exc:
+        raise EngineError(f"onnxruntime cannot load the model: {exc}") from None
+    if folder is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+        if not prepack:
+            options.add_session_config_entry("session.disable_prepacking", "1")
+    return clean.SerializeToString()
 
 
 def _is_extension(dtype: np.dtype) -> bool:
@@ -187,7 +208,7 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
     except ImportError as exc:
         raise EngineError(f"the reference executor is not available ({_one_line(exc)})") from exc
     try:
-        evaluator = make_evaluator(model)
+        evaluator = make_evaluator(inlined(model) if has_marks(model) else model)
     except ScanoptError:
         raise
     except Exception as exc:

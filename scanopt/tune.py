@@ -115,11 +115,15 @@ def _time(forms: dict, seconds: float) -> dict[str, float]:
     from scanopt.inputs import synthesize_inputs
 
     feeds = synthesize_inputs(forms["scan"], 0)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    sessions = {name: ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-                for name, m in forms.items()}
+    from scanopt.engines import ort_source
+
+    def session(m):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        return ort.InferenceSession(ort_source(m, options, prepack=True), options, providers=["CPUExecutionProvider"])
+
+    sessions = {name: session(m) for name, m in forms.items()}
     for s in sessions.values():
         s.run(None, feeds)
     samples: dict[str, list[float]] = {name: [] for name in sessions}
