@@ -17,13 +17,14 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import weakref
 from typing import Callable, Mapping
 
 import numpy as np
 import onnx
 
 from scanopt.errors import ScanoptError, first_line
-from scanopt.external_data import ExternalDataError, has_marks, inlined, without_marks
+from scanopt.external_data import ExternalDataError, as_array, has_marks, inlined, source, without_marks
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
 from scanopt.protos import in_default_domain, walk_proto_graphs
@@ -131,14 +132,16 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
 
     options = ort.SessionOptions()
     options.log_severity_level = 4  # errors come back as exceptions; keep stderr clean
+    kept: list = []
     if path is not None:
-        source = os.fspath(path)
+        loaded_from = os.fspath(path)
     elif needs_external_data(model) and not has_marks(model):
         raise EngineError("onnxruntime can load a model over 2 GB only from its file; pass its path")
     else:
-        source = ort_source(model, options)
+        loaded_from, kept = ort_source(model, options)
     try:
-        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(loaded_from, options, providers=["CPUExecutionProvider"])
+        session.scanopt_weights = kept  # the shared weights live as long as the session
     except Exception as exc:  # onnxruntime's pybind errors share no useful base class
         raise EngineError(f"onnxruntime cannot load the model: {_one_line(exc)}") from exc
     names = [o.name for o in session.get_outputs()]
@@ -153,21 +156,53 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
     return Runner("ort", names, call)
 
 
-def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> bytes:
-    """The bytes onnxruntime loads ``model`` from, with ``options`` (an
-    onnxruntime.SessionOptions) set to find the weights left in their file: onnxruntime
-    memory-maps them from there (no copy per session). Without ``prepack`` (for checking
-    numbers, not timing) it also keeps using the mapped pages instead of a packed copy of
-    each weight per session."""
+def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> tuple[bytes, list]:
+    """(the bytes onnxruntime loads ``model`` from, values the session must keep alive), with
+    ``options`` (an onnxruntime.SessionOptions) set up for the weights left in their file.
+
+    The main graph's such weights are handed over as initializers backed by one read-only
+    memory map per weight, shared by every session of the process that uses it (original and
+    candidate): onnxruntime uses the buffer as it is. It memory-maps the others (in bodies, or
+    of types numpy cannot map) from the folder itself, once per session. Without ``prepack``
+    (for checking numbers, not timing) it keeps using the mapped pages instead of a packed
+    copy of each weight per session."""
     try:
         clean, folder = without_marks(model)
     except ExternalDataError as exc:
         raise EngineError(f"onnxruntime cannot load the model: {exc}") from None
+    kept = []
     if folder is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         if not prepack:
             options.add_session_config_entry("session.disable_prepacking", "1")
-    return clean.SerializeToString()
+        for tensor in model.graph.initializer:
+            value = _shared_weight(tensor)
+            if value is not None:
+                options.add_initializer(tensor.name, value)
+                kept.append(value)
+    return clean.SerializeToString(), kept
+
+
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (file, offset, type, dims) -> OrtValue
+
+
+def _shared_weight(tensor: onnx.TensorProto):
+    """An OrtValue over a read-only memory map of a marked weight's file, the same object for
+    every session alive that uses it; None when the weight is in memory or numpy cannot map it."""
+    where = source(tensor)
+    if where is None:
+        return None
+    key = (where.path, where.offset, tensor.data_type, tuple(tensor.dims))
+    value = _SHARED.get(key)
+    if value is None:
+        array = as_array(tensor)
+        if not isinstance(array, np.memmap):
+            return None
+        import onnxruntime as ort
+
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        _SHARED[key] = value
+    return value
 
 
 def _is_extension(dtype: np.dtype) -> bool:

@@ -47,8 +47,9 @@ class Source:
     length: int
 
 
-class ExternalDataError(ValueError):
-    """A reference that its file cannot satisfy (a one-line reason)."""
+class ExternalDataError(OSError):
+    """A reference that its file cannot satisfy (a one-line reason). An OSError, so that a
+    data file that shrank while a run read it fails a write as any read error does."""
 
 
 def entries(tensor: onnx.TensorProto) -> dict[str, str]:

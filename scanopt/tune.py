@@ -121,7 +121,10 @@ def _time(forms: dict, seconds: float) -> dict[str, float]:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        return ort.InferenceSession(ort_source(m, options, prepack=True), options, providers=["CPUExecutionProvider"])
+        model_bytes, kept = ort_source(m, options, prepack=True)
+        made = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        made.scanopt_weights = kept  # alive as long as the session
+        return made
 
     sessions = {name: session(m) for name, m in forms.items()}
     for s in sessions.values():

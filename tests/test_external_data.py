@@ -191,3 +191,18 @@ def test_a_length_that_disagrees_with_the_shape_is_refused(cli, tmp_path):
     path.write_bytes(model.SerializeToString())
     result = cli("inspect", path)
     assert result.code == 2 and "its type and shape need" in result.err
+
+
+def test_original_and_candidate_sessions_share_one_mapping_of_a_weight(tmp_path):
+    """Both sessions of a verification get the same memory-mapped buffer for a weight that
+    stays in its file: onnxruntime uses it as it is, so the weight is resident once."""
+    import onnxruntime as ort_module
+
+    from scanopt.engines import ort_source
+
+    loaded = load(str(_saved(tmp_path)))
+    candidate = export_model(import_model(loaded.model), loaded.model)
+    _, original_values = ort_source(loaded.model, ort_module.SessionOptions())
+    _, candidate_values = ort_source(candidate, ort_module.SessionOptions())
+    assert len(original_values) == 4  # table, W, R, other: every main-graph weight left in the file
+    assert [id(v) for v in original_values] == [id(v) for v in candidate_values]
