@@ -5,8 +5,8 @@ verification over several seeds loads each model only once. Every failure to loa
 run becomes an :class:`EngineError` with a one-line message.
 
 Big weights left in their file (scanopt.external_data) are not read by scanopt: onnxruntime
-gets the small proto and the folder of the data file, and memory-maps the weights itself,
-once per file for every session. Models over 2 GB in memory: protobuf cannot serialize them,
+gets the small proto and each such weight as one read-only memory map that every session
+shares (see :func:`ort_source`). Models over 2 GB in memory: protobuf cannot serialize them,
 so onnxruntime must read them from their file. Pass ``path=`` (the file the model was
 loaded from); without it such a model cannot run in onnxruntime, and "auto" falls back to
 the reference executor.
@@ -183,7 +183,8 @@ def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> tup
     return clean.SerializeToString(), kept
 
 
-_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (file, offset, type, dims) -> OrtValue
+# (file, its inode and mtime, offset, type, dims) -> OrtValue, while a session holds it
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _shared_weight(tensor: onnx.TensorProto):
@@ -192,7 +193,11 @@ def _shared_weight(tensor: onnx.TensorProto):
     where = source(tensor)
     if where is None:
         return None
-    key = (where.path, where.offset, tensor.data_type, tuple(tensor.dims))
+    try:
+        st = os.stat(where.path)
+    except OSError:
+        return None  # onnxruntime reports the missing file itself
+    key = (where.path, st.st_ino, st.st_mtime_ns, where.offset, tensor.data_type, tuple(tensor.dims))
     value = _SHARED.get(key)
     if value is None:
         array = as_array(tensor)

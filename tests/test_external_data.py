@@ -206,3 +206,33 @@ def test_original_and_candidate_sessions_share_one_mapping_of_a_weight(tmp_path)
     _, candidate_values = ort_source(candidate, ort_module.SessionOptions())
     assert len(original_values) == 4  # table, W, R, other: every main-graph weight left in the file
     assert [id(v) for v in original_values] == [id(v) for v in candidate_values]
+
+
+def test_weights_inside_a_body_stay_in_the_file_and_are_written_out(cli, tmp_path):
+    """W and R as the Scan body's own initializers: onnxruntime maps them from the folder,
+    and OUT's data file gets them (or what a rewrite made of them) at every level."""
+    model = _rnn_model()
+    scan = next(n for n in model.graph.node if n.op_type == "Scan")
+    body = scan.attribute[0].g
+    moved = [t for t in model.graph.initializer if t.name in ("W", "R")]
+    body.initializer.extend(moved)
+    kept = [t for t in model.graph.initializer if t.name not in ("W", "R")]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    src = tmp_path / "m.onnx"
+    onnx.save_model(model, src, save_as_external_data=True, location="m.bin", size_threshold=1024)
+    loaded = load(str(src))
+    assert source(next(t for t in loaded.model.graph.node[1].attribute[0].g.initializer if t.name == "W")) is not None
+    out = tmp_path / "o.onnx"
+    result = cli("optimize", src, out)
+    assert result.code == 0 and "equivalent" in result.out, result.out + result.err
+    written = onnx.load(str(out), load_external_data=False)
+    for tensor in onnx.external_data_helper._get_initializer_tensors(written):
+        if tensor.data_location == TP.EXTERNAL:
+            assert {e.key: e.value for e in tensor.external_data}["location"] == "o.onnx.data"
+        else:
+            assert len(tensor.raw_data) < 1024, tensor.name
+    for seed in range(2):
+        want, got = _run_file(src, _feeds(seed)), _run_file(out, _feeds(seed))
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
