@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from scanopt.errors import ScanoptError, first_line
-from scanopt.external_data import ExternalDataError, as_array, has_marks, inlined, source, without_marks
+from scanopt.external_data import ExternalDataError, as_array, has_marks, source, weights_as_inputs, without_marks
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
 from scanopt.protos import in_default_domain, walk_proto_graphs
@@ -183,30 +183,49 @@ def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> tup
     return clean.SerializeToString(), kept
 
 
-# (file, its inode and mtime, offset, type, dims) -> OrtValue, while a session holds it
-_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# (file, its inode and mtime, offset, type, dims) -> array or OrtValue, while something holds it
+_SHARED_MAPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_SHARED_VALUES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _shared_weight(tensor: onnx.TensorProto):
-    """An OrtValue over a read-only memory map of a marked weight's file, the same object for
-    every session alive that uses it; None when the weight is in memory or numpy cannot map it."""
+def _weight_key(tensor: onnx.TensorProto) -> tuple | None:
     where = source(tensor)
     if where is None:
         return None
     try:
         st = os.stat(where.path)
     except OSError:
-        return None  # onnxruntime reports the missing file itself
-    key = (where.path, st.st_ino, st.st_mtime_ns, where.offset, tensor.data_type, tuple(tensor.dims))
-    value = _SHARED.get(key)
-    if value is None:
+        return None  # the engine reports the missing file itself
+    return (where.path, st.st_ino, st.st_mtime_ns, where.offset, tensor.data_type, tuple(tensor.dims))
+
+
+def shared_map(tensor: onnx.TensorProto) -> np.ndarray:
+    """The values of a weight left in its file (a read-only memory map where numpy can map
+    it), the same array for every engine alive that uses it: mapped once, resident once."""
+    key = _weight_key(tensor)
+    array = _SHARED_MAPS.get(key) if key is not None else None
+    if array is None:
         array = as_array(tensor)
+        if key is not None:
+            _SHARED_MAPS[key] = array
+    return array
+
+
+def _shared_weight(tensor: onnx.TensorProto):
+    """An OrtValue over :func:`shared_map` of a marked weight, the same object for every
+    session alive that uses it; None when the weight is in memory or numpy cannot map it."""
+    key = _weight_key(tensor)
+    if key is None:
+        return None
+    value = _SHARED_VALUES.get(key)
+    if value is None:
+        array = shared_map(tensor)
         if not isinstance(array, np.memmap):
             return None
         import onnxruntime as ort
 
-        value = ort.OrtValue.ortvalue_from_numpy(array)
-        _SHARED[key] = value
+        value = ort.OrtValue.ortvalue_from_numpy(array)  # keeps the array alive
+        _SHARED_VALUES[key] = value
     return value
 
 
@@ -247,14 +266,17 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
         from scanopt.reference import make_evaluator
     except ImportError as exc:
         raise EngineError(f"the reference executor is not available ({_one_line(exc)})") from exc
+    # weights left in their file reach the evaluator as feeds, each a shared memory map
+    light, marked = weights_as_inputs(model) if has_marks(model) else (model, {})
     try:
-        evaluator = make_evaluator(inlined(model) if has_marks(model) else model)
+        weights = {name: shared_map(tensor) for name, tensor in marked.items()}
+        evaluator = make_evaluator(light)
     except ScanoptError:
         raise
     except Exception as exc:
         raise EngineError(f"the reference executor cannot load the model: {_one_line(exc)}") from exc
     names = [o.name for o in model.graph.output]
-    return Runner("reference", names, lambda feeds: evaluator.run(names, dict(feeds)))
+    return Runner("reference", names, lambda feeds: evaluator.run(names, {**feeds, **weights}))
 
 
 def _one_line(exc: BaseException) -> str:

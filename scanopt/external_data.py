@@ -192,6 +192,25 @@ def inlined(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """(a copy of ``model`` in which each marked initializer of the main graph is a graph input
+    instead, {its name: the marked tensor}): for an engine that takes the weights as feeds (a
+    memory map each) rather than reading them into the model. Marked tensors inside bodies
+    are read into the copy."""
+    weights = {t.name: t for t in model.graph.initializer if source(t) is not None}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [t for t in copy.graph.initializer if t.name not in weights]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    declared = {v.name for v in copy.graph.input}
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+                            for name, t in weights.items() if name not in declared)
+    for tensor in list(marked_tensors(copy)):
+        _inline(tensor, source(tensor))
+    return copy, weights
+
+
 def without_marks(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     """(a copy of ``model`` whose references carry no scanopt mark, the one folder they are
     relative to or None): what onnxruntime reads. Raises ExternalDataError when the

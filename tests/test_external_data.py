@@ -236,3 +236,13 @@ def test_weights_inside_a_body_stay_in_the_file_and_are_written_out(cli, tmp_pat
         want, got = _run_file(src, _feeds(seed)), _run_file(out, _feeds(seed))
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+
+
+def test_both_engines_check_a_model_whose_weights_are_in_its_file(tmp_path):
+    """The reference executor takes the weights as feeds (shared memory maps), onnxruntime
+    as initializers: both agree with each other and with the candidate."""
+    loaded = load(str(_saved(tmp_path)))
+    candidate = export_model(import_model(loaded.model), loaded.model)
+    result = compare_models(loaded.model, candidate, engine="both", seeds=1)
+    assert result.passed and result.engine == "both"
+    assert {c.label for c in result.comparisons} >= {"original: reference vs ort", "candidate vs original [reference]"}
