@@ -8,7 +8,8 @@ their location is relative to (:data:`FOLDER_KEY`), so that each reference says 
 bytes are wherever the proto travels (copies, exports, candidates). Then:
 
 - a pass that reads a value gets a read-only memory map of the file (:func:`as_array`);
-- onnxruntime memory-maps the same file (scanopt.engines gives it the folder);
+- the engines give onnxruntime and the reference executor one shared memory map per weight
+  (scanopt.engines), and onnxruntime the folder for the rest;
 - :func:`write_model` copies each big tensor's bytes from the input file into the output's
   data file in chunks and serializes only the small proto.
 
