@@ -107,3 +107,10 @@ def test_flatten_keeps_rows_only_at_the_last_axis(rank, axis, keeps):
     node = gs.Node("Flatten", attrs={"axis": axis}, inputs=[data], outputs=[out])
     why = keeps_rows(Algebra(rank=lambda t: len(t.shape) if t.shape else None), node)
     assert (why is None) == keeps, why
+
+
+def test_concat_times_a_run_time_weight_is_declined_with_the_reason():
+    body = cb.Body(where="outer")
+    h_new = cb.concat_rnn(body, "x", "h", via="unsqueeze")
+    model = cb.weights_as_inputs(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
+    assert "splitting a run-time weight's rows between the Concat's pieces is not supported" in cb.declined(model)

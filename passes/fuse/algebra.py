@@ -21,7 +21,9 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_op
 from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
-from scanopt.passes.fuse.layout import LAYOUT_OPS, layout_rank, runtime_matrix, same_rows, through_layout
+from scanopt.passes.fuse.layout import (
+    LAYOUT_OPS, concat_matmul, last_axis_concat, layout_rank, runtime_matrix, same_rows, through_layout,
+)
 from scanopt.passes.fuse.poly import (
     NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -230,6 +232,10 @@ def _matmul(alg, node, out):
     if found is not None or alg.is_runtime(b):
         if found is None:
             raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
+        src = last_axis_concat(alg, a)[0]
+        if src is not None:
+            raise NoMatch(f"MatMul '{node.name}' multiplies Concat '{src.name}' by run-time weight '{found[0].name}': "
+                          "splitting a run-time weight's rows between the Concat's pieces is not supported")
         return runtime_matmul(alg.value(a), Runtime(found[0], transposed=found[1]))
     left = alg.const(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
     if left and alg.const(b) is None and not alg.is_runtime(b):
@@ -239,38 +245,10 @@ def _matmul(alg, node, out):
             return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
         return matmul(alg.value(b), _weight(alg, a, node).T)
     w = _weight(alg, b, node)
-    cat, reshaped = through_layout(alg, a, w.shape[0])
-    src = producer(cat)
-    if src is not None and is_op(src, "Concat") and alg.is_last_axis(cat, src.attrs.get("axis", 0)):
-        return _concat_matmul(alg, src, w, infer=not reshaped)
+    src, reshaped = last_axis_concat(alg, a, w.shape[0])
+    if src is not None:
+        return concat_matmul(alg, src, w, infer=not reshaped)
     return matmul(alg.value(a), w)
-
-
-def _concat_matmul(alg, src, w, infer: bool) -> Poly:
-    """``Concat(pieces, last axis)·W`` as ``Σ piece·W[rows of the piece]``; one unknown piece
-    width is what the weight's rows leave, unless a Reshape on the way made the rows the
-    weight sees differ from the Concat's (then every width must be known)."""
-    polys = [alg.value(piece) for piece in src.inputs]
-    sizes = [_last_dim(piece, p) for piece, p in zip(src.inputs, polys)]
-    if infer and sizes.count(None) == 1:  # the weight's rows tell the one unknown width
-        sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
-    if None in sizes:
-        unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
-        raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
-    parts, start = [], 0
-    for p, size in zip(polys, sizes):
-        parts.append(matmul(p, w[start:start + size]))
-        start += size
-    if start != w.shape[0]:
-        raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
-    return add(*parts)
-
-
-def _last_dim(tensor, p: Poly) -> int | None:
-    shape = tensor.shape
-    if shape and isinstance(shape[-1], int):
-        return shape[-1]
-    return p.width()
 
 
 def _gemm(alg, node, out):

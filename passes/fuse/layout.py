@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import dtype_of, is_op
 from scanopt.passes.fuse.cuts import producer
-from scanopt.passes.fuse.poly import NoMatch, leaf
+from scanopt.passes.fuse.poly import NoMatch, Poly, add, leaf, matmul
 
 LAYOUT_OPS = ("Identity", "Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten")
 
@@ -116,6 +116,40 @@ def through_layout(alg, tensor: gs.Tensor, width: int | None = None) -> tuple[gs
         tensor, seen = node.inputs[0], seen + 1
         node = producer(tensor)
     return tensor, reshaped
+
+
+def last_axis_concat(alg, tensor: gs.Tensor, width: int | None = None) -> tuple[gs.Node | None, bool]:
+    """(the last-axis Concat ``tensor`` re-lays, whether a Reshape/Flatten was passed) or (None, _)."""
+    cat, reshaped = through_layout(alg, tensor, width)
+    src = producer(cat)
+    if src is not None and is_op(src, "Concat") and alg.is_last_axis(cat, src.attrs.get("axis", 0)):
+        return src, reshaped
+    return None, reshaped
+
+
+def concat_matmul(alg, src, w, infer: bool) -> Poly:
+    """``Concat(pieces, last axis)·W`` as ``Σ piece·W[rows of the piece]``; one unknown piece
+    width is what the weight's rows leave, unless a Reshape on the way made the rows the
+    weight sees differ from the Concat's (then every width must be known)."""
+    polys = [alg.value(piece) for piece in src.inputs]
+    sizes = [_piece_width(piece, p) for piece, p in zip(src.inputs, polys)]
+    if infer and sizes.count(None) == 1:  # the weight's rows tell the one unknown width
+        sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
+    if None in sizes:
+        unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
+        raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
+    parts, start = [], 0
+    for p, size in zip(polys, sizes):
+        parts.append(matmul(p, w[start:start + size]))
+        start += size
+    if start != w.shape[0]:
+        raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
+    return add(*parts)
+
+
+def _piece_width(tensor, p: Poly) -> int | None:
+    declared = _declared_last(tensor)
+    return declared if declared is not None else p.width()
 
 
 def same_rows(alg, node: gs.Node, out: gs.Tensor):
