@@ -143,10 +143,18 @@ def test_thresholded_relu_cell_at_x_equal_alpha_is_declined_and_differs_from_the
     assert "zeroes x == alpha" in reason and "keeps it (x if x >= alpha)" in reason, reason
 
 
-def test_lstm_with_a_linear_cell_candidate_is_declined_with_the_reason():
-    """g = Affine (c' = f⊙c + i⊙(x·W + h·R + b)): the candidate's products sit inside i⊙(...), which
-    the cell-state reading does not take apart; declined, the reason says where."""
+@pytest.mark.parametrize("h_act", ["Tanh", "Identity"])
+def test_lstm_with_a_linear_cell_candidate_fuses_with_affine_g(h_act):
+    """g = Affine: c' = f⊙c + i⊙(x·W + h·R + b); with h_act Identity too (h = o⊙c')."""
+    W, R, Wb, Rb = R_(0, 4 * H, I), R_(1, 4 * H, H), R_(2, 4 * H), R_(3, 4 * H)
     body = cb.Body()
-    h_new, c_new = cb.lstm(body, "x", "h", "c", acts=("Sigmoid", "Identity", "Tanh"))
-    reason = cb.declined(cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new]))
-    assert "the new cell state has a matrix product outside any activation" in reason, reason
+    h_new, c_new = cb.lstm(body, "x", "h", "c", acts=("Sigmoid", "Identity", h_act))
+    model = cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new])
+    out = cb.check_fused(model, "LSTM")
+    acts = ["Sigmoid", "Affine", "Affine" if h_act == "Identity" else "Tanh"]
+    assert [a.decode() for a in cb.native(out)[1]["activations"]] == acts
+    n_affine = acts.count("Affine")
+    native = cb.native_model("LSTM", W, R, np.concatenate([Wb, Rb]), activations=acts,
+                             activation_alpha=[1.0] * n_affine, activation_beta=[0.0] * n_affine)
+    cb.assert_same_as_native(out, native)
+    cb.assert_same_as_native(model, native, shapes=((5, 2),))

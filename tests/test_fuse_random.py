@@ -110,6 +110,8 @@ def test_random_lstm_cells_fuse(setup, data):
         "cut": data.draw(st.sampled_from(["split", "slice", "split_pos"])),
         "peep": data.draw(st.booleans()),
         "form": data.draw(forms(setup["batch"])),
+        "acts": data.draw(st.sampled_from([("Sigmoid", "Tanh", "Tanh"), ("Sigmoid", "Identity", "Tanh"),
+                                            ("Sigmoid", "Tanh", "Identity")])),  # Identity: Affine g / h
         "seed": setup["seed"],
     }
     c_first = data.draw(st.booleans())

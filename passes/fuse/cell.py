@@ -37,6 +37,9 @@ class Activation:
         return self.name + (f"({', '.join(f'{k}={v:g}' for k, v in self.params)})" if self.params else "")
 
 
+AFFINE = Activation("Affine", (("alpha", 1.0), ("beta", 0.0)))  # no nonlinearity, spelled out
+
+
 @dataclass(frozen=True)
 class Sum:
     """A bias block known only at run time: ``const`` plus run-time vectors."""

@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import is_op
 from scanopt.passes.fuse.algebra import Algebra, cut_source, describe, is_cut, producer, resolve
-from scanopt.passes.fuse.cell import ACTIVATION_OPS, NOT_FUSED, Activation, Cell
+from scanopt.passes.fuse.cell import ACTIVATION_OPS, AFFINE, NOT_FUSED, Activation, Cell
 from scanopt.passes.fuse.linear import (
     _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip,
 )
@@ -23,6 +23,7 @@ class GateReader:
         self.names = {id(x): "x"}
         self.input_size = _last_dim(x)
         self.rh = gs.Variable("r⊙h")  # stands for r⊙h, so the lbr=0 weight is read like a role
+        self.linear_gates: dict = {}  # id(placeholder) -> the sum a gate with no nonlinearity is
 
     def _known(self, factor) -> bool:
         return isinstance(factor, Leaf) and id(factor.tensor) in self.roles
@@ -33,7 +34,10 @@ class GateReader:
 
     # -- pieces -------------------------------------------------------------------------
     def gate(self, tensor: gs.Tensor, what: str, scaled: bool = False) -> tuple[Activation, float | None, Poly]:
-        """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one."""
+        """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one; a
+        gate with no nonlinearity (a placeholder of ``linear_gates``) is Affine(1, 0)."""
+        if id(tensor) in self.linear_gates:
+            return AFFINE, None, self.linear_gates[id(tensor)]
         cuts = []
         node = producer(tensor)
         while is_cut(node):
@@ -189,6 +193,5 @@ class GateReader:
                           "into H×H products")
         hidden = self.hidden_of(lin, state=h)
         W, R, Wb, rows = self.weights([lin], ["the new state"], hidden)
-        act = Activation("Affine", (("alpha", 1.0), ("beta", 0.0)))
-        return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), _cat(*Wb, np.zeros(hidden)), None, (act,),
+        return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), _cat(*Wb, np.zeros(hidden)), None, (AFFINE,),
                     notes=("no nonlinearity: Affine(1, 0)",), h=h)
