@@ -76,15 +76,20 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
                 setattr(gs_node, NODE_EXTRAS, (proto_node.doc_string, list(proto_node.metadata_props)))
     setattr(graph, ORDER, order)
     setattr(graph, VALUE_METADATA, value_metadata)
-    setattr(graph, EXTERNAL, _defer_external_values(tensors))
+    setattr(graph, EXTERNAL, _defer_external_values(gs_graph for _, gs_graph, _ in pairs))
     return graph
 
 
-def _defer_external_values(tensors: dict) -> list:
+def _defer_external_values(graphs) -> list:
     """Give every initializer whose bytes are in a file values read only on demand (gs's
-    own LazyValues would read the file relative to the working directory)."""
+    own LazyValues would read the file relative to the working directory). Every level's
+    tensors: two bodies may each hold their own tensor of one name."""
     deferred = []
-    for tensor in tensors.values():
+    seen = set()
+    for tensor in (t for g in graphs for t in g.tensors().values()):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
         lazy = getattr(tensor, "_values", None)
         if isinstance(tensor, gs.Constant) and type(lazy) is LazyValues and source(lazy.tensor) is not None:
             tensor._values = ExternalValues(lazy.tensor)
