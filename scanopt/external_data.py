@@ -29,6 +29,10 @@ import onnx
 from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors
 
 FOLDER_KEY = "scanopt.folder"
+# The data file's size and modification time when the model was loaded ("size:mtime_ns"):
+# bytes read later from a file that changed since are refused, not written into OUT.
+STAMP_KEY = "scanopt.stamp"
+MARK_KEYS = (FOLDER_KEY, STAMP_KEY)
 # External tensors smaller than this are read into the proto at load (shape constants and
 # the like: code that reads them from the proto needs no file).
 INLINE_BELOW = 64 * 1024
@@ -46,6 +50,7 @@ class Source:
     path: str
     offset: int
     length: int
+    stamp: str | None = None  # "size:mtime_ns" of the file at load (STAMP_KEY)
 
 
 class ExternalDataError(OSError):
@@ -64,7 +69,18 @@ def source(tensor: onnx.TensorProto) -> Source | None:
     info = entries(tensor)
     if FOLDER_KEY not in info:
         return None
-    return Source(os.path.join(info[FOLDER_KEY], info["location"]), int(info.get("offset", 0)), int(info["length"]))
+    return Source(os.path.join(info[FOLDER_KEY], info["location"]), int(info.get("offset", 0)), int(info["length"]),
+                  info.get(STAMP_KEY))
+
+
+def file_stamp(st: os.stat_result) -> str:
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def check_unchanged(where: Source, handle) -> None:
+    """Refuse to read ``where`` from an open ``handle`` whose file changed since load."""
+    if where.stamp is not None and file_stamp(os.fstat(handle.fileno())) != where.stamp:
+        raise ExternalDataError(f"'{where.path}' changed since the model was loaded (size or modification time)")
 
 
 def marked_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -109,7 +125,7 @@ def attach(model: onnx.ModelProto, folder: str) -> None:
     to be a regular file inside it); read small tensors and attribute tensors into the
     proto; mark the big initializers with ``folder``. Raises ExternalDataError."""
     folder = os.path.realpath(folder)
-    sizes: dict[str, int] = {}
+    stats: dict[str, os.stat_result] = {}
     tensors = [(t, True) for t in _get_initializer_tensors(model)] + [(t, False) for t in _get_attribute_tensors(model)]
     for tensor, initializer in tensors:
         if tensor.data_location != EXTERNAL:
@@ -117,17 +133,17 @@ def attach(model: onnx.ModelProto, folder: str) -> None:
         info = entries(tensor)
         location = info.get("location", "")
         path = os.path.join(folder, location)
-        if path not in sizes:
-            sizes[path] = os.path.getsize(path)
+        if path not in stats:
+            stats[path] = os.stat(path)
         try:
             offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else sizes[path] - offset
+            length = int(info["length"]) if "length" in info else stats[path].st_size - offset
         except ValueError:
             raise ExternalDataError(f"tensor '{tensor.name}' has a malformed offset or length") from None
-        if offset < 0 or length < 0 or offset + length > sizes[path]:
+        if offset < 0 or length < 0 or offset + length > stats[path].st_size:
             raise ExternalDataError(
                 f"tensor '{tensor.name}' needs bytes {offset}..{offset + length} of '{location}', "
-                f"which has {sizes[path]}"
+                f"which has {stats[path].st_size}"
             )
         want = expected_length(tensor)
         if want is not None and want != length:
@@ -136,7 +152,7 @@ def attach(model: onnx.ModelProto, folder: str) -> None:
             _inline(tensor, Source(path, offset, length))
         else:
             _set_entries(tensor, [("location", location), ("offset", str(offset)), ("length", str(length)),
-                                  (FOLDER_KEY, folder)])
+                                  (FOLDER_KEY, folder), (STAMP_KEY, file_stamp(stats[path]))])
 
 
 def _set_entries(tensor: onnx.TensorProto, pairs: list[tuple[str, str]]) -> None:
@@ -148,8 +164,10 @@ def _set_entries(tensor: onnx.TensorProto, pairs: list[tuple[str, str]]) -> None
 
 def read_bytes(where: Source) -> bytes:
     with open(where.path, "rb") as handle:
+        check_unchanged(where, handle)
         handle.seek(where.offset)
         data = handle.read(where.length)
+        check_unchanged(where, handle)
     if len(data) != where.length:
         raise ExternalDataError(f"'{where.path}' is shorter than its model says (it changed while in use?)")
     return data
@@ -176,6 +194,8 @@ def as_array(tensor: onnx.TensorProto) -> np.ndarray:
     if plain and where.length == int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
         if where.length == 0:
             return np.zeros(shape, dtype)
+        with open(where.path, "rb") as handle:
+            check_unchanged(where, handle)
         return np.memmap(where.path, dtype=dtype, mode="r", offset=where.offset, shape=shape)
     copy = onnx.TensorProto()
     copy.CopyFrom(tensor)
@@ -225,7 +245,7 @@ def without_marks(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for tensor in marked_tensors(copy):
-        _set_entries(tensor, [(e.key, e.value) for e in tensor.external_data if e.key != FOLDER_KEY])
+        _set_entries(tensor, [(e.key, e.value) for e in tensor.external_data if e.key not in MARK_KEYS])
     return copy, folders.pop()
 
 
@@ -289,6 +309,7 @@ def _copy_range(where: Source, target) -> None:
     """Copy ``where``'s bytes to the current position of ``target`` in CHUNK-sized steps."""
     target.flush()
     with open(where.path, "rb") as handle:
+        check_unchanged(where, handle)
         handle.seek(where.offset)
         left = where.length
         while left:
@@ -297,3 +318,4 @@ def _copy_range(where: Source, target) -> None:
                 raise ExternalDataError(f"'{where.path}' is shorter than its model says (it changed while in use?)")
             target.write(data)
             left -= len(data)
+        check_unchanged(where, handle)

@@ -57,3 +57,64 @@ def test_same_named_weights_in_two_bodies_both_read_from_their_file(tmp_path, mo
     got = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, feeds)
     for name, value in zip([o.name for o in original.graph.output], got):
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+
+
+def _rnn_saved(folder, name="m.onnx", data="w.bin"):
+    from test_external_data import _rnn_model
+
+    path = os.path.join(folder, name)
+    onnx.save_model(_rnn_model(), path, save_as_external_data=True, location=data, size_threshold=1024)
+    return path
+
+
+def _rnn_outputs_match(path) -> bool:
+    from test_external_data import _feeds, _rnn_model
+
+    expected = ort.InferenceSession(_rnn_model().SerializeToString(), providers=["CPUExecutionProvider"]).run(None, _feeds())
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, _feeds())
+    return all(np.allclose(a, b, atol=1e-5) for a, b in zip(got, expected))
+
+
+def test_a_data_file_changed_after_loading_is_refused_not_written_into_out(tmp_path, monkeypatch, capsys):
+    """The weights verification checked are the ones OUT gets: a data file rewritten
+    (same size, new bytes) between load and save fails the run, and nothing is written."""
+    import scanopt.cli.optimize_cmd as optimize_cmd
+
+    path = _rnn_saved(tmp_path)
+    data = tmp_path / "w.bin"
+    optimize = optimize_cmd.optimize
+
+    def optimize_then_edit(*args, **kwargs):
+        result = optimize(*args, **kwargs)
+        raw = bytearray(data.read_bytes())
+        raw[100_000:100_008] = b"\x7f" * 8
+        data.write_bytes(bytes(raw))
+        return result
+
+    monkeypatch.setattr(optimize_cmd, "optimize", optimize_then_edit)
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", path, str(out), "--target", "portable"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "changed since the model was loaded" in err and len(err.splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "w.bin"]
+
+
+def test_in_place_with_a_data_file_of_another_name_keeps_it_and_writes_out_data(tmp_path, capsys):
+    path = _rnn_saved(tmp_path)
+    before = _digests(tmp_path)["w.bin"]
+    assert main(["optimize", path, path, "--in-place", "--target", "portable", "-q"]) == 0, capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data", "w.bin"]
+    assert _digests(tmp_path)["w.bin"] == before
+    assert _rnn_outputs_match(path)
+    _no_marks(tmp_path)
+
+
+def test_relative_paths_from_another_working_directory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _rnn_saved(tmp_path / "a")
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["optimize", "../a/m.onnx", "../o.onnx", "--target", "portable", "-q"]) == 0, capsys.readouterr().err
+    assert main(["verify", "../a/m.onnx", "../o.onnx"]) == 0, capsys.readouterr().err
+    assert _rnn_outputs_match(tmp_path / "o.onnx")
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "o.onnx", "o.onnx.data"]
