@@ -260,15 +260,18 @@ def hollow(model: onnx.ModelProto) -> None:
         tensor.data_location = onnx.TensorProto.DEFAULT
 
 
-def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold: int) -> None:
+def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold: int, folder: str | None = None) -> None:
     """Write ``model`` to ``staged`` with its initializers of ``threshold`` bytes or more in
     ``location`` (a file name beside ``staged``): a marked tensor's bytes are copied from
     its file in chunks (never whole in memory), an in-memory one's written as they are;
     then only the small proto is serialized. Converts ``model``'s tensors to references
-    to ``location`` in place (as onnx.save_model does)."""
+    to ``location`` in place (as onnx.save_model does), marked with ``folder`` (where the
+    staged files will be renamed to), so that ``model`` can be saved again elsewhere: an
+    unmarked reference would be written as it is, into a model whose folder lacks the file."""
     data_path = os.path.join(os.path.dirname(staged), location)
     handle = None
     offset = 0
+    moved = []
     try:
         for tensor in _get_initializer_tensors(model):
             where = source(tensor)
@@ -295,6 +298,7 @@ def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold
                 _copy_range(where, handle)
             _set_entries(tensor, [("location", location), ("offset", str(offset)), ("length", str(length))])
             tensor.data_location = EXTERNAL
+            moved.append(tensor)
             offset += length
         if handle is not None:
             handle.truncate(offset)
@@ -303,6 +307,11 @@ def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold
             handle.close()
     with open(staged, "wb") as out:
         out.write(model.SerializeToString())
+    if folder is not None and moved:
+        stamp = file_stamp(os.stat(data_path))  # a rename keeps size and mtime
+        for tensor in moved:
+            tensor.external_data.add(key=FOLDER_KEY, value=os.path.realpath(folder))
+            tensor.external_data.add(key=STAMP_KEY, value=stamp)
 
 
 def _copy_range(where: Source, target) -> None:

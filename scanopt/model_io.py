@@ -176,7 +176,9 @@ def save_model(model: onnx.ModelProto, path: str, *, external_data: bool | None 
 
     ``external_data=None`` writes an external data file only when the model would not
     fit in one protobuf. The data file is ``<basename>.data`` beside ``path``. With
-    external data, ``model``'s tensors are converted to external references in place.
+    external data, ``model``'s tensors are converted to external references in place, to
+    the data file just written (so ``model`` is then a proto to save with this function,
+    not with onnx.save, as one loaded with ``keep_external_data=True``).
     """
     write_output(path, model_writer(model, path, external_data=external_data))
 
@@ -192,7 +194,8 @@ def model_writer(model: onnx.ModelProto, path: str, *, external_data: bool | Non
             with open(staged, "wb") as handle:
                 handle.write(whole.SerializeToString())
             return
-        write_model(model, staged, external_data_name(path), threshold=EXTERNAL_DATA_THRESHOLD)
+        write_model(model, staged, external_data_name(path), threshold=EXTERNAL_DATA_THRESHOLD,
+                    folder=os.path.dirname(os.path.abspath(path)))
 
     return write
 

@@ -118,3 +118,27 @@ def test_relative_paths_from_another_working_directory(tmp_path, monkeypatch, ca
     assert main(["verify", "../a/m.onnx", "../o.onnx"]) == 0, capsys.readouterr().err
     assert _rnn_outputs_match(tmp_path / "o.onnx")
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "o.onnx", "o.onnx.data"]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_model_saved_with_external_data_saves_again_with_its_own_data_file(tmp_path, keep):
+    """save_model converts the tensors to references in place; saving the same proto again
+    elsewhere must give a model complete on its own (it used to point at the first
+    save's data file, a file that is not beside it)."""
+    from scanopt import load_model, save_model
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    model = load_model(_rnn_saved(tmp_path), keep_external_data=keep)
+    save_model(model, str(tmp_path / "a" / "first.onnx"), external_data=True)
+    save_model(model, str(tmp_path / "b" / "second.onnx"), external_data=True)
+    save_model(model, str(tmp_path / "b" / "whole.onnx"), external_data=False)
+    assert sorted(os.listdir(tmp_path / "b")) == ["second.onnx", "second.onnx.data", "whole.onnx"]
+    for folder in ("a", "b"):
+        _no_marks(tmp_path / folder)
+    for path in (tmp_path / "a" / "first.onnx", tmp_path / "b" / "second.onnx", tmp_path / "b" / "whole.onnx"):
+        assert _rnn_outputs_match(path), path
+    (tmp_path / "b" / "second.onnx.data").write_bytes(b"")  # the file the proto now refers to changed
+    with pytest.raises(Exception, match="changed since"):
+        save_model(model, str(tmp_path / "b" / "third.onnx"), external_data=True)
+    assert "third.onnx" not in os.listdir(tmp_path / "b")
