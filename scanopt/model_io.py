@@ -145,6 +145,9 @@ def _external_location_problem(location: str, folder: str, file: str) -> str | N
     try:
         st = os.lstat(file)
     except OSError:
+        if "\\" in location and os.path.exists(os.path.join(folder, location.replace("\\", "/"))):
+            # onnx and onnxruntime read it only on Windows too: say what to change
+            return f"does not exist; it is a Windows path: '{location.replace(chr(92), '/')}' does, write the location with '/'"
         return "does not exist"
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"

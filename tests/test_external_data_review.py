@@ -22,7 +22,8 @@ MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 def _digests(folder) -> dict:
-    return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest() for f in sorted(os.listdir(folder))}
+    return {os.path.relpath(os.path.join(root, f), folder): hashlib.sha256(open(os.path.join(root, f), "rb").read()).hexdigest()
+            for root, _, names in os.walk(folder) for f in names}
 
 
 def _save_external(source: str, folder, name="m.onnx", data="m.data", threshold=0):
@@ -142,3 +143,21 @@ def test_a_model_saved_with_external_data_saves_again_with_its_own_data_file(tmp
     with pytest.raises(Exception, match="changed since"):
         save_model(model, str(tmp_path / "b" / "third.onnx"), external_data=True)
     assert "third.onnx" not in os.listdir(tmp_path / "b")
+
+
+def test_a_windows_style_location_is_one_line_that_says_what_to_change(tmp_path, capsys):
+    """onnx and onnxruntime read 'sub\\w.bin' only on Windows; scanopt refuses it with a
+    line that names the fix, and writes nothing."""
+    (tmp_path / "sub").mkdir()
+    path = _rnn_saved(tmp_path, data="sub/w.bin")
+    model = onnx.load(path, load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "sub\\w.bin"
+    onnx.save(model, path)
+    before = _digests(tmp_path)
+    assert main(["optimize", path, str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Windows path" in err and "'sub/w.bin'" in err
+    assert _digests(tmp_path) == before
