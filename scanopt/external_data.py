@@ -175,7 +175,7 @@ def read_bytes(where: Source) -> bytes:
 
 def _inline(tensor: onnx.TensorProto, where: Source) -> None:
     tensor.raw_data = read_bytes(where)
-    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.ClearField("data_location")  # as if it had always been inline
     del tensor.external_data[:]
 
 
