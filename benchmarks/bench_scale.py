@@ -72,6 +72,18 @@ one X are candidates for bidirectional pairing, which is fuse's business), all f
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
+def shared_x_scans(count: int) -> onnx.ModelProto:
+    """``count`` RNN Scans that all read the graph input X itself (every one is a
+    candidate bidirectional partner of every other, as far as X tells)."""
+    model = independent_scans(count)
+    scans = [node for node in model.graph.node if node.op_type == "Scan"]
+    for node in scans:
+        node.input[-1] = "X"
+    del model.graph.node[:]
+    model.graph.node.extend(scans)
+    return model
+
+
 def nested_scans(depth: int) -> onnx.ModelProto:
     """If inside If ``depth`` deep; each level runs one RNN Scan over the top graph's X."""
     rng = np.random.default_rng(0)

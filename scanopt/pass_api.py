@@ -62,6 +62,10 @@ class PassContext:
     denied: frozenset[tuple[str, str]] = frozenset()
     # decides whether a proposed rewrite pays off (scanopt.cost.CostPolicy); None: always
     cost: Any = None
+    # rewrites applied so far in this run (any pass): what a pass keeps in ``memo`` about
+    # the graph between calls is valid while this stays the same
+    edits: int = 0
+    memo: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class ScanPass(Pass):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note))
                 continue
             detail = self.rewrite(node, found, level, ctx)
+            ctx.edits += 1
             result.modified = True
             expected = estimate.note if estimate is not None else ""
             result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import onnx
 
 from scanopt.errors import InvalidModelError, UnsupportedModelError
-from scanopt.protos import attribute_graphs, in_default_domain, topological_order, walk_proto_graphs
+from scanopt.protos import attribute_graphs, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs
 from scanopt.scan_view import ScanView
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -69,23 +69,32 @@ def _check_versions(model: onnx.ModelProto) -> None:
 
 def _check_names_and_scans(model: onnx.ModelProto) -> None:
     opset = default_opset(model)
+    # What the enclosing levels define and declare, as one scope each level adds to and
+    # takes back from: each level costs its own size, not a copy of everything above it.
+    defined: dict[str, int] = {}  # name -> how many levels in scope define it
+    shapes: dict[str, list] = {}
 
-    def visit(graph: onnx.GraphProto, outer_names: set[str], outer_shapes: dict, where: str) -> None:
-        shapes = dict(outer_shapes)
+    def visit(graph: onnx.GraphProto, where: str) -> None:
+        shadowed: dict[str, object] = {}  # name -> its shape in the enclosing levels
+
+        def declare(name: str, shape: list) -> None:
+            if name not in shadowed:
+                shadowed[name] = shapes.get(name, _UNDECLARED)
+            shapes[name] = shape
+
         for value in list(graph.input) + list(graph.value_info) + list(graph.output):
             if value.type.tensor_type.HasField("shape"):
-                shapes[value.name] = [
+                declare(value.name, [
                     d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                     for d in value.type.tensor_type.shape.dim
-                ]
+                ])
         for init in graph.initializer:
-            shapes[init.name] = list(init.dims)
-        defined = set(outer_names)
-        defined.update(v.name for v in graph.input)
-        defined.update(t.name for t in graph.initializer)
-        defined.update(t.values.name for t in graph.sparse_initializer)
-        for node in graph.node:
-            defined.update(o for o in node.output if o)
+            declare(init.name, list(init.dims))
+        local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+        local |= {t.values.name for t in graph.sparse_initializer}
+        local |= {o for node in graph.node for o in node.output if o}
+        for name in local:
+            defined[name] = defined.get(name, 0) + 1
         for node in graph.node:
             label = node.name or node.op_type
             for inp in node.input:
@@ -97,12 +106,24 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
                 ScanView.from_proto(node, opset, shapes.get)
             for attr in node.attribute:
                 for sub in attribute_graphs(attr):
-                    visit(sub, defined, shapes, f"{where}{label}/{attr.name}: ")
+                    visit(sub, f"{where}{label}/{attr.name}: ")
         for out in graph.output:
             if out.name not in defined:
                 raise InvalidModelError(f"{where}graph output '{out.name}' is not computed by any node")
+        for name in local:
+            defined[name] -= 1
+            if not defined[name]:
+                del defined[name]
+        for name, shape in shadowed.items():
+            if shape is _UNDECLARED:
+                del shapes[name]
+            else:
+                shapes[name] = shape
 
-    visit(model.graph, set(), {}, "")
+    visit(model.graph, "")
+
+
+_UNDECLARED = object()
 
 
 def _check_opset_imports(model: onnx.ModelProto) -> list[str]:
@@ -144,8 +165,9 @@ def _check_untidy_values(model: onnx.ModelProto) -> list[str]:
 def _check_node_order(model: onnx.ModelProto) -> list[str]:
     """A cycle is broken; nodes merely out of order are untidy (onnxruntime sorts them)."""
     unsorted = []
+    captures = outer_names_by_graph(model.graph)
     for graph in walk_proto_graphs(model.graph):
-        order, cycle = topological_order(graph)
+        order, cycle = topological_order(graph, captures)
         where = _graph_label(graph, model.graph)
         if cycle:
             raise InvalidModelError(f"{where} has a cycle: " + ", ".join(cycle))
@@ -161,8 +183,9 @@ def sort_nodes(model: onnx.ModelProto) -> bool:
     the order of nodes that are already in order. True if any graph changed. Call after
     :func:`validate_model` (which refuses cycles)."""
     changed = False
+    captures = outer_names_by_graph(model.graph)  # a re-sorted level's bodies are copies: looked up anew
     for graph in walk_proto_graphs(model.graph):
-        order, _ = topological_order(graph)
+        order, _ = topological_order(graph, captures)
         if order != sorted(order):
             nodes = [onnx.NodeProto() for _ in order]
             for target, index in zip(nodes, order):
