@@ -183,10 +183,11 @@ def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
     {direction: [(Scan, ScanView)]}, the direction being the one a Scan has over X when X
     reaches it whole (a reversal flips it): a partner must have the other one.
 
-    Built once per X and kept in ``readers``, the fuse pass's own dict for one run: fusing
-    adds no Scan, and the Scans it removes are skipped by the caller. Without it (a dry
-    run: another pass asking whether fuse would match) the lists are kept in ``ctx.memo``
-    until the next rewrite of any pass (``ctx.edits``), which may add a Scan reading X."""
+    Built once per X and kept in ``readers``, the dict of one run of the fuse pass (shared
+    with dry runs made during it): fusing adds no Scan, and the Scans it removes are
+    skipped by the caller. Without it (a dry run while another pass runs) the lists are
+    kept in ``ctx.memo`` until the next rewrite of any pass (``ctx.edits``), which may add
+    a Scan reading X."""
     if readers is None:
         memo = ctx.memo.setdefault("fuse.scan_readers", {})
         if memo.get("edits") != ctx.edits:

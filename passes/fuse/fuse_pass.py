@@ -39,15 +39,17 @@ class Fuse(ScanPass):
 
     def __call__(self, graph, ctx):
         self._run_state = _RunState(ctx.opset)
+        ctx.memo["fuse.readers"] = self._run_state.readers  # dry runs during this pass share it
         try:
             return super().__call__(graph, ctx)
         finally:
             self._run_state = None
+            ctx.memo.pop("fuse.readers", None)
 
     def _state(self, ctx) -> _RunState:
         if getattr(self, "_run_state", None) is None:  # a dry run (inspect) calls match alone
             self._run_state = _RunState(ctx.opset)
-            self._run_state.readers = None  # other passes rewrite between dry runs
+            self._run_state.readers = ctx.memo.get("fuse.readers")  # None: outside a fuse pass
         return self._run_state
 
     def match(self, node, view, level, ctx):
