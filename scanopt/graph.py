@@ -271,8 +271,36 @@ def _clean(graph: gs.Graph) -> dict[int, gs.Tensor]:
 
 
 _SORT_DEFERRED = [0]
-# id(top graph) -> {id(tensor): [(graph listing it as an output, at position)]}, while a pass runs
-_OUTPUT_INDEX: dict[int, dict[int, list[tuple[gs.Graph, int]]]] = {}
+# id(top graph) -> its _OutputIndex, while a pass runs
+_OUTPUT_INDEX: dict[int, "_OutputIndex"] = {}
+
+
+class _OutputIndex:
+    """id(tensor) -> [(graph listing it as an output, at position)] for every graph under a
+    root, built on first use (a pass that rewrites nothing never asks)."""
+
+    def __init__(self, root: gs.Graph):
+        self.root = root
+        self.entries: dict[int, list[tuple[gs.Graph, int]]] | None = None
+
+    def get(self, key: int, default=()):
+        if self.entries is None:
+            self.entries = {}
+            for level in walk_graphs(self.root):
+                for position, t in enumerate(level.graph.outputs):
+                    self.entries.setdefault(id(t), []).append((level.graph, position))
+        return self.entries.get(key, default)
+
+    def add(self, key: int, found: list[tuple[gs.Graph, int]]) -> None:
+        if self.entries is not None:  # else the build will see it
+            self.entries.setdefault(key, []).extend(found)
+
+
+class EditSession:
+    """What :func:`editing` hands its caller: set ``changed = False`` when the pass
+    rewrote nothing, so the graph is not checked for order again."""
+
+    changed = True
 
 
 @contextmanager
@@ -281,27 +309,28 @@ def editing(root: gs.Graph):
     (which would make the pass quadratic in the number of Scans):
 
     - :func:`is_topologically_sorted` answers True without looking; every level that
-      lost its order is sorted once at the end (:func:`sort_all`);
-    - :func:`in_graph_outputs` looks graph outputs up in an index built once. Hits are
-      re-checked against the graph, so removed outputs are never reported;
+      lost its order is sorted once at the end (:func:`sort_all`), unless the caller
+      says nothing changed (:class:`EditSession`);
+    - :func:`in_graph_outputs` looks graph outputs up in an index built once, on first
+      use. Hits are re-checked against the graph, so removed outputs are never reported;
       :func:`scanopt.rewrite.replace_all_uses` records the outputs it redirects
       (:func:`note_output`). Outputs a rewrite gives a body it creates are not indexed:
-      they are new values, not the Scan outputs a later rewrite asks about.
+      they are new values, not the Scan outputs a later rewrite asks about;
+    - :func:`has_node` and :func:`remove_node` find nodes through a position index
+      (:class:`_NodeIndex`).
     """
-    index: dict[int, list[tuple[gs.Graph, int]]] = {}
-    for level in walk_graphs(root):
-        for position, t in enumerate(level.graph.outputs):
-            index.setdefault(id(t), []).append((level.graph, position))
+    session = EditSession()
     _SORT_DEFERRED[0] += 1
-    _OUTPUT_INDEX[id(root)] = index
+    _OUTPUT_INDEX[id(root)] = _OutputIndex(root)
     try:
-        yield
+        yield session
     finally:
         _SORT_DEFERRED[0] -= 1
         _OUTPUT_INDEX.pop(id(root), None)
         if not _SORT_DEFERRED[0]:
             _POSITIONS.clear()
-    sort_all(root)
+    if session.changed:
+        sort_all(root)
 
 
 # While a pass runs (editing): id(graph) -> _NodeIndex, so finding or removing a node
@@ -370,7 +399,7 @@ def remove_node(graph: gs.Graph, node: gs.Node) -> None:
 def in_graph_outputs(tensor: gs.Tensor, root: gs.Graph) -> bool:
     """True if ``tensor`` is listed as an output of ``root`` or of any graph under it."""
     index = _OUTPUT_INDEX.get(id(root))
-    if index is None:
+    if index is None or index.root is not root:
         return any(id(tensor) in map(id, level.graph.outputs) for level in walk_graphs(root))
     return any(_lists(graph.outputs, tensor, position) for graph, position in index.get(id(tensor), ()))
 
@@ -388,8 +417,9 @@ def output_positions(tensor: gs.Tensor, graph: gs.Graph) -> list[int]:
     looked up in the index and checked; a body's list (short, and edited by passes
     directly) is scanned."""
     outputs = graph.outputs
-    entries = [p for g, p in _OUTPUT_INDEX.get(id(graph), {}).get(id(tensor), ()) if g is graph]
-    if id(graph) in _OUTPUT_INDEX:
+    index = _OUTPUT_INDEX.get(id(graph))
+    if index is not None and index.root is graph:
+        entries = [p for g, p in index.get(id(tensor)) if g is graph]
         hits = sorted({p for p in entries if p < len(outputs) and outputs[p] is tensor})
         if hits or not entries:
             return hits
@@ -402,7 +432,7 @@ def note_output(tensor: gs.Tensor, graph: gs.Graph, positions: list[int] = (0,))
     """Record that ``graph`` now lists ``tensor`` among its outputs at ``positions``
     (see :func:`editing`)."""
     for index in _OUTPUT_INDEX.values():
-        index.setdefault(id(tensor), []).extend((graph, p) for p in positions)
+        index.add(id(tensor), [(graph, p) for p in positions])
 
 
 def sort_all(graph: gs.Graph) -> None:

@@ -100,8 +100,10 @@ class ScanPass(Pass):
         raise NotImplementedError
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
-        with editing(graph):
-            return self._run(graph, ctx)
+        with editing(graph) as session:
+            result = self._run(graph, ctx)
+            session.changed = result.modified  # a declined match leaves the graph as it was
+        return result
 
     def _run(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         result = PassResult(graph, modified=False)

@@ -27,16 +27,20 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def validate_model(model: onnx.ModelProto, *, name: str = "model") -> list[str]:
-    """Raise a one-line error naming ``name`` if the model is broken; return warnings."""
+def validate_model(model: onnx.ModelProto, *, name: str = "model", serialized: bytes | None = None) -> list[str]:
+    """Raise a one-line error naming ``name`` if the model is broken; return warnings.
+    ``serialized``: the bytes ``model`` was parsed from, when the caller has them (and
+    they hold the whole model, no external data): a tidy model is then checked as read,
+    without serializing it again."""
     try:
         _check_versions(model)
         warnings = _check_opset_imports(model)
         _check_names_and_scans(model)
         warnings += _check_untidy_values(model)
         warnings += _check_node_order(model)
+        untidy = bool(warnings)
         warnings += _scans_in_functions(model)
-        return warnings + _check_with_onnx_checker(model)
+        return warnings + _check_with_onnx_checker(model, untidy, serialized)
     except (InvalidModelError, UnsupportedModelError) as exc:
         raise type(exc)(f"{name}: {exc}") from None
 
@@ -202,23 +206,39 @@ def _listed(names: list[str], *, quote: bool = True, most: int = 8) -> str:
     return ", ".join(shown[:most]) + (f" and {more} more" if more > 0 else "")
 
 
-def _check_with_onnx_checker(model: onnx.ModelProto) -> list[str]:
+def _check_with_onnx_checker(model: onnx.ModelProto, untidy: bool, serialized: bytes | None = None) -> list[str]:
     """Run onnx.checker on a copy with the untidy things above tidied, forgiving also
-    types that lack a shape."""
-    if model.ByteSize() > 2**31 - 1:  # protobuf's limit: the checker cannot take it in memory
-        return ["over 2 GB: onnx.checker skipped (scanopt's own structural checks ran)"]
-    tidy = onnx.ModelProto()
-    tidy.CopyFrom(model)
-    sort_nodes(tidy)
-    _tidy_for_checker(tidy)
-    shapeless = _give_shapeless_types_a_shape(tidy.graph)
+    types that lack a shape. A tidy model is checked as it is: no copy, and serialized
+    once at most (the size check and the checker share the bytes)."""
+    shapeless = [v.name for v in _shapeless_values(model.graph)]
+    target = model
+    if untidy or shapeless:
+        if model.ByteSize() > 2**31 - 1:  # before a copy of it is made
+            return [_TOO_LARGE]
+        target = onnx.ModelProto()
+        target.CopyFrom(model)
+        sort_nodes(target)
+        _tidy_for_checker(target)
+        for value in _shapeless_values(target.graph):  # an empty shape satisfies the checker's field check
+            value.type.tensor_type.shape.SetInParent()
+        serialized = None
+    if serialized is None:
+        try:
+            serialized = target.SerializeToString()
+        except Exception:  # noqa: BLE001 - over protobuf's 2 GB limit: the checker cannot take it in memory
+            return [_TOO_LARGE]
+    if len(serialized) > 2**31 - 1:
+        return [_TOO_LARGE]
     try:
-        onnx.checker.check_model(tidy)
+        onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise InvalidModelError(f"onnx.checker rejects it: {_one_line(exc)}") from None
     if shapeless:
         return [f"values with a type but no shape: {_listed(shapeless)} (onnx.checker rejects that; onnxruntime accepts it)"]
     return []
+
+
+_TOO_LARGE = "over 2 GB: onnx.checker skipped (scanopt's own structural checks ran)"
 
 
 def _one_line(exc: Exception) -> str:
@@ -255,17 +275,11 @@ def _tidy_for_checker(model: onnx.ModelProto) -> None:
                 value.type.tensor_type.shape.SetInParent()
 
 
-def _give_shapeless_types_a_shape(graph: onnx.GraphProto) -> list[str]:
-    """On a throw-away copy only: an empty shape field satisfies the checker's field check.
-    Returns the names of the values that had none."""
-    names = []
-    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-        tensor_type = value.type.tensor_type
-        if value.type.HasField("tensor_type") and not tensor_type.HasField("shape"):
-            tensor_type.shape.SetInParent()
-            names.append(value.name)
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in attribute_graphs(attr):
-                names += _give_shapeless_types_a_shape(sub)
-    return names
+def _shapeless_values(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Declared values with a tensor type but no shape field, at every level."""
+    found = []
+    for g in walk_proto_graphs(graph):
+        for value in list(g.input) + list(g.output) + list(g.value_info):
+            if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+                found.append(value)
+    return found

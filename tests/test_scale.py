@@ -222,3 +222,37 @@ def test_optimize_leaves_the_callers_collector_settings_alone():
         gc.unfreeze()
     cb.fuse(model)
     assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_a_tidy_model_is_checked_as_read():
+    """With the bytes it was parsed from, a tidy model goes to onnx.checker as those bytes
+    (no second serialization): what the checker rejects in them is rejected."""
+    good = shared_x_model([0])
+    broken = onnx.ModelProto()
+    broken.CopyFrom(good)
+    broken.graph.node[0].attribute.add().CopyFrom(h.make_attribute("num_scan_inputs", 1))  # listed twice
+    assert validate_model(good, serialized=good.SerializeToString()) == []
+    with pytest.raises(InvalidModelError, match="onnx.checker rejects it"):
+        validate_model(good, serialized=broken.SerializeToString())
+    with pytest.raises(InvalidModelError, match="onnx.checker rejects it"):
+        validate_model(broken)
+
+
+def test_a_pass_that_rewrites_nothing_leaves_the_node_order_alone():
+    """No rewrite, no sort at the end of the pass: an unsorted graph stays as it is."""
+    from scanopt.pass_api import ScanPass, Skip
+
+    class Declines(ScanPass):
+        name = "declines"
+
+        def match(self, node, view, level, ctx):
+            return Skip("no")
+
+    model = shared_x_model([0, 1])
+    graph = import_model(model)
+    graph.nodes.append(gs.Node("Identity", inputs=[graph.nodes[0].outputs[0]], outputs=[gs.Variable("late", np.float32)]))
+    graph.nodes.insert(0, graph.nodes.pop())  # reads h_0 before the Scan computes it
+    order = [n.op for n in graph.nodes]
+    ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model))
+    assert not Declines()(graph, ctx).modified
+    assert [n.op for n in graph.nodes] == order
