@@ -439,12 +439,15 @@ def main(argv=None):
         if name in HAND_BUILT or args.in_process:
             write(name)
         else:
-            # Exporters name values from process-wide counters (torch: val_N, s27) and order
-            # sets by string hash (skl2onnx: opset_import): a fresh, hash-seeded process per
-            # export makes the file independent of what ran before it.
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--in-process", "--only", name],
-                           env=env, check=True)
+            export_in_fresh_process(__file__, name)
+
+
+def export_in_fresh_process(script: str, name: str) -> None:
+    """Run ``script --in-process --only name``. Exporters name values from process-wide
+    counters (torch: val_N, s27) and order sets by string hash (skl2onnx: opset_import): a
+    fresh, hash-seeded process per export makes the file independent of what ran before it."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    subprocess.run([sys.executable, os.path.abspath(script), "--in-process", "--only", name], env=env, check=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import warnings
 
@@ -33,7 +32,7 @@ from onnx import numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from generate import save_npz  # noqa: E402 - the one npz writer with fixed timestamps
+from generate import export_in_fresh_process, save_npz  # noqa: E402 - one home for the npz writer and the isolated export
 
 IR_VERSION = 8
 F = TP.FLOAT
@@ -268,9 +267,7 @@ def main(argv=None):
         if name in HAND or args.in_process:
             write(name)
         else:
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--in-process", "--only", name],
-                           env=env, check=True)
+            export_in_fresh_process(__file__, name)
 
 
 if __name__ == "__main__":

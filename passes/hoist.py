@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, is_op
+from scanopt.graph import GraphLevel, is_op, note_output
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
@@ -205,4 +205,5 @@ def _redirect(body: gs.Graph, old: gs.Tensor, new: gs.Tensor, build: Builder) ->
             copy = build.variable(f"{old.name}_out", old.dtype, None if old.shape is None else list(old.shape))
             build.op("Identity", [new], outputs=[copy])
             body.outputs[i] = copy
+            note_output(copy, body)
     replace_all_uses(old, new, body)  # the readers (nested bodies' included); no output lists it any more

@@ -152,7 +152,7 @@ class Unroll(ScanPass):
         else:
             emit = Emitter(build, ctx.opset, domain=None)
             outputs = [
-                _stack(emit, values[::-1] if view.output_directions[k] else values, view.output_axes[k])
+                emit.stack(values[::-1] if view.output_directions[k] else values, view.output_axes[k])
                 for k, values in enumerate(elements)
             ]
         rebind_outputs(node, states + outputs, graph)
@@ -170,20 +170,6 @@ def _step_slice(build: Builder, x: gs.Tensor, axis: int, position: int, element:
     shape = None if element.shape is None else list(element.shape)
     value = build.variable(f"{element.name}_{position}", element.dtype, shape)
     return build.op("Gather", [x, indices[position]], axis=axis, outputs=[value])
-
-
-def _stack(emit: Emitter, values: list[gs.Tensor], axis: int) -> gs.Tensor:
-    """Per-step elements stacked along a new ``axis`` (negative counts from the stacked rank)."""
-    parts = []
-    for value in values:
-        shape = None
-        if value.shape is not None and axis >= 0:
-            shape = list(value.shape)
-            shape.insert(axis, 1)
-        parts.append(emit.unsqueeze(value, [axis], dtype=value.dtype, shape=shape))
-    if len(parts) == 1:
-        return parts[0]
-    return emit.op("Concat", parts, axis=axis, dtype=values[0].dtype)
 
 
 def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext, batched: bool = False) -> np.ndarray | None:

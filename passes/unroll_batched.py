@@ -74,8 +74,8 @@ def unroll_scan8(node: gs.Node, view: ScanView, steps: int, batch: int, emit: Em
         for i, s in enumerate(states):
             finals[i].append(s)
         for k, values in enumerate(per_step):
-            outputs[k].append(_stack(emit, values))
-    return [_stack(emit, items) for items in finals] + [_stack(emit, items) for items in outputs]
+            outputs[k].append(emit.stack(values, 0))
+    return [emit.stack(items, 0) for items in finals] + [emit.stack(items, 0) for items in outputs]
 
 
 def empty_scan8_outputs(node: gs.Node, view: ScanView, emit: Emitter, empties: list[np.ndarray]) -> list[gs.Tensor]:
@@ -100,8 +100,3 @@ def _select(emit: Emitter, valid: gs.Tensor, old: gs.Tensor, new: gs.Tensor) -> 
 
 def _zeros_like(emit: Emitter, y: gs.Tensor, dtype: np.dtype) -> gs.Tensor:
     return emit.op("Expand", [emit.const("zero", np.zeros([], dtype)), emit.op("Shape", [y])])
-
-
-def _stack(emit: Emitter, values: list[gs.Tensor]) -> gs.Tensor:
-    parts = [emit.unsqueeze(v, [0]) for v in values]
-    return parts[0] if len(parts) == 1 else emit.op("Concat", parts, axis=0)

@@ -50,6 +50,20 @@ class Emitter:
             return self.op("Squeeze", [x], axes=list(axes), **kwargs)
         return self.op("Squeeze", [x, self.ints("axes", axes)], **kwargs)
 
+    def stack(self, values: Sequence[gs.Tensor], axis: int):
+        """``values`` stacked along a new ``axis`` (negative counts from the stacked rank):
+        Unsqueeze each, then one Concat; keeps dtype and, for axis >= 0, the shape."""
+        parts = []
+        for value in values:
+            shape = None
+            if value.shape is not None and axis >= 0:
+                shape = list(value.shape)
+                shape.insert(axis, 1)
+            parts.append(self.unsqueeze(value, [axis], dtype=value.dtype, shape=shape))
+        if len(parts) == 1:
+            return parts[0]
+        return self.op("Concat", parts, axis=axis, dtype=values[0].dtype)
+
     def slice(self, x: gs.Tensor, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], **kwargs):
         """Slice with constant bounds: attributes before opset 10, inputs from 10."""
         if self.opset < 10:

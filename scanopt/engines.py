@@ -4,9 +4,12 @@ A :class:`Runner` is built once per model and called once per set of feeds, so
 verification over several seeds loads each model only once. Every failure to load or
 run becomes an :class:`EngineError` with a one-line message.
 
-Models over 2 GB: protobuf cannot serialize them, so onnxruntime must read them from
-their file. Pass ``path=`` (the file the model was loaded from); without it such a
-model cannot run in onnxruntime, and "auto" falls back to the reference executor.
+Big weights left in their file (scanopt.external_data) are not read by scanopt: onnxruntime
+gets the small proto and each such weight as one read-only memory map that every session
+shares (see :func:`ort_source`). Models over 2 GB in memory: protobuf cannot serialize them,
+so onnxruntime must read them from their file. Pass ``path=`` (the file the model was
+loaded from); without it such a model cannot run in onnxruntime, and "auto" falls back to
+the reference executor.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import weakref
 from typing import Callable, Mapping
 
 import numpy as np
 import onnx
 
 from scanopt.errors import ScanoptError, first_line
+from scanopt.external_data import ExternalDataError, as_array, has_marks, source, weights_as_inputs, without_marks
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
 from scanopt.protos import in_default_domain, walk_proto_graphs
@@ -127,14 +132,16 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
 
     options = ort.SessionOptions()
     options.log_severity_level = 4  # errors come back as exceptions; keep stderr clean
+    kept: list = []
     if path is not None:
-        source = os.fspath(path)
-    elif needs_external_data(model):
+        loaded_from = os.fspath(path)
+    elif needs_external_data(model) and not has_marks(model):
         raise EngineError("onnxruntime can load a model over 2 GB only from its file; pass its path")
     else:
-        source = model.SerializeToString()
+        loaded_from, kept = ort_source(model, options)
     try:
-        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(loaded_from, options, providers=["CPUExecutionProvider"])
+        session.scanopt_weights = kept  # the shared weights live as long as the session
     except Exception as exc:  # onnxruntime's pybind errors share no useful base class
         raise EngineError(f"onnxruntime cannot load the model: {_one_line(exc)}") from exc
     names = [o.name for o in session.get_outputs()]
@@ -147,6 +154,79 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
         return [_from_ort_value(v) for v in session.run_with_ort_values(names, values)]
 
     return Runner("ort", names, call)
+
+
+def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> tuple[bytes, list]:
+    """(the bytes onnxruntime loads ``model`` from, values the session must keep alive), with
+    ``options`` (an onnxruntime.SessionOptions) set up for the weights left in their file.
+
+    The main graph's such weights are handed over as initializers backed by one read-only
+    memory map per weight, shared by every session of the process that uses it (original and
+    candidate): onnxruntime uses the buffer as it is. It memory-maps the others (in bodies, or
+    of types numpy cannot map) from the folder itself, once per session. Without ``prepack``
+    (for checking numbers, not timing) it keeps using the mapped pages instead of a packed
+    copy of each weight per session."""
+    try:
+        clean, folder = without_marks(model)
+    except ExternalDataError as exc:
+        raise EngineError(f"onnxruntime cannot load the model: {exc}") from None
+    kept = []
+    if folder is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+        if not prepack:
+            options.add_session_config_entry("session.disable_prepacking", "1")
+        for tensor in model.graph.initializer:
+            value = _shared_weight(tensor)
+            if value is not None:
+                options.add_initializer(tensor.name, value)
+                kept.append(value)
+    return clean.SerializeToString(), kept
+
+
+# (file, its inode and mtime, offset, type, dims) -> array or OrtValue, while something holds it
+_SHARED_MAPS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_SHARED_VALUES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _weight_key(tensor: onnx.TensorProto) -> tuple | None:
+    where = source(tensor)
+    if where is None:
+        return None
+    try:
+        st = os.stat(where.path)
+    except OSError:
+        return None  # the engine reports the missing file itself
+    return (where.path, st.st_ino, st.st_mtime_ns, where.offset, tensor.data_type, tuple(tensor.dims))
+
+
+def shared_map(tensor: onnx.TensorProto) -> np.ndarray:
+    """The values of a weight left in its file (a read-only memory map where numpy can map
+    it), the same array for every engine alive that uses it: mapped once, resident once."""
+    key = _weight_key(tensor)
+    array = _SHARED_MAPS.get(key) if key is not None else None
+    if array is None:
+        array = as_array(tensor)
+        if key is not None:
+            _SHARED_MAPS[key] = array
+    return array
+
+
+def _shared_weight(tensor: onnx.TensorProto):
+    """An OrtValue over :func:`shared_map` of a marked weight, the same object for every
+    session alive that uses it; None when the weight is in memory or numpy cannot map it."""
+    key = _weight_key(tensor)
+    if key is None:
+        return None
+    value = _SHARED_VALUES.get(key)
+    if value is None:
+        array = shared_map(tensor)
+        if not isinstance(array, np.memmap):
+            return None
+        import onnxruntime as ort
+
+        value = ort.OrtValue.ortvalue_from_numpy(array)  # keeps the array alive
+        _SHARED_VALUES[key] = value
+    return value
 
 
 def _is_extension(dtype: np.dtype) -> bool:
@@ -186,14 +266,17 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
         from scanopt.reference import make_evaluator
     except ImportError as exc:
         raise EngineError(f"the reference executor is not available ({_one_line(exc)})") from exc
+    # weights left in their file reach the evaluator as feeds, each a shared memory map
+    light, marked = weights_as_inputs(model) if has_marks(model) else (model, {})
     try:
-        evaluator = make_evaluator(model)
+        weights = {name: shared_map(tensor) for name, tensor in marked.items()}
+        evaluator = make_evaluator(light)
     except ScanoptError:
         raise
     except Exception as exc:
         raise EngineError(f"the reference executor cannot load the model: {_one_line(exc)}") from exc
     names = [o.name for o in model.graph.output]
-    return Runner("reference", names, lambda feeds: evaluator.run(names, dict(feeds)))
+    return Runner("reference", names, lambda feeds: evaluator.run(names, {**feeds, **weights}))
 
 
 def _one_line(exc: BaseException) -> str:

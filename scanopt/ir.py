@@ -16,8 +16,11 @@ from typing import Iterator
 
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnx_graphsurgeon.logger import G_LOGGER
 from onnx_graphsurgeon.util import misc as gs_misc
+
+from scanopt.external_data import as_array, source
 
 G_LOGGER.severity = G_LOGGER.ERROR
 
@@ -28,6 +31,21 @@ ORDER = "_scanopt_initializer_order"  # on the top gs.Graph: initializer name ->
 VALUE_METADATA = "_scanopt_value_metadata"  # on the top gs.Graph: value name -> metadata_props
 GRAPH_METADATA = "_scanopt_graph_metadata"  # on each gs.Graph: its GraphProto.metadata_props
 VALUE_INFO = "_scanopt_value_info"  # on each gs.Graph: its original value_info entries
+EXTERNAL = "_scanopt_external"  # on the top gs.Graph: [(gs.Constant, ExternalValues)] of weights left in their file
+
+
+class ExternalValues(LazyValues):
+    """The values of an initializer whose bytes stay in their file (scanopt.external_data):
+    loading memory-maps the file, and export writes the reference back unchanged."""
+
+    def __init__(self, tensor: onnx.TensorProto):
+        super().__init__(tensor)
+        self.array = None  # what load() gave out: while a Constant still holds it, the reference stands
+
+    def load(self):
+        if self.array is None:
+            self.array = as_array(self.tensor)
+        return self.array
 
 
 def import_model(model: onnx.ModelProto) -> gs.Graph:
@@ -58,7 +76,28 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
                 setattr(gs_node, NODE_EXTRAS, (proto_node.doc_string, list(proto_node.metadata_props)))
     setattr(graph, ORDER, order)
     setattr(graph, VALUE_METADATA, value_metadata)
+    setattr(graph, EXTERNAL, _defer_external_values(tensors))
     return graph
+
+
+def _defer_external_values(tensors: dict) -> list:
+    """Give every initializer whose bytes are in a file values read only on demand (gs's
+    own LazyValues would read the file relative to the working directory)."""
+    deferred = []
+    for tensor in tensors.values():
+        lazy = getattr(tensor, "_values", None)
+        if isinstance(tensor, gs.Constant) and type(lazy) is LazyValues and source(lazy.tensor) is not None:
+            tensor._values = ExternalValues(lazy.tensor)
+            deferred.append((tensor, tensor._values))
+    return deferred
+
+
+def _restore_external_values(graph: gs.Graph) -> None:
+    """A Constant whose values a pass read but did not replace exports as its file
+    reference again, not as an inline copy of the bytes."""
+    for constant, lazy in vars(graph).get(EXTERNAL, []):
+        if lazy.array is not None and constant._values is lazy.array:
+            constant._values = lazy
 
 
 class _Scope(ChainMap):
@@ -87,6 +126,7 @@ def _scoped_tensor_maps():
 
 def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
+    _restore_external_values(graph)
     model = gs.export_onnx(graph, do_type_check=False)
     _place_initializers(model.graph, graph)
     # vars(): gs.Graph.__getattr__ logs every missing attribute as an error.

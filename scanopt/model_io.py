@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import onnx
 from google.protobuf.message import DecodeError
 
+from scanopt.external_data import attach, has_marks, inlined, marked_tensors, source, write_model
 from scanopt.errors import InvalidModelError, ScanoptError
 from scanopt.outputs import Writer, file_kind, write_output
 from scanopt.validate import sort_nodes, validate_model
@@ -65,9 +66,9 @@ def load(path: str) -> LoadedModel:
     files = [path]
     if had_external:
         files += external_data_files(model, path)
-        try:
-            onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+        try:  # big tensors stay in their file (scanopt.external_data); small ones are read
+            attach(model, os.path.dirname(os.path.abspath(path)))
+        except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
     warnings = validate_model(model, name=path, serialized=None if had_external else data)
@@ -159,7 +160,9 @@ def uses_external_data(model: onnx.ModelProto) -> bool:
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:
-    return model.ByteSize() > PROTOBUF_LIMIT
+    """Whether ``model`` with every tensor in it would be over protobuf's limit (the bytes
+    of tensors still in their file count too)."""
+    return model.ByteSize() + sum(source(t).length for t in marked_tensors(model)) > PROTOBUF_LIMIT
 
 
 def save_model(model: onnx.ModelProto, path: str, *, external_data: bool | None = None) -> None:
@@ -175,22 +178,15 @@ def save_model(model: onnx.ModelProto, path: str, *, external_data: bool | None 
 def model_writer(model: onnx.ModelProto, path: str, *, external_data: bool | None = None) -> Writer:
     """A writer for :func:`scanopt.outputs.write_outputs`: the model, and with external
     data its ``<basename>.data`` file beside it (claim that path too)."""
-    if external_data is None:
-        external_data = needs_external_data(model)
+    external = needs_external_data(model) if external_data is None else external_data
 
     def write(staged: str) -> None:
-        if not external_data:
+        if not external:
+            whole = inlined(model) if has_marks(model) else model  # bytes still in a file are read now
             with open(staged, "wb") as handle:
-                handle.write(model.SerializeToString())
+                handle.write(whole.SerializeToString())
             return
-        onnx.save_model(
-            model,
-            staged,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=external_data_name(path),
-            size_threshold=EXTERNAL_DATA_THRESHOLD,
-        )
+        write_model(model, staged, external_data_name(path), threshold=EXTERNAL_DATA_THRESHOLD)
 
     return write
 

@@ -61,7 +61,7 @@ def _without_big_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     are graph inputs of the same type and shape: inference serializes the model twice,
     and data propagation only needs small (shape-like) constants. The weights are not
     copied."""
-    big = [t for t in model.graph.initializer if t.ByteSize() >= BIG]
+    big = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() >= BIG]
     if not big:
         return model
     light = onnx.ModelProto()

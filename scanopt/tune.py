@@ -115,11 +115,18 @@ def _time(forms: dict, seconds: float) -> dict[str, float]:
     from scanopt.inputs import synthesize_inputs
 
     feeds = synthesize_inputs(forms["scan"], 0)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    sessions = {name: ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-                for name, m in forms.items()}
+    from scanopt.engines import ort_source
+
+    def session(m):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        model_bytes, kept = ort_source(m, options, prepack=True)
+        made = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        made.scanopt_weights = kept  # alive as long as the session
+        return made
+
+    sessions = {name: session(m) for name, m in forms.items()}
     for s in sessions.values():
         s.run(None, feeds)
     samples: dict[str, list[float]] = {name: [] for name in sessions}

@@ -211,6 +211,9 @@ class VerifyResult:
 # -- comparing ---------------------------------------------------------------------------------
 
 
+CHUNK_ELEMENTS = 2**18  # elements compared per step: float64 temporaries stay bounded for big outputs
+
+
 def compare_arrays(
     name: str, expected: np.ndarray, actual: np.ndarray, *, rtol: float | None = None, atol: float | None = None
 ) -> OutputCheck:
@@ -222,42 +225,53 @@ def compare_arrays(
     if actual.shape != expected.shape:
         return OutputCheck(**base, passed=False, note=f"shape is {actual.shape}, expected {expected.shape}")
     r, a = tolerance(expected.dtype, rtol, atol)
-    if expected.dtype.kind in "OUS":
-        ok = np.asarray(actual == expected)
-        return _check(base, ok, None, None, r, a, expected, actual)
-    wide = np.complex128 if expected.dtype.kind == "c" else np.float64
-    e, x = expected.astype(wide), actual.astype(wide)
-    with np.errstate(invalid="ignore", over="ignore"):
-        same = (x == e) | (np.isnan(e) & np.isnan(x))  # equal infinities and NaN in the same place
-        diff = np.where(same, 0.0, np.abs(x - e))
-        diff = np.where(np.isnan(diff), np.inf, diff)  # NaN against a number, inf against finite
-        if expected.dtype.name in TOLERANCES:  # an infinity passes only by being equal
-            ok = same | (np.isfinite(e) & (diff <= a + r * np.abs(e)))
+    check = OutputCheck(**base, passed=True, rtol=r, atol=a)
+    flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
+    worst = None  # (error, flat index) of the worst mismatch so far
+    for start in range(0, max(flat_expected.size, 1), CHUNK_ELEMENTS):
+        e, x = flat_expected[start:start + CHUNK_ELEMENTS], flat_actual[start:start + CHUNK_ELEMENTS]
+        if expected.dtype.kind in "OUS":
+            ok, diff, rel = np.asarray(x == e), None, None
         else:
-            ok = np.asarray(actual == expected)  # exact, and without float rounding of big int64
-        scale = np.abs(e)
-        rel = np.divide(diff, scale, out=np.zeros_like(diff), where=(scale > 0) & np.isfinite(scale))
-    return _check(base, ok, diff, rel, r, a, expected, actual)
-
-
-def _check(base, ok, diff, rel, rtol, atol, expected, actual) -> OutputCheck:
-    mismatches = int(ok.size - np.count_nonzero(ok))
-    check = OutputCheck(
-        **base,
-        passed=mismatches == 0,
-        max_abs=None if diff is None else (float(diff.max()) if diff.size else 0.0),
-        max_rel=None if rel is None else (float(rel.max()) if rel.size else 0.0),
-        rtol=rtol,
-        atol=atol,
-        mismatches=mismatches,
-    )
-    if mismatches:
-        bad = ~ok.ravel()
-        # the worst mismatching element: largest error, or the first one for exact types
-        flat = int(np.argmax(bad)) if diff is None else int(np.argmax(np.where(bad, diff.ravel(), -1.0)))
-        check.worst_index = tuple(int(i) for i in np.unravel_index(flat, ok.shape))
-        check.worst_values = (expected.flat[flat].item(), actual.flat[flat].item())
+            ok, diff, rel = _numeric_errors(e, x, r, a)
+            if diff.size:
+                check.max_abs = max(check.max_abs or 0.0, float(diff.max()))
+                check.max_rel = max(check.max_rel or 0.0, float(rel.max()))
+            else:
+                check.max_abs, check.max_rel = check.max_abs or 0.0, check.max_rel or 0.0
+        bad = ~ok
+        count = int(np.count_nonzero(bad))
+        if count:
+            # the worst mismatching element: largest error, or the first one for exact types
+            index = int(np.argmax(bad)) if diff is None else int(np.argmax(np.where(bad, diff, -1.0)))
+            error = 0.0 if diff is None else float(diff[index])
+            if worst is None or (diff is not None and error > worst[0]):
+                worst = (error, start + index)
+        check.mismatches += count
+    check.passed = check.mismatches == 0
+    if worst is not None:
+        flat = worst[1]
+        check.worst_index = tuple(int(i) for i in np.unravel_index(flat, expected.shape))
+        check.worst_values = (flat_expected[flat].item(), flat_actual[flat].item())
     return check
+
+
+def _numeric_errors(e: np.ndarray, x: np.ndarray, rtol: float, atol: float):
+    """(ok, abs error, rel error) per element of two same-typed 1-D numeric arrays."""
+    expected_dtype = e.dtype
+    wide = np.complex128 if expected_dtype.kind == "c" else np.float64
+    we, wx = e.astype(wide), x.astype(wide)
+    with np.errstate(invalid="ignore", over="ignore"):
+        same = (wx == we) | (np.isnan(we) & np.isnan(wx))  # equal infinities and NaN in the same place
+        diff = np.where(same, 0.0, np.abs(wx - we))
+        diff = np.where(np.isnan(diff), np.inf, diff)  # NaN against a number, inf against finite
+        if expected_dtype.name in TOLERANCES:  # an infinity passes only by being equal
+            ok = same | (np.isfinite(we) & (diff <= atol + rtol * np.abs(we)))
+        else:
+            ok = np.asarray(x == e)  # exact, and without float rounding of big int64
+        scale = np.abs(we)
+        rel = np.divide(diff, scale, out=np.zeros_like(diff), where=(scale > 0) & np.isfinite(scale))
+    return ok, diff, rel
 
 
 def compare_outputs(

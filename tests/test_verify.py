@@ -359,3 +359,23 @@ def test_keep_ort_fails_a_candidate_only_onnxruntime_refuses():
     strict = compare_models(original, candidate, engine="auto", seeds=1, keep_ort=True)
     assert strict.engine == "ort" and not strict.passed
     assert "onnxruntime loads the original" in strict.comparisons[0].error
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_big_outputs_are_compared_in_chunks_with_the_same_verdict(monkeypatch, dtype):
+    """Chunked comparison (bounded temporaries for big outputs) counts every mismatch and
+    finds the worst one across chunks, as one pass over the whole array does."""
+    rng = np.random.default_rng(0)
+    expected = (rng.standard_normal((7, 9)) * 10).astype(dtype)
+    actual = expected.copy()
+    actual[0, 1] += 3  # first chunk
+    actual[4, 2] += 5  # a later chunk: the worst
+    actual[6, 8] += 3  # the last, partial chunk
+    whole = compare_arrays("y", expected, actual)
+    monkeypatch.setattr(verify, "CHUNK_ELEMENTS", 4)
+    chunked = compare_arrays("y", expected, actual)
+    assert chunked.mismatches == whole.mismatches == 3
+    assert chunked.worst_index == whole.worst_index == (4, 2)
+    assert chunked.worst_values == whole.worst_values
+    assert chunked.max_abs == whole.max_abs and chunked.max_rel == whole.max_rel
+    assert compare_arrays("y", expected, expected.copy()).passed

@@ -1,0 +1,299 @@
+"""Big weights stay in their file: external data read on demand and written by streaming.
+
+A model loaded with external data keeps each big initializer as the reference its file
+holds (``data_location = EXTERNAL``: location, offset, length), so nothing untouched is
+ever read into memory. :func:`attach` (at load) checks every reference against its file,
+reads the small ones into the proto, and marks the big ones with the absolute folder
+their location is relative to (:data:`FOLDER_KEY`), so that each reference says where its
+bytes are wherever the proto travels (copies, exports, candidates). Then:
+
+- a pass that reads a value gets a read-only memory map of the file (:func:`as_array`);
+- the engines give onnxruntime and the reference executor one shared memory map per weight
+  (scanopt.engines), and onnxruntime the folder for the rest;
+- :func:`write_model` copies each big tensor's bytes from the input file into the output's
+  data file in chunks and serializes only the small proto.
+
+The mark is scanopt's own: onnxruntime refuses a model carrying it ("model format error"),
+so a proto with marks is written only through :func:`write_model` (``scanopt.save_model``),
+and :func:`without_marks` gives engines a clean copy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+import onnx
+from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors
+
+FOLDER_KEY = "scanopt.folder"
+# External tensors smaller than this are read into the proto at load (shape constants and
+# the like: code that reads them from the proto needs no file).
+INLINE_BELOW = 64 * 1024
+CHUNK = 16 * 2**20  # bytes copied per step when streaming a tensor into the output's data file
+ALIGN_FROM = 2**20  # tensors at least this large start at a multiple of ALIGN in the data file
+ALIGN = 64 * 1024  # onnxruntime memory-maps a tensor whose offset is a multiple of the page size
+
+EXTERNAL = onnx.TensorProto.EXTERNAL
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an external tensor's bytes are: absolute file path, offset, length."""
+
+    path: str
+    offset: int
+    length: int
+
+
+class ExternalDataError(OSError):
+    """A reference that its file cannot satisfy (a one-line reason). An OSError, so that a
+    data file that shrank while a run read it fails a write as any read error does."""
+
+
+def entries(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def source(tensor: onnx.TensorProto) -> Source | None:
+    """The bytes a marked external tensor refers to, or None (inline, or unmarked)."""
+    if tensor.data_location != EXTERNAL:
+        return None
+    info = entries(tensor)
+    if FOLDER_KEY not in info:
+        return None
+    return Source(os.path.join(info[FOLDER_KEY], info["location"]), int(info.get("offset", 0)), int(info["length"]))
+
+
+def marked_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of ``model`` (any level) whose bytes are still in a file."""
+    return (t for t in _all_tensors(model) if source(t) is not None)
+
+
+def has_marks(model: onnx.ModelProto) -> bool:
+    return any(True for _ in marked_tensors(model))
+
+
+def _all_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
+    yield from _get_initializer_tensors(model)
+    yield from _get_attribute_tensors(model)
+
+
+def expected_length(tensor: onnx.TensorProto) -> int | None:
+    """The byte length of ``tensor``'s raw data, from its type and dims (None: not fixed)."""
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    except (KeyError, ValueError, TypeError):
+        return None
+    bits = _packed_bits(tensor.data_type)
+    if bits:
+        return (count * bits + 7) // 8
+    if dtype.kind in "OUS":
+        return None
+    return count * dtype.itemsize
+
+
+PACKED_BITS = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2, "FLOAT6E2M3": 6, "FLOAT6E3M2": 6}
+
+
+def _packed_bits(data_type: int) -> int:
+    """Bits per element of a packed sub-byte type (int4, float4...), else 0."""
+    return PACKED_BITS.get(onnx.TensorProto.DataType.Name(data_type), 0)
+
+
+def attach(model: onnx.ModelProto, folder: str) -> None:
+    """Check each external tensor's range against its file (in ``folder``, already checked
+    to be a regular file inside it); read small tensors and attribute tensors into the
+    proto; mark the big initializers with ``folder``. Raises ExternalDataError."""
+    folder = os.path.realpath(folder)
+    sizes: dict[str, int] = {}
+    tensors = [(t, True) for t in _get_initializer_tensors(model)] + [(t, False) for t in _get_attribute_tensors(model)]
+    for tensor, initializer in tensors:
+        if tensor.data_location != EXTERNAL:
+            continue
+        info = entries(tensor)
+        location = info.get("location", "")
+        path = os.path.join(folder, location)
+        if path not in sizes:
+            sizes[path] = os.path.getsize(path)
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else sizes[path] - offset
+        except ValueError:
+            raise ExternalDataError(f"tensor '{tensor.name}' has a malformed offset or length") from None
+        if offset < 0 or length < 0 or offset + length > sizes[path]:
+            raise ExternalDataError(
+                f"tensor '{tensor.name}' needs bytes {offset}..{offset + length} of '{location}', "
+                f"which has {sizes[path]}"
+            )
+        want = expected_length(tensor)
+        if want is not None and want != length:
+            raise ExternalDataError(f"tensor '{tensor.name}' is {length} bytes in '{location}', its type and shape need {want}")
+        if length < INLINE_BELOW or not initializer:
+            _inline(tensor, Source(path, offset, length))
+        else:
+            _set_entries(tensor, [("location", location), ("offset", str(offset)), ("length", str(length)),
+                                  (FOLDER_KEY, folder)])
+
+
+def _set_entries(tensor: onnx.TensorProto, pairs: list[tuple[str, str]]) -> None:
+    del tensor.external_data[:]
+    for key, value in pairs:
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def read_bytes(where: Source) -> bytes:
+    with open(where.path, "rb") as handle:
+        handle.seek(where.offset)
+        data = handle.read(where.length)
+    if len(data) != where.length:
+        raise ExternalDataError(f"'{where.path}' is shorter than its model says (it changed while in use?)")
+    return data
+
+
+def _inline(tensor: onnx.TensorProto, where: Source) -> None:
+    tensor.raw_data = read_bytes(where)
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    del tensor.external_data[:]
+
+
+def as_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The values of a marked external tensor: a read-only memory map of its file for the
+    types numpy stores as ONNX does (pages are read when touched), else a decoded copy."""
+    where = source(tensor)
+    if where is None:
+        raise ValueError(f"tensor '{tensor.name}' is not marked external data")
+    shape = tuple(tensor.dims)
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    except (KeyError, ValueError, TypeError):
+        dtype = None
+    plain = dtype is not None and dtype.kind in "biufc" and dtype.type.__module__ == "numpy" and not _packed_bits(tensor.data_type)
+    if plain and where.length == int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        if where.length == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(where.path, dtype=dtype, mode="r", offset=where.offset, shape=shape)
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    _inline(copy, where)
+    return onnx.numpy_helper.to_array(copy)
+
+
+def inlined(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every marked tensor's bytes read into it (for consumers
+    that need the whole model in memory, such as the reference executor)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in list(marked_tensors(copy)):
+        _inline(tensor, source(tensor))
+    return copy
+
+
+def weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """(a copy of ``model`` in which each marked initializer of the main graph is a graph input
+    instead, {its name: the marked tensor}): for an engine that takes the weights as feeds (a
+    memory map each) rather than reading them into the model. Marked tensors inside bodies
+    are read into the copy."""
+    weights = {t.name: t for t in model.graph.initializer if source(t) is not None}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [t for t in copy.graph.initializer if t.name not in weights]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    declared = {v.name for v in copy.graph.input}
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+                            for name, t in weights.items() if name not in declared)
+    for tensor in list(marked_tensors(copy)):
+        _inline(tensor, source(tensor))
+    return copy, weights
+
+
+def without_marks(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """(a copy of ``model`` whose references carry no scanopt mark, the one folder they are
+    relative to or None): what onnxruntime reads. Raises ExternalDataError when the
+    references point into several folders (one session reads one folder)."""
+    marked = list(marked_tensors(model))
+    if not marked:
+        return model, None
+    folders = {entries(t)[FOLDER_KEY] for t in marked}
+    if len(folders) > 1:
+        raise ExternalDataError(f"its external data lives in {len(folders)} folders; onnxruntime reads one")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in marked_tensors(copy):
+        _set_entries(tensor, [(e.key, e.value) for e in tensor.external_data if e.key != FOLDER_KEY])
+    return copy, folders.pop()
+
+
+def hollow(model: onnx.ModelProto) -> None:
+    """Turn every marked tensor of ``model`` (a throw-away copy) into an empty tensor of the
+    same name and type, in place: for onnx.checker, which looks for a referenced file
+    relative to the working directory, not the folder the reference is relative to."""
+    for tensor in list(marked_tensors(model)):
+        del tensor.external_data[:]
+        del tensor.dims[:]
+        tensor.dims.append(0)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold: int) -> None:
+    """Write ``model`` to ``staged`` with its initializers of ``threshold`` bytes or more in
+    ``location`` (a file name beside ``staged``): a marked tensor's bytes are copied from
+    its file in chunks (never whole in memory), an in-memory one's written as they are;
+    then only the small proto is serialized. Converts ``model``'s tensors to references
+    to ``location`` in place (as onnx.save_model does)."""
+    data_path = os.path.join(os.path.dirname(staged), location)
+    handle = None
+    offset = 0
+    try:
+        for tensor in _get_initializer_tensors(model):
+            where = source(tensor)
+            raw = None
+            if where is None:
+                if tensor.data_location == EXTERNAL or not tensor.HasField("raw_data"):
+                    continue
+                raw = tensor.raw_data  # one copy of a tensor that is in memory anyway
+                if len(raw) < threshold:
+                    continue
+                length = len(raw)
+            else:
+                length = where.length
+            if handle is None:
+                handle = open(data_path, "wb")
+            if length >= ALIGN_FROM and offset % ALIGN:
+                offset += ALIGN - offset % ALIGN
+                handle.seek(offset)
+            if raw is not None:
+                handle.write(raw)
+                tensor.ClearField("raw_data")
+                raw = None
+            else:
+                _copy_range(where, handle)
+            _set_entries(tensor, [("location", location), ("offset", str(offset)), ("length", str(length))])
+            tensor.data_location = EXTERNAL
+            offset += length
+        if handle is not None:
+            handle.truncate(offset)
+    finally:
+        if handle is not None:
+            handle.close()
+    with open(staged, "wb") as out:
+        out.write(model.SerializeToString())
+
+
+def _copy_range(where: Source, target) -> None:
+    """Copy ``where``'s bytes to the current position of ``target`` in CHUNK-sized steps."""
+    target.flush()
+    with open(where.path, "rb") as handle:
+        handle.seek(where.offset)
+        left = where.length
+        while left:
+            data = handle.read(min(CHUNK, left))
+            if not data:
+                raise ExternalDataError(f"'{where.path}' is shorter than its model says (it changed while in use?)")
+            target.write(data)
+            left -= len(data)
