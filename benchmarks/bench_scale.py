@@ -5,10 +5,11 @@ nothing to do against a bare onnx load + save.
     python benchmarks/bench_scale.py                 # N up to 1,000, depth up to 30
     python benchmarks/bench_scale.py --large         # N up to 3,000
     python benchmarks/bench_scale.py --profile 1000  # cProfile of one run at N=1000
-    python benchmarks/bench_scale.py --only n,depth,fail,noop
+    python benchmarks/bench_scale.py --only n,shared,depth,fail,noop
 
-Models: N independent 4-step tanh-RNN Scans (each reads the shared X and its own small
-weights); a chain of If nodes `depth` deep with one such Scan per level (weights and X
+Models: N independent 4-step tanh-RNN Scans (each reads its own Identity copy of X and its
+own small weights); the same N Scans all reading X itself (each is a candidate
+bidirectional partner of the others as far as X tells); a chain of If nodes `depth` deep with one such Scan per level (weights and X
 captured from the top graph). Timed: ``scanopt.optimize`` with verification (the
 default), with the verification time (reported by the pipeline) shown separately.
 """
@@ -166,6 +167,11 @@ def bench_counts(counts):
           ("N", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
 
 
+def bench_shared(counts):
+    table("optimizer time vs N Scans over one shared X (seeds=1)", _per_scan_rows(counts, shared_x_scans),
+          ("N", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
+
+
 def bench_depths(depths):
     table("optimizer time vs nesting depth (one Scan per level)", _per_scan_rows(depths, nested_scans),
           ("depth", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
@@ -242,7 +248,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true", help="N up to 3,000")
     parser.add_argument("--profile", type=int, metavar="N", help="cProfile one optimize of N Scans and stop")
-    parser.add_argument("--only", default="n,depth,fail,noop")
+    parser.add_argument("--only", default="n,shared,depth,fail,noop")
     args = parser.parse_args(argv)
     if args.profile:
         model = independent_scans(args.profile)
@@ -257,6 +263,8 @@ def main(argv=None):
     only = args.only.split(",")
     if "n" in only:
         bench_counts(counts)
+    if "shared" in only:
+        bench_shared(counts)
     if "depth" in only:
         bench_depths([1, 5, 10, 30])
     if "fail" in only:
