@@ -85,16 +85,21 @@ def node_label(node: gs.Node) -> str:
 
 
 def walk_graphs(graph: gs.Graph) -> Iterator[GraphLevel]:
-    """Every graph in the model, outermost first (pre-order), with its parent chain."""
+    """Every graph in the model, outermost first (pre-order), with its parent chain.
 
-    def visit(current: gs.Graph, parents: tuple[gs.Graph, ...], path: str) -> Iterator[GraphLevel]:
+    Iterative: nested generators (``yield from`` per level) would resume every enclosing
+    level's generator for each graph yielded, O(depth) per graph. A level's bodies are
+    listed when the walk comes back from yielding it (after the caller's look at it)."""
+    stack = [(graph, (), "")]
+    while stack:
+        current, parents, path = stack.pop()
         yield GraphLevel(current, parents, path)
+        inner, children = parents + (current,), []
         for node in current.nodes:
             for key, sub in subgraphs_of(node):
                 step = f"{node_label(node)}/{key}"
-                yield from visit(sub, parents + (current,), f"{path} > {step}" if path else step)
-
-    yield from visit(graph, (), "")
+                children.append((sub, inner, f"{path} > {step}" if path else step))
+        stack.extend(reversed(children))
 
 
 def _local_tensor_ids(body: gs.Graph) -> set[int]:

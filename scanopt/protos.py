@@ -25,12 +25,13 @@ def attribute_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
 
 
 def walk_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every graph nested in it, pre-order."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in attribute_graphs(attr):
-                yield from walk_proto_graphs(sub)
+    """``graph`` and every graph nested in it, pre-order. Iterative: nested generators
+    would cost O(depth) per graph yielded."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed([sub for node in current.node for attr in node.attribute for sub in attribute_graphs(attr)]))
 
 
 def outer_names(graph: onnx.GraphProto) -> list[str]:
