@@ -256,3 +256,30 @@ def test_a_pass_that_rewrites_nothing_leaves_the_node_order_alone():
     ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model))
     assert not Declines()(graph, ctx).modified
     assert [n.op for n in graph.nodes] == order
+
+
+def test_walks_are_pre_order_at_depth():
+    """The iterative walks give the order the recursive definition does: a graph, then each
+    body of its nodes in node order, each body's own bodies before its next sibling."""
+    from scanopt.graph import subgraphs_of
+    from scanopt.protos import attribute_graphs, walk_proto_graphs
+
+    model = _nested(25)
+
+    def proto_reference(g):
+        yield g.name
+        for node in g.node:
+            for attr in node.attribute:
+                for sub in attribute_graphs(attr):
+                    yield from proto_reference(sub)
+
+    def gs_reference(g, depth=0):
+        yield g.name, depth
+        for node in g.nodes:
+            for _, sub in subgraphs_of(node):
+                yield from gs_reference(sub, depth + 1)
+
+    names = [g.name for g in walk_proto_graphs(model.graph)]
+    assert names == list(proto_reference(model.graph)) and names[:3] == ["m", "then1", "then2"]
+    graph = import_model(model)
+    assert [(lv.graph.name, lv.depth) for lv in walk_graphs(graph)] == list(gs_reference(graph))
