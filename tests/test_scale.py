@@ -280,6 +280,6 @@ def test_walks_are_pre_order_at_depth():
                 yield from gs_reference(sub, depth + 1)
 
     names = [g.name for g in walk_proto_graphs(model.graph)]
-    assert names == list(proto_reference(model.graph)) and names[:3] == ["m", "then1", "then2"]
+    assert names == list(proto_reference(model.graph)) and names[:4] == ["m", "else1", "then1", "else2"]
     graph = import_model(model)
     assert [(lv.graph.name, lv.depth) for lv in walk_graphs(graph)] == list(gs_reference(graph))
