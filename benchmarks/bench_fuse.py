@@ -1,7 +1,7 @@
 """onnxruntime latency of a cell Scan, its fused form, and a hand-written native op.
 
     python benchmarks/bench_fuse.py [--sizes 16x1x16x16,64x8x32x64] [--seconds 0.5] [--threads 1]
-    python benchmarks/bench_fuse.py --forms [--form-size 64x4]    # the models/cells samples
+    python benchmarks/bench_fuse.py --forms [--form-size 64x4]    # models/cells + models/heldout_cells
 
 ``--forms`` times every committed cell sample (PyTorch exports with and without the exporter's
 optimization, Keras/TF1-style and hand-written forms: weights behind Transpose/Cast/Slice,
@@ -132,18 +132,47 @@ def latencies(sessions, feeds, seconds):
     return [statistics.median(acc) for acc in samples]
 
 
-def forms(size: str, seconds: float, threads: int) -> None:
-    """Scan vs fused latency for every sample in models/cells."""
+def _ops(graph):
+    """Op types in a graph and every body in it."""
+    for n in graph.node:
+        yield n.op_type
+        for a in n.attribute:
+            if a.g.node:
+                yield from _ops(a.g)
+
+
+def _form_feeds(model, t, b):
+    """T x B feeds: float inputs random, int64 [B] sequence lengths full, int64 scalars 2 (a Loop's
+    trip count), bools True (an If takes its then-branch, where the Scan is)."""
+    import onnx
+
+    rng = np.random.default_rng(1)
+    feeds = {}
+    for v in model.graph.input:
+        dims = [t if d.dim_param in ("seq", "T") else b if d.dim_param in ("batch", "B") else (d.dim_value or b)
+                for d in v.type.tensor_type.shape.dim]
+        elem = v.type.tensor_type.elem_type
+        if elem == onnx.TensorProto.BOOL:
+            feeds[v.name] = np.array(True)
+        elif elem == onnx.TensorProto.INT64:
+            feeds[v.name] = np.full(dims, t, np.int64) if dims else np.array(2, np.int64)
+        else:
+            feeds[v.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def forms(size: str, seconds: float, threads: int, dirs=("cells", "heldout_cells")) -> None:
+    """Scan vs fused latency for every sample in models/cells and models/heldout_cells."""
     import glob
     import os
 
     import onnx
 
     t, b = (int(v) for v in size.split("x"))
-    cells = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "cells")
-    print(f"models/cells at T={t}, B={b}; latency = median ms per run")
-    print(f"{'sample':34} {'fused into':24} | {'optimize ms':>11} | {'scan ms':>9} {'fused ms':>9} | {'scan/fused':>10}")
-    for path in sorted(glob.glob(os.path.join(cells, "*.onnx"))):
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+    print(f"models/{{{','.join(dirs)}}} at T={t}, B={b}; latency = median ms per run")
+    print(f"{'sample':44} {'fused into':24} | {'optimize ms':>11} | {'scan ms':>9} {'fused ms':>9} | {'scan/fused':>10}")
+    for path in [p for d in dirs for p in sorted(glob.glob(os.path.join(root, d, "*.onnx")))]:
         name = os.path.basename(path)[:-5]
         model = onnx.load(path)
         start = time.perf_counter()
@@ -151,26 +180,22 @@ def forms(size: str, seconds: float, threads: int) -> None:
                                          options={"target": "portable"})
         took = (time.perf_counter() - start) * 1e3
         applied = [o for o in report.outcomes if o.pass_name == "fuse" and o.applied]
-        what = ", ".join(sorted({n.op_type for n in fused.graph.node if n.op_type in GATES})) or "not fused"
+        what = ", ".join(sorted({op for op in _ops(fused.graph) if op in GATES})) or "not fused"
         if applied and "bidirectional" in applied[0].detail:
             what += " (bidirectional)"
-        rng = np.random.default_rng(1)
-        feeds = {}
-        for v in model.graph.input:
-            dims = [t if d.dim_param == "seq" else b if d.dim_param == "batch" else (d.dim_value or b)
-                    for d in v.type.tensor_type.shape.dim]
-            feeds[v.name] = rng.standard_normal(dims).astype(np.float32)
+        feeds = _form_feeds(model, t, b)
         sessions = [session(m, threads) for m in (model, fused)]
         want, got = (s.run(None, feeds) for s in sessions)
         for a, c in zip(want, got):
             np.testing.assert_allclose(c, a, rtol=1e-4, atol=1e-4)
         ms = [v * 1e3 for v in latencies(sessions, feeds, seconds)]
-        print(f"{name:34} {what:24} | {took:>11.1f} | {ms[0]:>9.3f} {ms[1]:>9.3f} | {ms[0] / ms[1]:>10.2f}", flush=True)
+        print(f"{name:44} {what:24} | {took:>11.1f} | {ms[0]:>9.3f} {ms[1]:>9.3f} | {ms[0] / ms[1]:>10.2f}", flush=True)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--forms", action="store_true", help="time the models/cells samples instead")
+    p.add_argument("--forms", action="store_true", help="time the models/cells and models/heldout_cells samples instead")
+    p.add_argument("--form-dirs", default="cells,heldout_cells", help="folders under models/ for --forms")
     p.add_argument("--form-size", default="64x4", help="TxB for --forms")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated TxBxIxH")
     p.add_argument("--kinds", default="RNN,GRU,LSTM")
@@ -179,7 +204,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.forms:
         print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}")
-        return forms(args.form_size, args.seconds, args.threads)
+        return forms(args.form_size, args.seconds, args.threads, tuple(args.form_dirs.split(",")))
     print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}; latency = median ms per run")
     print(f"{'cell':5} {'T':>4} {'B':>3} {'I':>4} {'H':>4} | {'scan ms':>9} {'fused ms':>9} {'native ms':>9} |"
           f" {'scan/fused':>10} {'fused/native':>12}")

@@ -403,6 +403,157 @@ def skl_knn_imputer():
     return m, {"X": x, "variable": est.transform(x).astype(np.float32)}
 
 
+# -- cell forms fuse had not seen (issue 12, held out): models/heldout_cells/ ----------------------
+
+CELLS_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heldout_cells")
+
+
+def _sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def keras_lstm_ifco_peephole_bias_input():
+    """Keras gate order i, f, c, o with peepholes (i, f read c; o reads the new c) and the bias
+    a graph input (a run-time weight), body with a batch axis, Scan-16."""
+    r = rng(11)
+    I, Hs = 3, 5
+    kernel = (r.randn(I, 4 * Hs) * 0.4).astype(np.float32)
+    rkernel = (r.randn(Hs, 4 * Hs) * 0.4).astype(np.float32)
+    pi, pf, po = ((r.randn(Hs) * 0.3).astype(np.float32) for _ in range(3))
+    body = h.make_graph([
+        h.make_node("MatMul", ["x", "kernel"], ["xk"]), h.make_node("MatMul", ["h", "rkernel"], ["hk"]),
+        h.make_node("Add", ["xk", "hk"], ["z0"]), h.make_node("Add", ["z0", "bias"], ["z"]),
+        h.make_node("Split", ["z", "four"], ["zi", "zf", "zc", "zo"], axis=1),
+        h.make_node("Mul", ["c", "pi"], ["ci"]), h.make_node("Add", ["zi", "ci"], ["ai"]), h.make_node("Sigmoid", ["ai"], ["i"]),
+        h.make_node("Mul", ["c", "pf"], ["cf"]), h.make_node("Add", ["zf", "cf"], ["af"]), h.make_node("Sigmoid", ["af"], ["f"]),
+        h.make_node("Tanh", ["zc"], ["g"]),
+        h.make_node("Mul", ["f", "c"], ["fc"]), h.make_node("Mul", ["i", "g"], ["ig"]), h.make_node("Add", ["fc", "ig"], ["c2"]),
+        h.make_node("Mul", ["c2", "po"], ["co"]), h.make_node("Add", ["zo", "co"], ["ao"]), h.make_node("Sigmoid", ["ao"], ["o"]),
+        h.make_node("Tanh", ["c2"], ["tc"]), h.make_node("Mul", ["o", "tc"], ["h2"]), h.make_node("Identity", ["h2"], ["y"]),
+    ], "keras_lstm", [vi("h", ["B", Hs]), vi("c", ["B", Hs]), vi("x", ["B", I])],
+        [vi("h2", ["B", Hs]), vi("c2", ["B", Hs]), vi("y", ["B", Hs])],
+        initializer=[init("four", np.array([Hs] * 4, np.int64)), init("pi", pi), init("pf", pf), init("po", po)])
+    node = h.make_node("Scan", ["h0", "c0", "X"], ["hT", "cT", "Y"], body=body, num_scan_inputs=1, name="keras_lstm")
+    g = h.make_graph([node], "main", [vi("h0", ["B", Hs]), vi("c0", ["B", Hs]), vi("X", ["T", "B", I]), vi("bias", [4 * Hs])],
+                     [vi("hT", ["B", Hs]), vi("cT", ["B", Hs]), vi("Y", ["T", "B", Hs])],
+                     initializer=[init("kernel", kernel), init("rkernel", rkernel)])
+    return model(g, 16)
+
+
+def gru_torch_weights_inputs_transposed_in_body():
+    """PyTorch layout: W_ih [3H, I], W_hh [3H, H], biases: graph inputs; the body transposes the
+    weights itself (Transpose inside the body of a run-time weight), gates r, z, n, lbr=1."""
+    I, Hs = 3, 4
+    body = h.make_graph([
+        h.make_node("Transpose", ["W_ih"], ["Wt"], perm=[1, 0]), h.make_node("Transpose", ["W_hh"], ["Rt"], perm=[1, 0]),
+        h.make_node("MatMul", ["x", "Wt"], ["gx0"]), h.make_node("Add", ["gx0", "b_ih"], ["gx"]),
+        h.make_node("MatMul", ["h", "Rt"], ["gh0"]), h.make_node("Add", ["gh0", "b_hh"], ["gh"]),
+        h.make_node("Split", ["gx", "three"], ["xr", "xz", "xn"], axis=-1),
+        h.make_node("Split", ["gh", "three"], ["hr", "hz", "hn"], axis=-1),
+        h.make_node("Add", ["xr", "hr"], ["ar"]), h.make_node("Sigmoid", ["ar"], ["r"]),
+        h.make_node("Add", ["xz", "hz"], ["az"]), h.make_node("Sigmoid", ["az"], ["z"]),
+        h.make_node("Mul", ["r", "hn"], ["rhn"]), h.make_node("Add", ["xn", "rhn"], ["an"]), h.make_node("Tanh", ["an"], ["n"]),
+        h.make_node("Sub", ["h", "n"], ["hmn"]), h.make_node("Mul", ["z", "hmn"], ["zd"]), h.make_node("Add", ["n", "zd"], ["h2"]),
+        h.make_node("Identity", ["h2"], ["y"]),
+    ], "gru_body", [vi("h", ["B", Hs]), vi("x", ["B", I])], [vi("h2", ["B", Hs]), vi("y", ["B", Hs])],
+        initializer=[init("three", np.array([Hs] * 3, np.int64))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="torch_gru_inputs")
+    g = h.make_graph([node], "main",
+                     [vi("h0", ["B", Hs]), vi("X", ["T", "B", I]), vi("W_ih", [3 * Hs, I]), vi("W_hh", [3 * Hs, Hs]),
+                      vi("b_ih", [3 * Hs]), vi("b_hh", [3 * Hs])],
+                     [vi("hT", ["B", Hs]), vi("Y", ["T", "B", Hs])])
+    return model(g, 17)
+
+
+def _rnn_scan_node(name, x, h0, outs, I=3, Hs=4, seed=12):
+    r = rng(seed)
+    W = (r.randn(I, Hs) * 0.5).astype(np.float32)
+    R = (r.randn(Hs, Hs) * 0.5).astype(np.float32)
+    body = h.make_graph([
+        h.make_node("Gemm", ["x", "W", "b"], ["xw"]), h.make_node("Gemm", ["h", "R"], ["hr"]),
+        h.make_node("Add", ["xw", "hr"], ["a"]), h.make_node("Relu", ["a"], ["h2"]), h.make_node("Identity", ["h2"], ["y"]),
+    ], f"{name}_body", [vi("h", ["B", Hs]), vi("x", ["B", I])], [vi("h2", ["B", Hs]), vi("y", ["B", Hs])],
+        initializer=[init("W", W), init("R", R), init("b", (r.randn(Hs) * 0.1).astype(np.float32))])
+    return h.make_node("Scan", [h0, x], outs, body=body, num_scan_inputs=1, name=name)
+
+
+def relu_rnn_in_if_branch():
+    """A Gemm Relu-RNN Scan in an If's then-branch (the else-branch returns the initial state),
+    reading X and h0 from the main graph."""
+    then_g = h.make_graph([_rnn_scan_node("rnn_then", "X", "h0", ["t_h", "t_y"])], "then", [],
+                          [vi("t_h", ["B", 4]), vi("t_y", ["T", "B", 4])])
+    else_g = h.make_graph([h.make_node("Identity", ["h0"], ["e_h"]), h.make_node("Neg", ["X4"], ["e_y"])], "else", [],
+                          [vi("e_h", ["B", 4]), vi("e_y", ["T", "B", 4])])
+    nodes = [h.make_node("Pad", ["X", "pads"], ["X4"]),
+             h.make_node("If", ["flag"], ["hT", "Y"], then_branch=then_g, else_branch=else_g, name="branch")]
+    g = h.make_graph(nodes, "main", [vi("flag", [], TP.BOOL), vi("h0", ["B", 4]), vi("X", ["T", "B", 3])],
+                     [vi("hT", ["B", 4]), vi("Y", ["T", "B", 4])],
+                     initializer=[init("pads", np.array([0, 0, 0, 0, 0, 1], np.int64))])
+    return model(g, 17)
+
+
+def stacked_rnn_in_loop_body():
+    """A Loop running the same Relu-RNN Scan M times (weight-tied stacked layers): layer k reads
+    layer k-1's outputs; the Scan sits in the Loop body."""
+    body = h.make_graph([
+        _rnn_scan_node("rnn_layer", "seq", "h0", ["hk", "out"], I=4, Hs=4),
+        h.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ], "loop_body", [vi("it", [], I64), vi("cond_in", [], TP.BOOL), vi("seq", ["T", "B", 4])],
+        [vi("cond_out", [], TP.BOOL), vi("out", ["T", "B", 4])])
+    loop = h.make_node("Loop", ["M", "", "X"], ["Y"], body=body, name="layers")
+    g = h.make_graph([loop], "main", [vi("M", [], I64), vi("h0", ["B", 4]), vi("X", ["T", "B", 4])],
+                     [vi("Y", ["T", "B", 4])])
+    return model(g, 17)
+
+
+def linear_rnn_reshape_row():
+    """A linear RNN (no nonlinearity) in an unbatched body that reshapes Concat([x, h]) to a
+    [1, I+H] row, multiplies, reshapes back: Affine through layout-preserving nodes."""
+    r = rng(13)
+    I, Hs = 3, 4
+    K = (r.randn(I + Hs, Hs) * 0.4).astype(np.float32)
+    body = h.make_graph([
+        h.make_node("Concat", ["x", "h"], ["xh"], axis=0), h.make_node("Reshape", ["xh", "row"], ["xh1"]),
+        h.make_node("MatMul", ["xh1", "K"], ["p1"]), h.make_node("Reshape", ["p1", "flat"], ["p"]),
+        h.make_node("Add", ["p", "b"], ["h2"]), h.make_node("Identity", ["h2"], ["y"]),
+    ], "lin_body", [vi("h", [Hs]), vi("x", [I])], [vi("h2", [Hs]), vi("y", [Hs])],
+        initializer=[init("K", K), init("b", (r.randn(Hs) * 0.1).astype(np.float32)),
+                     init("row", np.array([1, I + Hs], np.int64)), init("flat", np.array([Hs], np.int64))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="linear_rnn")
+    g = h.make_graph([node], "main", [vi("h0", [Hs]), vi("X", ["T", I])], [vi("hT", [Hs]), vi("Y", ["T", Hs])])
+    return model(g, 17)
+
+
+def tf_birnn_reverse_sequence_fill_lengths():
+    """A TF-converter bidirectional Relu RNN: the backward half reads ReverseSequence(X, lens) with
+    lens = fill([batch], T) computed from Shape(X), and its outputs are re-aligned the same way."""
+    nodes = [
+        h.make_node("Shape", ["X"], ["shp"]), h.make_node("Gather", ["shp", "i0"], ["T0"], axis=0),
+        h.make_node("Gather", ["shp", "i1"], ["B0"], axis=0),
+        h.make_node("Unsqueeze", ["B0", "ax0"], ["B1"]), h.make_node("Expand", ["T0", "B1"], ["lens"]),
+        h.make_node("ReverseSequence", ["X", "lens"], ["X_rev"], time_axis=0, batch_axis=1),
+        _rnn_scan_node("rnn_fw", "X", "h0", ["h_fw", "Y_fw"], seed=14),
+        _rnn_scan_node("rnn_bw", "X_rev", "h0", ["h_bw", "Y_bw_rev"], seed=15),
+        h.make_node("ReverseSequence", ["Y_bw_rev", "lens"], ["Y_bw"], time_axis=0, batch_axis=1),
+        h.make_node("Concat", ["Y_fw", "Y_bw"], ["Y"], axis=-1),
+    ]
+    g = h.make_graph(nodes, "main", [vi("h0", ["B", 4]), vi("X", ["T", "B", 3])],
+                     [vi("Y", ["T", "B", 8]), vi("h_fw", ["B", 4]), vi("h_bw", ["B", 4])],
+                     initializer=[init("i0", np.array(0, np.int64)), init("i1", np.array(1, np.int64)),
+                                  init("ax0", np.array([0], np.int64))])
+    return model(g, 17)
+
+
+CELLS = {
+    "tf_birnn_reverse_sequence_fill_lengths": tf_birnn_reverse_sequence_fill_lengths,
+    "keras_lstm_ifco_peephole_bias_input": keras_lstm_ifco_peephole_bias_input,
+    "gru_torch_weights_inputs_transposed_in_body": gru_torch_weights_inputs_transposed_in_body,
+    "relu_rnn_in_if_branch": relu_rnn_in_if_branch,
+    "stacked_rnn_in_loop_body": stacked_rnn_in_loop_body,
+    "linear_rnn_reshape_row": linear_rnn_reshape_row,
+}
+
+
 HAND = {
     "multi_dtype_states": multi_dtype_states,
     "int64_map_argmax": int64_map_argmax,
@@ -446,6 +597,10 @@ def main():
     ap.add_argument("--only")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    os.makedirs(CELLS_OUT, exist_ok=True)
+    for name, make in CELLS.items():
+        if not args.only or name == args.only:
+            onnx.save_model(make(), os.path.join(CELLS_OUT, f"{name}.onnx"))
     for name, make in {**HAND, **EXPORTED}.items():
         if args.only and name != args.only:
             continue

@@ -120,7 +120,7 @@ def ort_load_error(model: ModelLike, *, path: str | os.PathLike | None = None) -
 def resolve_model(model: ModelLike, path=None) -> tuple[onnx.ModelProto, str | os.PathLike | None]:
     """(proto, file) for a ModelProto or a path; a path is loaded and validated once."""
     if isinstance(model, (str, os.PathLike)):
-        return load_model(os.fspath(model)), model
+        return load_model(os.fspath(model), keep_external_data=True), model
     return model, path
 
 

@@ -39,9 +39,15 @@ class LoadedModel:
     sorted_nodes: bool = False  # nodes were out of order and have been sorted: the file's bytes are not the model
 
 
-def load_model(path: str) -> onnx.ModelProto:
-    """Load and validate a model file; raises ScanoptError with a one-line reason."""
-    return load(path).model
+def load_model(path: str, *, keep_external_data: bool = False) -> onnx.ModelProto:
+    """Load and validate a model file; raises ScanoptError with a one-line reason.
+
+    Tensors kept in external data are read in, so the result is an ordinary proto that any
+    tool can save. ``keep_external_data=True`` leaves the big ones in their file (read on
+    demand, streamed on save: far less memory); save such a proto only with
+    :func:`save_model`, since the references carry scanopt's own folder mark."""
+    model = load(path).model
+    return model if keep_external_data or not has_marks(model) else inlined(model)
 
 
 def load(path: str) -> LoadedModel:

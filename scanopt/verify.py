@@ -392,7 +392,7 @@ def compare_models(
     resolved = "both" if len(pairs) == 2 else pairs[0][0]
 
     comparisons = []
-    for label, feeds, expected_by_engine in runs:
+    for label, feeds, expected_by_engine in runs:  # one input set at a time: its outputs die with it
         ran = {}
         for name, _, candidate_runner in pairs:
             expected = expected_by_engine[name]
@@ -404,6 +404,7 @@ def compare_models(
             ran[name] = (expected, actual)
         if resolved == "both":
             comparisons += _cross_check(label, ran, rtol, atol)
+        del feeds, expected_by_engine, expected, actual, ran  # before the next set's runs
     return VerifyResult(resolved, comparisons, notes, sizes)
 
 
@@ -499,29 +500,43 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
     # where the shape derivation met contradictory declarations or stopped on a model it
     # misreads: the sizes tried may then be poor, and the report should say so
     notes.extend(f"input sizes: {conflict}" for conflict in synthesizer.input_shapes.conflicts)
-    runs, sizes = [], {}
-    for seed in range(seeds):
-        run, failures = _first_that_runs(synthesizer, seed, pairs)
-        if run is None and seed == 0 and engine == "auto" and [p[0] for p in pairs] == ["ort"]:
-            reference = _pairs_for("reference", original, None, candidate, candidate_path)
-            run, _ = _first_that_runs(synthesizer, seed, reference)
-            if run is not None:
-                pairs = reference
-                notes.append(f"using the reference executor: onnxruntime runs the original on no synthesized input ({failures[0][1]})")
-        if run is None:
-            attempt, error = failures[0]
-            why = "".join(f"; {note}" for note in notes)  # e.g. why onnxruntime was not used
-            raise CannotVerifyError(
-                f"cannot verify: the original model fails on seed {seed} at every size tried "
-                f"({len(failures)} size set(s); first {attempt.describe()}: {error}{why}); pass inputs it accepts with --inputs"
-            )
-        attempt, feeds, expected = run
-        label = f"seed {seed}"
-        if failures:
-            notes.append(f"{label}: the original fails at {failures[0][0].describe()} ({failures[0][1]}); used {attempt.describe()}")
-        sizes[label] = attempt.describe()
-        runs.append((label, feeds, expected))
-    return pairs, runs, sizes
+    sizes: dict = {}
+    first, pairs = _seed_run(synthesizer, 0, original, candidate, candidate_path, pairs, engine, notes, sizes)
+    pending = [first]
+
+    def runs():
+        """Seed 0's run (it settled the engine), then each later seed's when asked for: the
+        original's outputs for one seed at a time, not for all seeds at once."""
+        yield pending.pop()
+        for seed in range(1, seeds):
+            yield _seed_run(synthesizer, seed, original, candidate, candidate_path, pairs, engine, notes, sizes)[0]
+
+    return pairs, runs(), sizes
+
+
+def _seed_run(synthesizer, seed, original, candidate, candidate_path, pairs, engine, notes, sizes):
+    """((label, feeds, the original's outputs per engine), pairs) for one seed; on seed 0 with
+    ``engine="auto"`` the pairs may switch to the reference executor."""
+    run, failures = _first_that_runs(synthesizer, seed, pairs)
+    if run is None and seed == 0 and engine == "auto" and [p[0] for p in pairs] == ["ort"]:
+        reference = _pairs_for("reference", original, None, candidate, candidate_path)
+        run, _ = _first_that_runs(synthesizer, seed, reference)
+        if run is not None:
+            pairs = reference
+            notes.append(f"using the reference executor: onnxruntime runs the original on no synthesized input ({failures[0][1]})")
+    if run is None:
+        attempt, error = failures[0]
+        why = "".join(f"; {note}" for note in notes)  # e.g. why onnxruntime was not used
+        raise CannotVerifyError(
+            f"cannot verify: the original model fails on seed {seed} at every size tried "
+            f"({len(failures)} size set(s); first {attempt.describe()}: {error}{why}); pass inputs it accepts with --inputs"
+        )
+    attempt, feeds, expected = run
+    label = f"seed {seed}"
+    if failures:
+        notes.append(f"{label}: the original fails at {failures[0][0].describe()} ({failures[0][1]}); used {attempt.describe()}")
+    sizes[label] = attempt.describe()
+    return (label, feeds, expected), pairs
 
 
 def _first_that_runs(synthesizer: InputSynthesizer, seed: int, pairs):

@@ -400,6 +400,16 @@ def check_fused(model, kind, inputs=True, **feed_kw):
     return out
 
 
+def declined(model) -> str:
+    """Fuse ``model``: its one Scan stays (fuse declines it); the reason."""
+    from equivalence import ops
+
+    out, outcomes = fuse(model)
+    assert [o.applied for o in outcomes] == [False], [o.detail for o in outcomes]
+    assert ops(out)["Scan"] == 1
+    return outcomes[0].detail
+
+
 def native(model):
     """The one RNN/GRU/LSTM node of a model."""
     (node,) = [n for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]
@@ -428,13 +438,42 @@ def _rows(a, gate, order, H):
     return a[k * H:(k + 1) * H]
 
 
-def concat_rnn(body, x, hs, seed=0, act="Tanh"):
+VIAS = ("identity", "unsqueeze", "reshape", "flatten", "cast")
+
+
+def relaid_matmul(body, value, K, via=None):
+    """``value·K`` with ``value`` first re-laid out by ``via`` (rows kept: what TF1 converters and
+    hand-written cells put between Concat([x, h]) and its MatMul), and the product laid back."""
+    ints = lambda v: body.const(np.asarray(v, np.int64), "shape", where="body")  # noqa: E731
+    lead = 1 if body.batch else 0
+    if via is None:
+        return body.op("MatMul", value, body.const(K))
+    if via == "identity":
+        return body.op("MatMul", body.op("Identity", body.op("Identity", value)), body.const(K))
+    if via == "cast":
+        return body.op("MatMul", body.op("Cast", value, to=TP.FLOAT), body.const(K))
+    if via == "unsqueeze":  # [.., K] -> [.., 1, K] (a row), and Squeeze after the product
+        up = body.op("Unsqueeze", value, ints([lead])) if body.opset >= 13 else body.op("Unsqueeze", value, axes=[lead])
+        out = body.op("MatMul", up, body.const(K))
+        return body.op("Squeeze", out, ints([lead])) if body.opset >= 13 else body.op("Squeeze", out, axes=[lead])
+    if via == "flatten":  # Flatten at the last axis of a [B, K] value keeps it; [K] becomes [1, K] by Reshape
+        flat = body.op("Flatten", value, axis=1) if body.batch else body.op("Reshape", value, ints([1, K.shape[0]]))
+        out = body.op("MatMul", flat, body.const(K))
+        return out if body.batch else body.op("Reshape", out, ints([K.shape[1]]))
+    if via == "reshape":  # Reshape to [-1, K] (or [1, K]) and back to the state's shape
+        row = body.op("Reshape", value, ints([-1, K.shape[0]]) if body.batch else ints([1, K.shape[0]]))
+        out = body.op("MatMul", row, body.const(K))
+        return body.op("Reshape", out, ints([-1, K.shape[1]]) if body.batch else ints([K.shape[1]]))
+    raise ValueError(via)
+
+
+def concat_rnn(body, x, hs, seed=0, act="Tanh", via=None):
     """Keras/TF1 BasicRNNCell: act(Concat([x, h]) @ K + b), K [I+H, H]."""
     H, I = body.H, body.I
     W, R, Wb = rand(seed, H, I), rand(seed + 1, H, H), rand(seed + 2, H)
     K = np.concatenate([W.T, R.T])
     cat = body.op("Concat", x, hs, axis=-1)
-    return body.op(act, body.op("Add", body.op("MatMul", cat, body.const(K)), body.const(Wb, "b")))
+    return body.op(act, body.op("Add", relaid_matmul(body, cat, K, via), body.const(Wb, "b")))
 
 
 def concat_gru(body, x, hs, seed=0):
@@ -457,18 +496,30 @@ def concat_gru(body, x, hs, seed=0):
     return body.op("Add", body.op("Mul", u, hs), body.op("Mul", body.op("Sub", one, u), c))
 
 
-def concat_lstm(body, x, hs, cs, seed=0, forget_bias=1.0):
+def concat_lstm(body, x, hs, cs, seed=0, forget_bias=1.0, via=None):
     """TF1 BasicLSTMCell: [i, j, f, o] = Concat([x, h]) @ K + b; c' = c⊙σ(f + forget_bias) +
     σ(i)⊙tanh(j); h' = tanh(c')⊙σ(o)."""
     H, I = body.H, body.I
     W, R, Wb = rand(seed, 4 * H, I), rand(seed + 1, 4 * H, H), rand(seed + 2, 4 * H)
     order = "ijfo"
     K = np.concatenate([W.T, R.T])
-    pre = body.op("Add", body.op("MatMul", body.op("Concat", x, hs, axis=-1), body.const(K)), body.const(Wb, "b"))
+    pre = body.op("Add", relaid_matmul(body, body.op("Concat", x, hs, axis=-1), K, via), body.const(Wb, "b"))
     g = dict(zip(order, body.split(pre, 4)))
     f = body.op("Sigmoid", body.op("Add", g["f"], body.const(np.float32(forget_bias), "fb", where="body")))
     c_new = body.op("Add", body.op("Mul", cs, f), body.op("Mul", body.op("Sigmoid", g["i"]), body.op("Tanh", g["j"])))
     return body.op("Mul", body.op("Tanh", c_new), body.op("Sigmoid", g["o"])), c_new
+
+
+def concat_lstm_native(seed=0, forget_bias=1.0, H=H, I=I):
+    """The native LSTM :func:`concat_lstm` computes, its i, j, f, o blocks laid out in ONNX order
+    i, o, f, c by hand (the forget bias added to f's input bias)."""
+    W, R, Wb = rand(seed, 4 * H, I), rand(seed + 1, 4 * H, H), rand(seed + 2, 4 * H)
+    blocks = lambda a: dict(zip("ijfo", np.split(a, 4)))  # noqa: E731
+    w, r, b = blocks(W), blocks(R), blocks(Wb)
+    b["f"] = b["f"] + forget_bias
+    order = "iofj"
+    return native_model("LSTM", np.concatenate([w[g] for g in order]), np.concatenate([r[g] for g in order]),
+                        np.concatenate([np.concatenate([b[g] for g in order]), np.zeros(4 * H)]))
 
 
 def keras_gru(body, x, hs, seed=0, bias_cut="gather"):

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from scanopt.engines import run
 from scanopt.external_data import FOLDER_KEY, INLINE_BELOW, source
 from scanopt.ir import export_model, import_model
-from scanopt.model_io import load, save_model
+from scanopt.model_io import load, load_model, save_model
 from scanopt.verify import compare_models
 
 E = H = 128  # W and R are 64 KiB each: big enough to stay in the file
@@ -246,3 +246,19 @@ def test_both_engines_check_a_model_whose_weights_are_in_its_file(tmp_path):
     result = compare_models(loaded.model, candidate, engine="both", seeds=1)
     assert result.passed and result.engine == "both"
     assert {c.label for c in result.comparisons} >= {"original: reference vs ort", "candidate vs original [reference]"}
+
+
+def test_library_load_model_gives_an_ordinary_proto_unless_asked_to_keep_weights_in_their_file(tmp_path):
+    """A conversion pipeline that loads with scanopt and saves with onnx must get a file
+    onnxruntime loads; keep_external_data=True is the opt-in for the low-memory proto."""
+    src = _saved(tmp_path)
+    plain = load_model(str(src))
+    assert not any(e.key == "scanopt.folder" for t in plain.graph.initializer for e in t.external_data)
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in plain.graph.initializer)
+    out = tmp_path / "elsewhere" / "plain.onnx"
+    out.parent.mkdir()
+    onnx.save(plain, str(out))
+    feeds = _feeds()
+    np.testing.assert_array_equal(_run_file(out, feeds)["Y"], _run_file(src, feeds)["Y"])  # no scanopt marks in it
+    kept = load_model(str(src), keep_external_data=True)
+    assert any(e.key == "scanopt.folder" for t in kept.graph.initializer for e in t.external_data)

@@ -147,9 +147,16 @@ def test_coupled_input_forget_gate_fuses_with_input_forget():
     assert cb.native(out)[1]["input_forget"] == 1
 
 
-def test_hidden_state_without_output_activation_is_declined():
-    reason = declined(_lstm_custom(lambda b, o, c_new: b.op("Mul", o, c_new), _c))
-    assert "not o ⊙ h(new cell state)" in reason
+def test_hidden_state_without_output_activation_fuses_as_affine_h():
+    """h' = o ⊙ c' was declined ('not o ⊙ h(new cell state)'); it is h = Affine(1, 0)
+    (tests/test_fuse_activations.py compares it with a hand-written native op)."""
+    out = check_fused(_lstm_custom(lambda b, o, c_new: b.op("Mul", o, c_new), _c))
+    assert cb.native(out)[1]["activations"][2] == b"Affine"
+
+
+def test_hidden_state_scaled_by_a_non_gate_is_declined():
+    reason = declined(_lstm_custom(lambda b, o, c_new: b.op("Mul", o, b.op("Mul", c_new, c_new)), _c))
+    assert "not o⊙h(c_new)" in reason or "not o ⊙ h(new cell state)" in reason, reason
 
 
 def test_clip_before_the_output_activation_is_declined():

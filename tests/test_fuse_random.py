@@ -2,7 +2,8 @@
 input and output directions, number of scan outputs, opset, weight placement (body,
 outer scope, Constant nodes, graph inputs = run-time weights), the nodes a constant weight
 is computed by (Transpose, Cast from float16, Reshape, Slice, Split, Concat, Unsqueeze,
-Identity, Constant; in the body or the main graph) and the written form of the cell. Every generated body is a true cell, so each must fuse into
+Identity, Constant; in the body or the main graph), the written form of the cell (a linear
+cell = Affine) and the layout-preserving nodes between Concat([x, h]) and its MatMul. Every generated body is a true cell, so each must fuse into
 exactly one native op that matches the Scan in onnxruntime and the reference executor."""
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def run(setup, kind, make):
 @given(setup=scan_setup(), data=st.data())
 def test_random_rnn_cells_fuse(setup, data):
     cell = {
-        "act": data.draw(st.sampled_from(["Tanh", "Relu", "Sigmoid", "Softsign"])),
+        "act": data.draw(st.sampled_from(["Tanh", "Relu", "Sigmoid", "Softsign", "Identity"])),  # Identity: Affine
         "form": data.draw(forms(setup["batch"])),
         "bias": data.draw(st.sampled_from(["split", "merged", "none"])),
         "order": data.draw(st.sampled_from(["xh", "hx"])),
@@ -109,6 +110,8 @@ def test_random_lstm_cells_fuse(setup, data):
         "cut": data.draw(st.sampled_from(["split", "slice", "split_pos"])),
         "peep": data.draw(st.booleans()),
         "form": data.draw(forms(setup["batch"])),
+        "acts": data.draw(st.sampled_from([("Sigmoid", "Tanh", "Tanh"), ("Sigmoid", "Identity", "Tanh"),
+                                            ("Sigmoid", "Tanh", "Identity")])),  # Identity: Affine g / h
         "seed": setup["seed"],
     }
     c_first = data.draw(st.booleans())
@@ -119,3 +122,21 @@ def test_random_lstm_cells_fuse(setup, data):
         return (states[::-1] if c_first else states), h_new
 
     run(setup, "LSTM", make)
+
+
+@SETTINGS
+@given(setup=scan_setup(), data=st.data())
+def test_random_concat_cells_through_layout_nodes_fuse(setup, data):
+    if setup["where"] == "runtime":  # Concat·W with a run-time W is declined (tests/test_fuse_layout.py)
+        setup = dict(setup, where="outer")
+    kind = data.draw(st.sampled_from(["RNN", "LSTM"]))
+    via = data.draw(st.sampled_from((None,) + cb.VIAS))
+
+    def make(body):
+        if kind == "RNN":
+            h_new = cb.concat_rnn(body, "x", "h", seed=setup["seed"], via=via)
+            return [("h", h_new, body.H)], h_new
+        h_new, c_new = cb.concat_lstm(body, "x", "h", "c", seed=setup["seed"], via=via)
+        return [("h", h_new, body.H), ("c", c_new, body.H)], h_new
+
+    run(setup, kind, make)

@@ -158,7 +158,7 @@ def test_asymmetric_clip_is_declined():
 
 def test_thresholded_relu_is_declined():
     reason = declined(rnn_model(act="ThresholdedRelu"))
-    assert "is a ThresholdedRelu output" in reason and "x > alpha" in reason
+    assert "is a ThresholdedRelu output" in reason and "zeroes x == alpha" in reason and "x >= alpha" in reason
 
 
 def test_pre_activation_as_extra_scan_output_is_declined():

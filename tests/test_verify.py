@@ -379,3 +379,27 @@ def test_big_outputs_are_compared_in_chunks_with_the_same_verdict(monkeypatch, d
     assert chunked.worst_values == whole.worst_values
     assert chunked.max_abs == whole.max_abs and chunked.max_rel == whole.max_rel
     assert compare_arrays("y", expected, expected.copy()).passed
+
+
+def test_synthesized_seeds_are_compared_one_at_a_time(monkeypatch):
+    """The original's outputs for a seed are dropped before the next seed runs, so a model
+    with big outputs costs one seed's outputs, not all of them (issue 14's memory bound)."""
+    import gc
+    import weakref
+
+    alive_before: list[tuple[int, int]] = []
+    refs: list[weakref.ref] = []
+    real = verify._first_that_runs
+
+    def spy(synthesizer, seed, pairs):
+        gc.collect()
+        alive_before.append((seed, sum(ref() is not None for ref in refs)))
+        run, failures = real(synthesizer, seed, pairs)
+        refs.extend(weakref.ref(array) for outputs in run[2].values() for array in outputs.values())
+        return run, failures
+
+    monkeypatch.setattr(verify, "_first_that_runs", spy)
+    model = mul_model(TP.FLOAT)
+    result = compare_models(model, perturbed(model, "y", 0.0), seeds=3)
+    assert result.passed and len(result.comparisons) == 3
+    assert alive_before == [(0, 0), (1, 0), (2, 0)]

@@ -20,15 +20,19 @@ native op leaves exact zeros, become ``Y_h + h0 ⊙ (len == 0)`` (opset 8 has no
 exact for finite initial states). A Scan-8 reverse scan output needs ReverseSequence
 (opset 10) and is declined.
 
-Declines (with the reason) anything else: other scan outputs, a non-float32 cell, batch
-sizes of x and the states that cannot be proven equal (a size-1 x would broadcast in
-the Scan but not in the native op), reversals needing Slice steps before opset 10.
+Declines (with the reason) anything else: other scan outputs, a non-float32 cell (a float16
+Scan rounds each op and the state to float16 per step, which no native op reproduces),
+ThresholdedRelu (the op zeroes x == alpha, the recurrent activation keeps it), linear
+recurrences that read h only elementwise (EMA, running sum), batch sizes of x and the states
+that cannot be proven equal (a size-1 x would broadcast in the Scan but not in the native op),
+reversals needing Slice steps before opset 10.
 
 The package: ``fuse_pass`` (the pass: match, rewrite), ``directions`` (one Scan as one
-direction of the native op, bidirectional partners), ``glue`` (the ops around the native
-op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as polynomials),
-``cuts`` (last-axis cuts), ``recognize`` with ``reader``/``gru``/``lstm`` (cells), ``cell`` and
-``linear`` (their terms).
+direction of the native op, bidirectional partners), ``reversal`` (X reversed outside the Scan), ``glue`` (the ops
+around the native op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as
+polynomials), ``cuts`` (last-axis cuts), ``layout`` (nodes that keep last-axis rows),
+``recognize`` with ``reader``/``gru``/``lstm`` (cells, Affine included), ``cell`` and ``linear``
+(their terms).
 """
 
 from scanopt.passes.fuse.fuse_pass import Fuse

@@ -21,6 +21,9 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_op
 from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
+from scanopt.passes.fuse.layout import (
+    LAYOUT_OPS, concat_matmul, last_axis_concat, layout_rank, runtime_matrix, same_rows, through_layout,
+)
 from scanopt.passes.fuse.poly import (
     NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -84,9 +87,9 @@ class Algebra:
         if is_op(node, "SequenceAt"):
             deps = [cut_source(node)] if cut_source(node) is not None else []
         else:
-            data_only = node.op in ("Split", "Slice", "Unsqueeze", "Squeeze")
+            data_only = node.op in ("Split", "Slice") + LAYOUT_OPS
             deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
-        src = producer(node.inputs[0]) if is_op(node, "MatMul") else None
+        src = producer(through_layout(self, node.inputs[0])[0]) if is_op(node, "MatMul") else None
         if src is not None and is_op(src, "Concat"):
             deps += [t for t in src.inputs if t.name]
         return deps
@@ -157,6 +160,8 @@ class Algebra:
         node = producer(tensor)
         if node is None or not is_op(node, node.op):
             return None
+        if node.op in LAYOUT_OPS:
+            return layout_rank(self, node, depth)
         if node.op in _RANK_KEEPING or is_cut(node):
             source = cut_source(node) if is_cut(node) else node.inputs[0]
             return None if source is None else self._rank(source, depth + 1)
@@ -196,10 +201,6 @@ class Algebra:
 
 # -- per-op expansion -------------------------------------------------------------------
 
-def _identity(alg: Algebra, node, out):
-    return alg.value(node.inputs[0])
-
-
 def _add(alg, node, out):
     return add(*(alg.value(t) for t in node.inputs))
 
@@ -227,10 +228,15 @@ def _weight(alg, tensor, node) -> np.ndarray:
 
 def _matmul(alg, node, out):
     a, b = node.inputs
-    if alg.is_runtime(b):
-        if alg._rank(b) != 2:
+    found = runtime_matrix(alg, b)
+    if found is not None or alg.is_runtime(b):
+        if found is None:
             raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
-        return runtime_matmul(alg.value(a), Runtime(b))
+        src = last_axis_concat(alg, a)[0]
+        if src is not None:
+            raise NoMatch(f"MatMul '{node.name}' multiplies Concat '{src.name}' by run-time weight '{found[0].name}': "
+                          "splitting a run-time weight's rows between the Concat's pieces is not supported")
+        return runtime_matmul(alg.value(a), Runtime(found[0], transposed=found[1]))
     left = alg.const(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
     if left and alg.const(b) is None and not alg.is_runtime(b):
         if alg._rank(b) != 1:  # W @ v equals v @ Wᵀ only for a vector v
@@ -239,38 +245,19 @@ def _matmul(alg, node, out):
             return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
         return matmul(alg.value(b), _weight(alg, a, node).T)
     w = _weight(alg, b, node)
-    src = producer(a)
-    if src is not None and is_op(src, "Concat") and alg.is_last_axis(a, src.attrs.get("axis", 0)):
-        polys = [alg.value(piece) for piece in src.inputs]
-        sizes = [_last_dim(piece, p) for piece, p in zip(src.inputs, polys)]
-        if sizes.count(None) == 1:  # the weight's rows tell the one unknown width
-            sizes[sizes.index(None)] = w.shape[0] - sum(s for s in sizes if s is not None)
-        if None in sizes:
-            unknown = ", ".join(f"'{t.name}'" for t, s in zip(src.inputs, sizes) if s is None)
-            raise NoMatch(f"the widths of {unknown} in Concat '{src.name}' are unknown")
-        parts, start = [], 0
-        for p, size in zip(polys, sizes):
-            parts.append(matmul(p, w[start:start + size]))
-            start += size
-        if start != w.shape[0]:
-            raise NoMatch(f"Concat '{src.name}' width {start} does not match weight rows {w.shape[0]}")
-        return add(*parts)
+    src, reshaped = last_axis_concat(alg, a, w.shape[0])
+    if src is not None:
+        return concat_matmul(alg, src, w, infer=not reshaped)
     return matmul(alg.value(a), w)
-
-
-def _last_dim(tensor, p: Poly) -> int | None:
-    shape = tensor.shape
-    if shape and isinstance(shape[-1], int):
-        return shape[-1]
-    return p.width()
 
 
 def _gemm(alg, node, out):
     if node.attrs.get("transA", 0):
         raise NoMatch(f"Gemm '{node.name}' transposes its data operand (transA=1)")
     alpha, trans_b = float(node.attrs.get("alpha", 1.0)), bool(node.attrs.get("transB", 0))
-    if alg.is_runtime(node.inputs[1]):
-        result = runtime_matmul(alg.value(node.inputs[0]), Runtime(node.inputs[1], transposed=trans_b, scale=alpha))
+    found = runtime_matrix(alg, node.inputs[1])
+    if found is not None:
+        result = runtime_matmul(alg.value(node.inputs[0]), Runtime(found[0], transposed=trans_b != found[1], scale=alpha))
     else:
         w = _weight(alg, node.inputs[1], node)
         result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)
@@ -280,22 +267,6 @@ def _gemm(alg, node, out):
             raise NoMatch(f"Gemm '{node.name}' bias '{c.name}' is not a constant")
         result = add(result, scale(alg.value(c), float(node.attrs.get("beta", 1.0))))
     return result
-
-
-def _reshape_lead(alg, node, out):
-    """Unsqueeze/Squeeze of leading axes (an exporter's [H] <-> [1, H]): the last axis,
-    which all of the algebra works on, is untouched, so the value is the same polynomial."""
-    data = node.inputs[0]
-    axes = node.attrs.get("axes")
-    if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
-        axes = alg.const(node.inputs[1])
-    rank = alg._rank(out if node.op == "Unsqueeze" else data)
-    if axes is None or rank is None:
-        raise NoMatch(f"{node.op} '{node.name}' has unknown axes or rank")
-    axes = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
-    if rank - 1 in axes:
-        raise NoMatch(f"{node.op} '{node.name}' changes the last axis")
-    return alg.value(data)
 
 
 def _cut(alg, node, out):
@@ -313,7 +284,7 @@ _RANK_KEEPING = {"Identity", "Neg", "Cast", "Tanh", "Sigmoid", "Relu", "LeakyRel
                  "Softplus", "ThresholdedRelu", "Clip", "Concat"}
 
 _HANDLERS = {
-    "Identity": _identity,
+    "Identity": same_rows,
     "Add": _add,
     "Sum": _add,
     "Sub": _sub,
@@ -324,6 +295,9 @@ _HANDLERS = {
     "Split": _cut,
     "Slice": _cut,
     "SequenceAt": _cut,
-    "Unsqueeze": _reshape_lead,
-    "Squeeze": _reshape_lead,
+    "Unsqueeze": same_rows,
+    "Squeeze": same_rows,
+    "Reshape": same_rows,
+    "Flatten": same_rows,
+    "Cast": same_rows,
 }

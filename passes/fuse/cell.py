@@ -20,7 +20,9 @@ ACTIVATION_OPS = {
     "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)),
 }
 NOT_FUSED = {
-    "ThresholdedRelu": "onnxruntime's recurrent kernels use x > alpha where the spec says x >= alpha",
+    # The spec's two definitions differ at x == alpha (onnxruntime's kernels follow the op's).
+    "ThresholdedRelu": ("the ThresholdedRelu op zeroes x == alpha (y = x for x > alpha) while the recurrent ops' "
+                        "ThresholdedRelu activation keeps it (x if x >= alpha): not provably the same"),
     "Selu": "Selu is not among the recurrent ops' activations",
     "Gelu": "Gelu is not among the recurrent ops' activations",
 }
@@ -33,6 +35,9 @@ class Activation:
 
     def __str__(self) -> str:
         return self.name + (f"({', '.join(f'{k}={v:g}' for k, v in self.params)})" if self.params else "")
+
+
+AFFINE = Activation("Affine", (("alpha", 1.0), ("beta", 0.0)))  # no nonlinearity, spelled out
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.errors import ScanoptError
-from scanopt.graph import dtype_of, is_op, node_label, reverses_axis
+from scanopt.graph import dtype_of, is_op, node_label
 from scanopt.pass_api import Match, Skip
-from scanopt.passes.fuse.algebra import describe, producer, resolve
+from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
 from scanopt.passes.fuse.recognize import recognize
+from scanopt.passes.fuse.reversal import reversed_source
 from scanopt.rewrite import is_read
 from scanopt.scan_view import ScanView
 
@@ -30,6 +31,7 @@ class Direction:
     guard: str | None  # final states need: "empty" the zero-length select, "lens" the length-0 items' one
     first: int = 0  # position of the first state among the node's inputs (Scan-8: 1)
     source: gs.Tensor | None = None  # X the native op reads, when not the Scan's own (a reversal's input)
+    notes: tuple[str, ...] = ()  # for the report
 
     @property
     def x(self) -> gs.Tensor:
@@ -68,9 +70,7 @@ def _direction(node, view, level, ctx, folder=None):
     n = view.num_states
     x = body.inputs[n]
     if dtype_of(x) != np.float32:
-        why = ("onnxruntime has no double RNN/GRU/LSTM kernel" if dtype_of(x) == np.float64
-               else f"fusing {dtype_of(x)} cells is not implemented")
-        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({why})")
+        return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({_dtype_reason(dtype_of(x))})")
     ins, outs = body.inputs[:n], body.outputs[:n]
     invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
     recurrent = [i for i in range(n) if i not in invariant]
@@ -110,32 +110,27 @@ def _direction(node, view, level, ctx, folder=None):
         if problem:
             return Skip(problem)
     in_axis = view.input_axes[0] % (rank + 1)
-    source = _reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
+    source, note = reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
     if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
         reverse = not reverse
     out_axes = [a % (rank + 1) for a in view.output_axes]
     outputs = [(bool(d) != reverse, a) for d, a in zip(view.output_directions, out_axes)]
     if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
         return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
-    return Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source), rank == 2, in_axis
+    return (Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source,
+                      notes=(note,) if note else ()), rank == 2, in_axis)
 
 
-def _reversed_source(x: gs.Tensor, axis: int, rank: int, ctx, folder) -> gs.Tensor | None:
-    """X when ``x`` is X reversed whole along ``axis``: a Slice with step -1, or a
-    ReverseSequence whose constant lengths all equal X's static length (with shorter lengths
-    the Scan would go on over the unreversed tail, which no native direction does)."""
-    node = producer(x)
-    if node is None:
-        return None
-    if reverses_axis(node, axis, rank, ctx.opset):
-        return node.inputs[0]
-    if not is_op(node, "ReverseSequence") or node.attrs.get("time_axis", 0) != axis or folder is None:
-        return None
-    lens, shape = folder.value(node.inputs[1]), ctx.shapes.shape(node.inputs[0])
-    length = shape[axis] if shape and len(shape) == rank else None
-    if lens is None or not isinstance(length, int) or lens.size == 0 or not np.all(lens == length):
-        return None
-    return node.inputs[0]
+def _dtype_reason(dtype) -> str:
+    if dtype == np.float64:
+        return "onnxruntime has no double RNN/GRU/LSTM kernel"
+    if dtype == np.float16:
+        # Probed: onnxruntime's CPU runs a float16 RNN/GRU/LSTM in float32 behind Casts.
+        return ("the Scan rounds every op's result and the state to float16 at each step, while a native "
+                "float16 op computes at the runtime's internal precision (onnxruntime's CPU: float32 behind "
+                "Casts, rounding only Y/Y_h), so the rewrite is not provably equivalent; a Cast-to-float32 "
+                "wrapper changes the per-step rounding the same way")
+    return f"the native ops take float16/float/double, not {dtype}"
 
 
 def _guard(finals_read, view) -> str | None:

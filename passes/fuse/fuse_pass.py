@@ -119,7 +119,7 @@ class Fuse(ScanPass):
             graph.toposort(recurse_subgraphs=False)
         where = f"{'bidirectional' if n_dirs == 2 else ('reverse' if first.reverse else 'forward')}"
         merged = f", merged with Scan '{node_label(plan.dirs[1].node)}'" if n_dirs == 2 else ""
-        notes = ", ".join(dict.fromkeys(n for d in plan.dirs for n in d.cell.notes))
+        notes = ", ".join(dict.fromkeys(n for d in plan.dirs for n in d.cell.notes + d.notes))
         return (f"fused into {kind} (hidden {cell.hidden}, input {cell.input_size}, {where}{merged}, activations "
                 f"{', '.join(str(a) for d in plan.dirs for a in d.cell.activations)}"
                 + (f", clip {cell.clip:g}" if cell.clip is not None else "")

@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import constant_value
 from scanopt.passes.fuse.cell import Sum
-from scanopt.passes.fuse.poly import Leaf, NoMatch, Poly, Runtime, Term, format_poly
+from scanopt.passes.fuse.poly import Group, Leaf, NoMatch, Poly, Runtime, Term, format_poly
 
 class _NotCellState(NoMatch):
     """The state tried as the cell state does not update like one."""
@@ -44,8 +44,10 @@ def _other(pair, tensor):
     return pair[1] if pair[0] is tensor else pair[0]
 
 
-def _monomials(p: Poly, what: str) -> list[tuple[tuple, np.ndarray]]:
-    """Elementwise monomials [(leaf tensors, weight)], equal products merged, zeros dropped."""
+def _monomials(p: Poly, what: str, linear: dict | None = None) -> list[tuple[tuple, np.ndarray]]:
+    """Elementwise monomials [(leaf tensors, weight)], equal products merged, zeros dropped.
+    With ``linear``, a factor that is a sum with matrix products (a gate with no nonlinearity,
+    ``i ⊙ (x·W + h·R + b)``) stands as a new placeholder tensor; ``linear`` maps its id to the sum."""
     if p.bias is not None and np.any(p.bias != 0):
         raise NoMatch(f"{what} adds a constant: {format_poly(p)}")
     merged: dict = {}
@@ -53,12 +55,19 @@ def _monomials(p: Poly, what: str) -> list[tuple[tuple, np.ndarray]]:
     for t in p.terms:
         if isinstance(t.weight, Runtime):
             raise NoMatch(f"{what} reads run-time value '{t.weight.tensor.name}' outside any gate")
-        if t.matrix or not all(isinstance(f, Leaf) for f in t.factors):
+        groups = [f for f in t.factors if isinstance(f, Group)]
+        if t.matrix or (groups and (linear is None or len(t.factors) != 2 or len(groups) != 1)):
             raise NoMatch(f"{what} has a matrix product outside any activation: {format_poly(p)}")
         ident = t.monomial
-        keys.setdefault(ident, tuple(f.tensor for f in t.factors))
+        keys.setdefault(ident, tuple(f.tensor if isinstance(f, Leaf) else _placeholder(f, linear) for f in t.factors))
         merged[ident] = t.weight if ident not in merged else merged[ident] + t.weight
     return [(keys[k], w) for k, w in merged.items() if np.any(w != 0)]
+
+
+def _placeholder(group: Group, linear: dict) -> gs.Variable:
+    var = gs.Variable(f"({format_poly(group.poly)})")
+    linear[id(var)] = group.poly
+    return var
 
 
 def _neg(v):

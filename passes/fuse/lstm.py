@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from scanopt.passes.fuse.algebra import producer
-from scanopt.passes.fuse.cell import ACTIVATION_OPS, Cell
+from scanopt.passes.fuse.cell import ACTIVATION_OPS, AFFINE, Cell
 from scanopt.passes.fuse.linear import _Linear, _NotCellState, _cat, _count, _is, _monomials, _other, _term, _vector
 from scanopt.passes.fuse.poly import Leaf, NoMatch, Poly, Runtime, format_poly
 from scanopt.passes.fuse.reader import GateReader
@@ -18,7 +18,7 @@ class LstmReader(GateReader):
         self.role(h, "h")
         self.role(c, "c")
         self.role(c_out, "c_new")
-        mons = _monomials(self.alg.poly(c_out), "the new cell state")
+        mons = _monomials(self.alg.poly(c_out), "the new cell state", self.linear_gates)
         shape = format_poly(Poly(tuple(_term(k, w) for k, w in mons)), self.names)
         coupled = _coupled_update(mons, c)
         if coupled is None:
@@ -90,7 +90,10 @@ class LstmReader(GateReader):
         return first, second
 
     def _output_activation(self, o, a, c_out):
-        """h's activation, its clip and input when ``a`` is h(c_new), else (None, None, None)."""
+        """h's activation, its clip and input when ``a`` is h(c_new), else (None, None, None);
+        ``a`` = c_new itself (no output nonlinearity) is Affine(1, 0)."""
+        if a is c_out:
+            return AFFINE, None, self.alg.value(c_out)
         node = producer(a)
         if node is None or node.op not in ACTIVATION_OPS:
             return None, None, None

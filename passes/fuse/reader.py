@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import is_op
 from scanopt.passes.fuse.algebra import Algebra, cut_source, describe, is_cut, producer, resolve
-from scanopt.passes.fuse.cell import ACTIVATION_OPS, NOT_FUSED, Activation, Cell
+from scanopt.passes.fuse.cell import ACTIVATION_OPS, AFFINE, NOT_FUSED, Activation, Cell
 from scanopt.passes.fuse.linear import (
     _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip,
 )
@@ -23,6 +23,7 @@ class GateReader:
         self.names = {id(x): "x"}
         self.input_size = _last_dim(x)
         self.rh = gs.Variable("r⊙h")  # stands for r⊙h, so the lbr=0 weight is read like a role
+        self.linear_gates: dict = {}  # id(placeholder) -> the sum a gate with no nonlinearity is
 
     def _known(self, factor) -> bool:
         return isinstance(factor, Leaf) and id(factor.tensor) in self.roles
@@ -33,7 +34,10 @@ class GateReader:
 
     # -- pieces -------------------------------------------------------------------------
     def gate(self, tensor: gs.Tensor, what: str, scaled: bool = False) -> tuple[Activation, float | None, Poly]:
-        """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one."""
+        """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one; a
+        gate with no nonlinearity (a placeholder of ``linear_gates``) is Affine(1, 0)."""
+        if id(tensor) in self.linear_gates:
+            return AFFINE, None, self.linear_gates[id(tensor)]
         cuts = []
         node = producer(tensor)
         while is_cut(node):
@@ -169,3 +173,25 @@ class GateReader:
         W, R, Wb, rows = self.weights([lin], ["RNN"], hidden)
         B = _cat(*Wb, np.zeros(hidden))
         return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), B, None, (act,), clip, h=h)
+
+    def affine_rnn(self, h, h_out) -> Cell | None:
+        """A cell with no nonlinearity: the new state is linear in x and h (an ``alpha·pre + beta``
+        written with Mul/Add is linear too) and becomes RNN with Affine(alpha=1, beta=0), every
+        scale folded into W, R and B; None when the new state is not linear in x and h. A state
+        that reads h only elementwise (EMA ``a⊙h + (1-a)⊙x·W``, a running sum) is declined."""
+        self.role(h, "h")
+        try:
+            p = self.alg.poly(h_out)
+        except NoMatch:
+            return None
+        if not p.terms or any(t.factors and (len(t.factors) != 1 or not self._known(t.factors[0])) for t in p.terms):
+            return None
+        lin = self.linear(p, "the new state", ("x", "h"))
+        if "h" in lin.diags and "h" not in lin.mats:
+            raise NoMatch("the new state is linear with h read elementwise only (a diagonal recurrence such as an "
+                          "EMA or a running sum): the native RNN (Affine) would turn its O(H) elementwise steps "
+                          "into H×H products")
+        hidden = self.hidden_of(lin, state=h)
+        W, R, Wb, rows = self.weights([lin], ["the new state"], hidden)
+        return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), _cat(*Wb, np.zeros(hidden)), None, (AFFINE,),
+                    notes=("no nonlinearity: Affine(1, 0)",), h=h)

@@ -45,7 +45,7 @@ def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None
         if node is not None and (not is_algebra(node) or reader.activation(h_out, scaled=True) is not None):
             cell = reader.rnn(h, h_out)
         else:
-            cell = reader.gru(h, h_out)
+            cell = reader.affine_rnn(h, h_out) or reader.gru(h, h_out)
     elif len(states) == 2:
         errors, early = [], []
         for (c, c_out), (h, h_out) in ((states[0], states[1]), (states[1], states[0])):
