@@ -5,10 +5,11 @@ nothing to do against a bare onnx load + save.
     python benchmarks/bench_scale.py                 # N up to 1,000, depth up to 30
     python benchmarks/bench_scale.py --large         # N up to 3,000
     python benchmarks/bench_scale.py --profile 1000  # cProfile of one run at N=1000
-    python benchmarks/bench_scale.py --only n,depth,fail,noop
+    python benchmarks/bench_scale.py --only n,shared,depth,fail,noop
 
-Models: N independent 4-step tanh-RNN Scans (each reads the shared X and its own small
-weights); a chain of If nodes `depth` deep with one such Scan per level (weights and X
+Models: N independent 4-step tanh-RNN Scans (each reads its own Identity copy of X and its
+own small weights); the same N Scans all reading X itself (each is a candidate
+bidirectional partner of the others as far as X tells); a chain of If nodes `depth` deep with one such Scan per level (weights and X
 captured from the top graph). Timed: ``scanopt.optimize`` with verification (the
 default), with the verification time (reported by the pipeline) shown separately.
 """
@@ -70,6 +71,18 @@ one X are candidates for bidirectional pairing, which is fuse's business), all f
         outputs += [vi(f"h_{tag}", F, [B, H]), vi(f"y_{tag}", F, [T, B, H])]
     graph = h.make_graph(nodes, "independent", [vi("X", F, [T, B, I]), vi("h0", F, [B, H])], outputs, initializer=inits)
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def shared_x_scans(count: int) -> onnx.ModelProto:
+    """``count`` RNN Scans that all read the graph input X itself (every one is a
+    candidate bidirectional partner of every other, as far as X tells)."""
+    model = independent_scans(count)
+    scans = [node for node in model.graph.node if node.op_type == "Scan"]
+    for node in scans:
+        node.input[-1] = "X"
+    del model.graph.node[:]
+    model.graph.node.extend(scans)
+    return model
 
 
 def nested_scans(depth: int) -> onnx.ModelProto:
@@ -154,6 +167,11 @@ def bench_counts(counts):
           ("N", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
 
 
+def bench_shared(counts):
+    table("optimizer time vs N Scans over one shared X (seeds=1)", _per_scan_rows(counts, shared_x_scans),
+          ("N", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
+
+
 def bench_depths(depths):
     table("optimizer time vs nesting depth (one Scan per level)", _per_scan_rows(depths, nested_scans),
           ("depth", "total s", "verify s", "ms/Scan", "ms/Scan w/o verify", "fused"))
@@ -230,7 +248,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true", help="N up to 3,000")
     parser.add_argument("--profile", type=int, metavar="N", help="cProfile one optimize of N Scans and stop")
-    parser.add_argument("--only", default="n,depth,fail,noop")
+    parser.add_argument("--only", default="n,shared,depth,fail,noop")
     args = parser.parse_args(argv)
     if args.profile:
         model = independent_scans(args.profile)
@@ -245,6 +263,8 @@ def main(argv=None):
     only = args.only.split(",")
     if "n" in only:
         bench_counts(counts)
+    if "shared" in only:
+        bench_shared(counts)
     if "depth" in only:
         bench_depths([1, 5, 10, 30])
     if "fail" in only:

@@ -55,8 +55,9 @@ def is_op(node: gs.Node, op_type: str) -> bool:
 
 def has_node(graph: gs.Graph, node: gs.Node) -> bool:
     """Identity membership: gs.Node's == compares structure, bodies included (slow, and
-    two identical nodes would be confused). Linear, but in C (ids, not a Python loop)."""
-    return id(node) in map(id, reversed(graph.nodes))  # new nodes are appended: look there first
+    two identical nodes would be confused). Inside :func:`editing` a hit costs O(log n)
+    (:func:`_position`); a miss, and any call outside, scans the list (in C)."""
+    return _position(graph, node) is not None
 
 
 def is_removed(node: gs.Node) -> bool:
@@ -84,16 +85,21 @@ def node_label(node: gs.Node) -> str:
 
 
 def walk_graphs(graph: gs.Graph) -> Iterator[GraphLevel]:
-    """Every graph in the model, outermost first (pre-order), with its parent chain."""
+    """Every graph in the model, outermost first (pre-order), with its parent chain.
 
-    def visit(current: gs.Graph, parents: tuple[gs.Graph, ...], path: str) -> Iterator[GraphLevel]:
+    Iterative: nested generators (``yield from`` per level) would resume every enclosing
+    level's generator for each graph yielded, O(depth) per graph. A level's bodies are
+    listed when the walk comes back from yielding it (after the caller's look at it)."""
+    stack = [(graph, (), "")]
+    while stack:
+        current, parents, path = stack.pop()
         yield GraphLevel(current, parents, path)
+        inner, children = parents + (current,), []
         for node in current.nodes:
             for key, sub in subgraphs_of(node):
                 step = f"{node_label(node)}/{key}"
-                yield from visit(sub, parents + (current,), f"{path} > {step}" if path else step)
-
-    yield from visit(graph, (), "")
+                children.append((sub, inner, f"{path} > {step}" if path else step))
+        stack.extend(reversed(children))
 
 
 def _local_tensor_ids(body: gs.Graph) -> set[int]:
@@ -237,27 +243,25 @@ def cleanup(graph: gs.Graph) -> gs.Graph:
     return graph
 
 
-def _clean(graph: gs.Graph) -> set[int]:
+def _clean(graph: gs.Graph) -> dict[int, gs.Tensor]:
     """Drop this level's dead nodes (after cleaning the bodies of live ones); return the
-    ids of tensors the remaining graph reads that it does not define (its captures)."""
+    tensors the remaining graph reads that it does not define (its captures), by id."""
     producer = {id(t): node for node in graph.nodes for t in node.outputs}
     live: set[int] = set()
-    captured: dict[int, set[int]] = {}
-    reads: set[int] = set()
+    reads: dict[int, gs.Tensor] = {}
     stack = [t for t in graph.outputs]
     while stack:
         tensor = stack.pop()
         node = producer.get(id(tensor))
         if node is None:
-            reads.add(id(tensor))
+            reads.setdefault(id(tensor), tensor)
             continue
         if id(node) in live:
             continue
         live.add(id(node))
         stack.extend(node.inputs)
         for _, sub in subgraphs_of(node):
-            inner = captured.setdefault(id(sub), _clean(sub))
-            stack.extend(t for t in _tensors_by_id(sub, inner))
+            stack.extend(_clean(sub).values())
     kept = []
     for node in graph.nodes:
         if id(node) in live:
@@ -268,26 +272,40 @@ def _clean(graph: gs.Graph) -> set[int]:
     if len(kept) != len(graph.nodes):
         graph.nodes[:] = kept
     defined = {id(t) for t in graph.inputs}
-    return {i for i in reads if i not in defined}
-
-
-def _tensors_by_id(body: gs.Graph, ids: set[int]) -> list[gs.Tensor]:
-    """The outer tensors ``body`` reads (``ids`` from :func:`_clean`), as objects."""
-    found: dict[int, gs.Tensor] = {}
-    for level in walk_graphs(body):
-        for node in level.graph.nodes:
-            for t in node.inputs:
-                if id(t) in ids:
-                    found[id(t)] = t
-        for t in level.graph.outputs:
-            if id(t) in ids:
-                found[id(t)] = t
-    return list(found.values())
+    return {i: t for i, t in reads.items() if i not in defined}
 
 
 _SORT_DEFERRED = [0]
-# id(top graph) -> {id(tensor): [(graph listing it as an output, at position)]}, while a pass runs
-_OUTPUT_INDEX: dict[int, dict[int, list[tuple[gs.Graph, int]]]] = {}
+# id(top graph) -> its _OutputIndex, while a pass runs
+_OUTPUT_INDEX: dict[int, "_OutputIndex"] = {}
+
+
+class _OutputIndex:
+    """id(tensor) -> [(graph listing it as an output, at position)] for every graph under a
+    root, built on first use (a pass that rewrites nothing never asks)."""
+
+    def __init__(self, root: gs.Graph):
+        self.root = root
+        self.entries: dict[int, list[tuple[gs.Graph, int]]] | None = None
+
+    def get(self, key: int, default=()):
+        if self.entries is None:
+            self.entries = {}
+            for level in walk_graphs(self.root):
+                for position, t in enumerate(level.graph.outputs):
+                    self.entries.setdefault(id(t), []).append((level.graph, position))
+        return self.entries.get(key, default)
+
+    def add(self, key: int, found: list[tuple[gs.Graph, int]]) -> None:
+        if self.entries is not None:  # else the build will see it
+            self.entries.setdefault(key, []).extend(found)
+
+
+class EditSession:
+    """What :func:`editing` hands its caller: set ``changed = False`` when the pass
+    rewrote nothing, so the graph is not checked for order again."""
+
+    changed = True
 
 
 @contextmanager
@@ -296,60 +314,97 @@ def editing(root: gs.Graph):
     (which would make the pass quadratic in the number of Scans):
 
     - :func:`is_topologically_sorted` answers True without looking; every level that
-      lost its order is sorted once at the end (:func:`sort_all`);
-    - :func:`in_graph_outputs` looks graph outputs up in an index built once. Hits are
-      re-checked against the graph, so removed outputs are never reported;
+      lost its order is sorted once at the end (:func:`sort_all`), unless the caller
+      says nothing changed (:class:`EditSession`);
+    - :func:`in_graph_outputs` looks graph outputs up in an index built once, on first
+      use. Hits are re-checked against the graph, so removed outputs are never reported;
       :func:`scanopt.rewrite.replace_all_uses` records the outputs it redirects
       (:func:`note_output`). Outputs a rewrite gives a body it creates are not indexed:
-      they are new values, not the Scan outputs a later rewrite asks about.
+      they are new values, not the Scan outputs a later rewrite asks about;
+    - :func:`has_node` and :func:`remove_node` find nodes through a position index
+      (:class:`_NodeIndex`).
     """
-    index: dict[int, list[tuple[gs.Graph, int]]] = {}
-    for level in walk_graphs(root):
-        for position, t in enumerate(level.graph.outputs):
-            index.setdefault(id(t), []).append((level.graph, position))
+    session = EditSession()
     _SORT_DEFERRED[0] += 1
-    _OUTPUT_INDEX[id(root)] = index
+    _OUTPUT_INDEX[id(root)] = _OutputIndex(root)
     try:
-        yield
+        yield session
     finally:
         _SORT_DEFERRED[0] -= 1
         _OUTPUT_INDEX.pop(id(root), None)
         if not _SORT_DEFERRED[0]:
             _POSITIONS.clear()
-    sort_all(root)
+    if session.changed:
+        sort_all(root)
 
 
-# While a pass runs (editing): id(graph) -> (graph, {id(node): index when indexed}, sorted
-# indices removed since), so removing a node costs O(log n) instead of a scan of the list.
-_POSITIONS: dict[int, tuple[gs.Graph, dict[int, int], list[int]]] = {}
+# While a pass runs (editing): id(graph) -> _NodeIndex, so finding or removing a node
+# costs O(log n) instead of a scan of the list.
+_POSITIONS: dict[int, "_NodeIndex"] = {}
+
+
+class _NodeIndex:
+    """Where each node of one graph stands, kept up to date for the edits passes make in
+    bulk (removals through :func:`remove_node`, appends): a node's slot is its position
+    when indexed; its position now is that slot minus the removals before it. Every hit
+    is checked against the list, so an edit the index does not know (an insertion, a
+    sort) can only cause a miss, and a miss falls back to a scan and a rebuild."""
+
+    def __init__(self, graph: gs.Graph):
+        self.graph = graph
+        self.slots = {id(n): k for k, n in enumerate(graph.nodes)}
+        self.removed: list[int] = []  # slots of removed nodes, sorted
+        self.next_slot = len(graph.nodes)
+
+    def find(self, node: gs.Node) -> int | None:
+        nodes = self.graph.nodes
+        # Nodes appended since the last look take the next slots (their position now
+        # plus the removals, all of which are of earlier slots).
+        while self.next_slot - len(self.removed) < len(nodes):
+            self.slots.setdefault(id(nodes[self.next_slot - len(self.removed)]), self.next_slot)
+            self.next_slot += 1
+        slot = self.slots.get(id(node))
+        if slot is None:
+            return None
+        position = slot - bisect.bisect_left(self.removed, slot)
+        return position if 0 <= position < len(nodes) and nodes[position] is node else None
+
+    def remove(self, position: int) -> None:
+        slot = self.slots.pop(id(self.graph.nodes[position]))
+        del self.graph.nodes[position]
+        bisect.insort(self.removed, slot)
+
+
+def _position(graph: gs.Graph, node: gs.Node) -> int | None:
+    """The index of ``node`` in ``graph.nodes`` (by identity), or None."""
+    index = _POSITIONS.get(id(graph)) if _SORT_DEFERRED[0] else None
+    if index is not None and index.graph is graph:
+        found = index.find(node)
+        if found is not None:
+            return found
+    ids = list(map(id, graph.nodes))  # identity, in C: gs.Node's == compares structure
+    if _SORT_DEFERRED[0] and (index is None or index.graph is not graph or id(node) in ids):
+        _POSITIONS[id(graph)] = _NodeIndex(graph)  # missing or stale: rebuild once
+    return ids.index(id(node)) if id(node) in ids else None
 
 
 def remove_node(graph: gs.Graph, node: gs.Node) -> None:
     """Delete ``node`` (by identity) from ``graph.nodes`` if it is there. Inside
-    :func:`editing` the node's position comes from an index corrected for the removals
-    since it was built (checked against the list; any other edit just rebuilds it)."""
-    entry = _POSITIONS.get(id(graph))
-    if entry is not None and entry[0] is graph and id(node) in entry[1]:
-        original = entry[1][id(node)]
-        position = original - bisect.bisect_left(entry[2], original)
-        if position < len(graph.nodes) and graph.nodes[position] is node:
-            del graph.nodes[position]
-            bisect.insort(entry[2], original)
-            return
-    ids = list(map(id, graph.nodes))  # identity, in C: gs.Node's == compares structure
-    if id(node) not in ids:
+    :func:`editing` the node's position comes from an index (see :class:`_NodeIndex`)."""
+    position = _position(graph, node)
+    if position is None:
         return
-    position = ids.index(id(node))
-    del graph.nodes[position]
-    if _SORT_DEFERRED[0]:
-        index = {i: k for k, i in enumerate(ids)}
-        _POSITIONS[id(graph)] = (graph, index, [position])
+    index = _POSITIONS.get(id(graph))
+    if index is not None and index.graph is graph and index.find(node) == position:
+        index.remove(position)
+    else:
+        del graph.nodes[position]
 
 
 def in_graph_outputs(tensor: gs.Tensor, root: gs.Graph) -> bool:
     """True if ``tensor`` is listed as an output of ``root`` or of any graph under it."""
     index = _OUTPUT_INDEX.get(id(root))
-    if index is None:
+    if index is None or index.root is not root:
         return any(id(tensor) in map(id, level.graph.outputs) for level in walk_graphs(root))
     return any(_lists(graph.outputs, tensor, position) for graph, position in index.get(id(tensor), ()))
 
@@ -361,10 +416,28 @@ def _lists(items: list, item, position: int) -> bool:
     return id(item) in map(id, items)
 
 
-def note_output(tensor: gs.Tensor, graph: gs.Graph) -> None:
-    """Record that ``graph`` now lists ``tensor`` among its outputs (see :func:`editing`)."""
+def output_positions(tensor: gs.Tensor, graph: gs.Graph) -> list[int]:
+    """Where ``graph`` lists ``tensor`` among its outputs (by identity), in order. Inside
+    :func:`editing` the top graph's list (one entry or more per Scan in a wide model) is
+    looked up in the index and checked; a body's list (short, and edited by passes
+    directly) is scanned."""
+    outputs = graph.outputs
+    index = _OUTPUT_INDEX.get(id(graph))
+    if index is not None and index.root is graph:
+        entries = [p for g, p in index.get(id(tensor)) if g is graph]
+        hits = sorted({p for p in entries if p < len(outputs) and outputs[p] is tensor})
+        if hits or not entries:
+            return hits
+    if id(tensor) not in map(id, outputs):  # in C: most tensors are not outputs
+        return []
+    return [p for p, t in enumerate(outputs) if t is tensor]
+
+
+def note_output(tensor: gs.Tensor, graph: gs.Graph, positions: list[int] = (0,)) -> None:
+    """Record that ``graph`` now lists ``tensor`` among its outputs at ``positions``
+    (see :func:`editing`)."""
     for index in _OUTPUT_INDEX.values():
-        index.setdefault(id(tensor), []).append((graph, 0))
+        index.add(id(tensor), [(graph, p) for p in positions])
 
 
 def sort_all(graph: gs.Graph) -> None:

@@ -77,7 +77,7 @@ def load(path: str) -> LoadedModel:
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
-    warnings = validate_model(model, name=path)
+    warnings = validate_model(model, name=path, serialized=None if had_external else data)
     sorted_nodes = sort_nodes(model)
     return LoadedModel(model, path, had_external, warnings, files, sorted_nodes)
 

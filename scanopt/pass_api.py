@@ -62,6 +62,10 @@ class PassContext:
     denied: frozenset[tuple[str, str]] = frozenset()
     # decides whether a proposed rewrite pays off (scanopt.cost.CostPolicy); None: always
     cost: Any = None
+    # rewrites applied so far in this run (any pass): what a pass keeps in ``memo`` about
+    # the graph between calls is valid while this stays the same
+    edits: int = 0
+    memo: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,10 @@ class ScanPass(Pass):
         raise NotImplementedError
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
-        with editing(graph):
-            return self._run(graph, ctx)
+        with editing(graph) as session:
+            result = self._run(graph, ctx)
+            session.changed = result.modified  # a declined match leaves the graph as it was
+        return result
 
     def _run(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         result = PassResult(graph, modified=False)
@@ -122,6 +128,7 @@ class ScanPass(Pass):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note))
                 continue
             detail = self.rewrite(node, found, level, ctx)
+            ctx.edits += 1
             result.modified = True
             expected = estimate.note if estimate is not None else ""
             result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected))

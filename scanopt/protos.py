@@ -25,12 +25,13 @@ def attribute_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
 
 
 def walk_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every graph nested in it, pre-order."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in attribute_graphs(attr):
-                yield from walk_proto_graphs(sub)
+    """``graph`` and every graph nested in it, pre-order. Iterative: nested generators
+    would cost O(depth) per graph yielded."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed([sub for node in current.node for attr in node.attribute for sub in attribute_graphs(attr)]))
 
 
 def outer_names(graph: onnx.GraphProto) -> list[str]:
@@ -57,6 +58,37 @@ def outer_names(graph: onnx.GraphProto) -> list[str]:
     return list(found)
 
 
+def outer_names_by_graph(graph: onnx.GraphProto) -> dict[int, tuple[onnx.GraphProto, list[str]]]:
+    """id(g) -> (g, :func:`outer_names` of g) for ``graph`` and every graph nested in it, in
+    one bottom-up walk: each level costs its own size plus its bodies' capture lists, where
+    calling :func:`outer_names` per level walks every deeper level again (quadratic in the
+    nesting depth). The graphs are held, so the ids stay theirs while the dict lives."""
+    found: dict[int, tuple[onnx.GraphProto, list[str]]] = {}
+
+    def visit(g: onnx.GraphProto) -> list[str]:
+        defined = {v.name for v in g.input} | {i.name for i in g.initializer}
+        defined |= {s.values.name for s in g.sparse_initializer}
+        defined |= {o for n in g.node for o in n.output if o}
+        reads: dict[str, None] = {}
+        for node in g.node:
+            for name in node.input:
+                if name and name not in defined:
+                    reads.setdefault(name)
+            for attr in node.attribute:
+                for sub in attribute_graphs(attr):
+                    for name in visit(sub):
+                        if name not in defined:
+                            reads.setdefault(name)
+        for out in g.output:
+            if out.name not in defined:
+                reads.setdefault(out.name)
+        found[id(g)] = (g, list(reads))
+        return found[id(g)][1]
+
+    visit(graph)
+    return found
+
+
 def proto_node_label(node: onnx.NodeProto) -> str:
     """The label :func:`scanopt.graph.node_label` gives this node once imported (its name,
     or its op and first output): how reports name a top-level node."""
@@ -67,18 +99,20 @@ def _label(node: onnx.NodeProto) -> str:
     return node.name or node.op_type
 
 
-def topological_order(graph: onnx.GraphProto) -> tuple[list[int], list[str]]:
+def topological_order(graph: onnx.GraphProto, captures: dict | None = None) -> tuple[list[int], list[str]]:
     """A topological order of ``graph``'s node indices (this level; a node with subgraphs
     also depends on the values they capture): ``list(range(n))`` when the nodes are already
     sorted. When there is none, also one cycle as a list of "'node' reads 'value' from
-    'producer'" steps (else an empty list)."""
+    'producer'" steps (else an empty list). ``captures``: :func:`outer_names_by_graph` of an
+    enclosing graph, so the bodies' captures are not walked again per level."""
     producer = {name: i for i, node in enumerate(graph.node) for name in node.output if name}
     needs: list[list[tuple[str, int]]] = []
     for node in graph.node:
         names = list(node.input)
         for attr in node.attribute:
             for sub in attribute_graphs(attr):
-                names += outer_names(sub)
+                known = (captures or {}).get(id(sub))
+                names += known[1] if known is not None and known[0] is sub else outer_names(sub)
         needs.append([(n, producer[n]) for n in dict.fromkeys(names) if n in producer])
     if all(p < i for i, deps in enumerate(needs) for _, p in deps):
         return list(range(len(graph.node))), []

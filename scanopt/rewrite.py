@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import NameAllocator, has_node, in_graph_outputs, note_output, remove_node
+from scanopt.graph import NameAllocator, has_node, in_graph_outputs, note_output, output_positions, remove_node
 
 
 class Builder:
@@ -101,7 +101,8 @@ def consumers(tensor: gs.Tensor) -> list[gs.Node]:
 
 
 def is_graph_output(tensor: gs.Tensor, graph: gs.Graph) -> bool:
-    return id(tensor) in map(id, graph.outputs)
+    """True if ``graph`` (this level only) lists ``tensor`` among its outputs."""
+    return bool(output_positions(tensor, graph))
 
 
 def replace_all_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph) -> None:
@@ -110,9 +111,11 @@ def replace_all_uses(old: gs.Tensor, new: gs.Tensor, graph: gs.Graph) -> None:
         for i, t in enumerate(node.inputs):
             if t is old:
                 node.inputs[i] = new
-    if id(old) in map(id, graph.outputs):  # in C: most graphs' outputs are never the one
-        graph.outputs[:] = [new if t is old else t for t in graph.outputs]
-        note_output(new, graph)
+    positions = output_positions(old, graph)
+    for p in positions:
+        graph.outputs[p] = new
+    if positions:
+        note_output(new, graph, positions)
 
 
 def is_read(tensor: gs.Tensor, root: gs.Graph) -> bool:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import onnx
 
 from scanopt.errors import InvalidModelError, UnsupportedModelError
-from scanopt.external_data import hollow
-from scanopt.protos import attribute_graphs, in_default_domain, topological_order, walk_proto_graphs
+from scanopt.external_data import has_marks, hollow
+from scanopt.protos import attribute_graphs, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs
 from scanopt.scan_view import ScanView
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -28,16 +28,20 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def validate_model(model: onnx.ModelProto, *, name: str = "model") -> list[str]:
-    """Raise a one-line error naming ``name`` if the model is broken; return warnings."""
+def validate_model(model: onnx.ModelProto, *, name: str = "model", serialized: bytes | None = None) -> list[str]:
+    """Raise a one-line error naming ``name`` if the model is broken; return warnings.
+    ``serialized``: the bytes ``model`` was parsed from, when the caller has them (and
+    they hold the whole model, no external data): a tidy model is then checked as read,
+    without serializing it again."""
     try:
         _check_versions(model)
         warnings = _check_opset_imports(model)
         _check_names_and_scans(model)
         warnings += _check_untidy_values(model)
         warnings += _check_node_order(model)
+        untidy = bool(warnings)
         warnings += _scans_in_functions(model)
-        return warnings + _check_with_onnx_checker(model)
+        return warnings + _check_with_onnx_checker(model, untidy, serialized)
     except (InvalidModelError, UnsupportedModelError) as exc:
         raise type(exc)(f"{name}: {exc}") from None
 
@@ -70,23 +74,32 @@ def _check_versions(model: onnx.ModelProto) -> None:
 
 def _check_names_and_scans(model: onnx.ModelProto) -> None:
     opset = default_opset(model)
+    # What the enclosing levels define and declare, as one scope each level adds to and
+    # takes back from: each level costs its own size, not a copy of everything above it.
+    defined: dict[str, int] = {}  # name -> how many levels in scope define it
+    shapes: dict[str, list] = {}
 
-    def visit(graph: onnx.GraphProto, outer_names: set[str], outer_shapes: dict, where: str) -> None:
-        shapes = dict(outer_shapes)
+    def visit(graph: onnx.GraphProto, where: str) -> None:
+        shadowed: dict[str, object] = {}  # name -> its shape in the enclosing levels
+
+        def declare(name: str, shape: list) -> None:
+            if name not in shadowed:
+                shadowed[name] = shapes.get(name, _UNDECLARED)
+            shapes[name] = shape
+
         for value in list(graph.input) + list(graph.value_info) + list(graph.output):
             if value.type.tensor_type.HasField("shape"):
-                shapes[value.name] = [
+                declare(value.name, [
                     d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                     for d in value.type.tensor_type.shape.dim
-                ]
+                ])
         for init in graph.initializer:
-            shapes[init.name] = list(init.dims)
-        defined = set(outer_names)
-        defined.update(v.name for v in graph.input)
-        defined.update(t.name for t in graph.initializer)
-        defined.update(t.values.name for t in graph.sparse_initializer)
-        for node in graph.node:
-            defined.update(o for o in node.output if o)
+            declare(init.name, list(init.dims))
+        local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+        local |= {t.values.name for t in graph.sparse_initializer}
+        local |= {o for node in graph.node for o in node.output if o}
+        for name in local:
+            defined[name] = defined.get(name, 0) + 1
         for node in graph.node:
             label = node.name or node.op_type
             for inp in node.input:
@@ -98,12 +111,24 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
                 ScanView.from_proto(node, opset, shapes.get)
             for attr in node.attribute:
                 for sub in attribute_graphs(attr):
-                    visit(sub, defined, shapes, f"{where}{label}/{attr.name}: ")
+                    visit(sub, f"{where}{label}/{attr.name}: ")
         for out in graph.output:
             if out.name not in defined:
                 raise InvalidModelError(f"{where}graph output '{out.name}' is not computed by any node")
+        for name in local:
+            defined[name] -= 1
+            if not defined[name]:
+                del defined[name]
+        for name, shape in shadowed.items():
+            if shape is _UNDECLARED:
+                del shapes[name]
+            else:
+                shapes[name] = shape
 
-    visit(model.graph, set(), {}, "")
+    visit(model.graph, "")
+
+
+_UNDECLARED = object()
 
 
 def _check_opset_imports(model: onnx.ModelProto) -> list[str]:
@@ -145,8 +170,9 @@ def _check_untidy_values(model: onnx.ModelProto) -> list[str]:
 def _check_node_order(model: onnx.ModelProto) -> list[str]:
     """A cycle is broken; nodes merely out of order are untidy (onnxruntime sorts them)."""
     unsorted = []
+    captures = outer_names_by_graph(model.graph)
     for graph in walk_proto_graphs(model.graph):
-        order, cycle = topological_order(graph)
+        order, cycle = topological_order(graph, captures)
         where = _graph_label(graph, model.graph)
         if cycle:
             raise InvalidModelError(f"{where} has a cycle: " + ", ".join(cycle))
@@ -162,8 +188,9 @@ def sort_nodes(model: onnx.ModelProto) -> bool:
     the order of nodes that are already in order. True if any graph changed. Call after
     :func:`validate_model` (which refuses cycles)."""
     changed = False
+    captures = outer_names_by_graph(model.graph)  # a re-sorted level's bodies are copies: looked up anew
     for graph in walk_proto_graphs(model.graph):
-        order, _ = topological_order(graph)
+        order, _ = topological_order(graph, captures)
         if order != sorted(order):
             nodes = [onnx.NodeProto() for _ in order]
             for target, index in zip(nodes, order):
@@ -180,24 +207,40 @@ def _listed(names: list[str], *, quote: bool = True, most: int = 8) -> str:
     return ", ".join(shown[:most]) + (f" and {more} more" if more > 0 else "")
 
 
-def _check_with_onnx_checker(model: onnx.ModelProto) -> list[str]:
+def _check_with_onnx_checker(model: onnx.ModelProto, untidy: bool, serialized: bytes | None = None) -> list[str]:
     """Run onnx.checker on a copy with the untidy things above tidied, forgiving also
-    types that lack a shape."""
-    if model.ByteSize() > 2**31 - 1:  # protobuf's limit: the checker cannot take it in memory
-        return ["over 2 GB: onnx.checker skipped (scanopt's own structural checks ran)"]
-    tidy = onnx.ModelProto()
-    tidy.CopyFrom(model)
-    hollow(tidy)  # weights left in their file (scanopt.external_data): the checker cannot find it
-    sort_nodes(tidy)
-    _tidy_for_checker(tidy)
-    shapeless = _give_shapeless_types_a_shape(tidy.graph)
+    types that lack a shape. A tidy model is checked as it is: no copy, and serialized
+    once at most (the size check and the checker share the bytes)."""
+    shapeless = [v.name for v in _shapeless_values(model.graph)]
+    target = model
+    if untidy or shapeless or has_marks(model):
+        if model.ByteSize() > 2**31 - 1:  # before a copy of it is made
+            return [_TOO_LARGE]
+        target = onnx.ModelProto()
+        target.CopyFrom(model)
+        hollow(target)  # weights left in their file (scanopt.external_data): the checker cannot find it
+        sort_nodes(target)
+        _tidy_for_checker(target)
+        for value in _shapeless_values(target.graph):  # an empty shape satisfies the checker's field check
+            value.type.tensor_type.shape.SetInParent()
+        serialized = None
+    if serialized is None:
+        try:
+            serialized = target.SerializeToString()
+        except Exception:  # noqa: BLE001 - over protobuf's 2 GB limit: the checker cannot take it in memory
+            return [_TOO_LARGE]
+    if len(serialized) > 2**31 - 1:
+        return [_TOO_LARGE]
     try:
-        onnx.checker.check_model(tidy)
+        onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise InvalidModelError(f"onnx.checker rejects it: {_one_line(exc)}") from None
     if shapeless:
         return [f"values with a type but no shape: {_listed(shapeless)} (onnx.checker rejects that; onnxruntime accepts it)"]
     return []
+
+
+_TOO_LARGE = "over 2 GB: onnx.checker skipped (scanopt's own structural checks ran)"
 
 
 def _one_line(exc: Exception) -> str:
@@ -234,17 +277,11 @@ def _tidy_for_checker(model: onnx.ModelProto) -> None:
                 value.type.tensor_type.shape.SetInParent()
 
 
-def _give_shapeless_types_a_shape(graph: onnx.GraphProto) -> list[str]:
-    """On a throw-away copy only: an empty shape field satisfies the checker's field check.
-    Returns the names of the values that had none."""
-    names = []
-    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-        tensor_type = value.type.tensor_type
-        if value.type.HasField("tensor_type") and not tensor_type.HasField("shape"):
-            tensor_type.shape.SetInParent()
-            names.append(value.name)
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in attribute_graphs(attr):
-                names += _give_shapeless_types_a_shape(sub)
-    return names
+def _shapeless_values(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Declared values with a tensor type but no shape field, at every level."""
+    found = []
+    for g in walk_proto_graphs(graph):
+        for value in list(g.input) + list(g.output) + list(g.value_info):
+            if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+                found.append(value)
+    return found

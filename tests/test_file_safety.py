@@ -248,7 +248,10 @@ def test_character_device_out_is_refused(cli, tmp_path):
 
 KILLED_RUN = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    # a terminal's Ctrl-C: a shell that starts the suite in the background has its
+    # children ignore SIGINT, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import scanopt.cli.optimize_cmd as cmd
     real = cmd.bytes_writer
 

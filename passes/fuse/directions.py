@@ -138,25 +138,21 @@ def _guard(finals_read, view) -> str | None:
     return "empty" if finals_read and not (view.trip_count and view.trip_count >= 1) else None
 
 
-def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) -> Direction | None:
+def _partner(node, direction, in_axis, level, ctx, folder=None, members=None, readers=None) -> Direction | None:
     """A Scan over the same X and axis in the other direction, with a cell one native op can
-    run beside this one (same kind, sizes, clip, linear_before_reset). Only X's readers are
-    looked at (gs tracks them), so finding partners costs O(readers) per Scan, not O(graph);
-    ``members()`` (ids of the level's nodes, asked for only when X has another Scan reader)
-    tells which of them live in this graph."""
+    run beside this one (same kind, sizes, clip, linear_before_reset). Only Scans that read X
+    against this one's direction are analysed: X's Scan readers are sorted by direction once
+    per X (``readers``: a dict the caller keeps for one pass, see :func:`_scan_readers`), so N
+    Scans over one X cost O(N) in all, not N analyses each. ``members()`` (ids of the level's
+    nodes, asked for only when there is a candidate) tells which of them live in this graph."""
     x = direction.x
-    readers = list(x.outputs) + [r for t in x.outputs for o in t.outputs
-                                 if is_op(t, "Slice") or is_op(t, "ReverseSequence") for r in o.outputs]
-    for other in {id(r): r for r in readers}.values():
-        if other is node or not is_op(other, "Scan") or not other.inputs:
-            continue
+    by_direction = _scan_readers(x, ctx, readers)
+    for other, view in by_direction[not direction.reverse]:
+        if other is node or not other.inputs or not _reads_whole(other, x):
+            continue  # removed by a rewrite since (a fused partner), or no longer reading X
         if members is not None and id(other) not in members():
             continue
         if ("fuse", node_label(other)) in ctx.denied:
-            continue
-        try:
-            view = ScanView.from_gs(other, ctx.opset, ctx.shapes)
-        except ScanoptError:
             continue
         found = _direction(other, view, level, ctx, folder)
         if isinstance(found, Skip):
@@ -168,6 +164,51 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None) ->
                 and a.input_forget == c.input_forget):
             return d
     return None
+
+
+def _reads_whole(scan: gs.Node, x: gs.Tensor) -> bool:
+    """``scan``'s scan input is ``x`` or the output of a Slice/ReverseSequence of ``x``."""
+    last = scan.inputs[-1]
+    return last is x or any(p.inputs and p.inputs[0] is x and (is_op(p, "Slice") or is_op(p, "ReverseSequence"))
+                            for p in last.inputs)
+
+
+def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
+    """X's Scan readers (directly or through a Slice/ReverseSequence of X) as
+    {direction: [(Scan, ScanView)]}, the direction being the one a Scan has over X when X
+    reaches it whole (a reversal flips it): a partner must have the other one.
+
+    Built once per X and kept in ``readers``, the dict of one run of the fuse pass (shared
+    with dry runs made during it): fusing adds no Scan, and the Scans it removes are
+    skipped by the caller. Without it (a dry run while another pass runs) the lists are
+    kept in ``ctx.memo`` until the next rewrite of any pass (``ctx.edits``), which may add
+    a Scan reading X."""
+    if readers is None:
+        memo = ctx.memo.setdefault("fuse.scan_readers", {})
+        if memo.get("edits") != ctx.edits:
+            memo.clear()
+            memo["edits"] = ctx.edits
+        readers = memo
+    cached = readers.get(id(x))
+    if cached is not None and cached[0] is x:
+        return cached[1]
+    found: dict[bool, list] = {False: [], True: []}
+    seen: set[int] = set()
+    candidates = list(x.outputs) + [r for t in x.outputs if is_op(t, "Slice") or is_op(t, "ReverseSequence")
+                                    for o in t.outputs for r in o.outputs]
+    for other in candidates:
+        if id(other) in seen or not is_op(other, "Scan") or not other.inputs or not _reads_whole(other, x):
+            continue
+        seen.add(id(other))
+        try:
+            view = ScanView.from_gs(other, ctx.opset, ctx.shapes)
+        except ScanoptError:
+            continue
+        if view.batched or view.num_scan_inputs != 1:
+            continue
+        found[bool(view.input_directions[0]) != (other.inputs[-1] is not x)].append((other, view))
+    readers[id(x)] = (x, found)
+    return found
 
 
 def _batch_problem(node, view, ctx, state_positions) -> str | None:

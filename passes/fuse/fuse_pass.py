@@ -22,6 +22,7 @@ class _RunState:
         self.folder = ConstantFolder(opset)
         self.members: dict[int, tuple[gs.Graph, set[int]]] = {}
         self.weights: dict = {}  # (id(graph), dtype, shape, digest) -> gs.Constant
+        self.readers: dict | None = {}  # X's Scan readers by direction (directions._partner); None: a dry run
 
     def nodes_of(self, graph: gs.Graph) -> set[int]:
         found = self.members.get(id(graph))
@@ -38,14 +39,17 @@ class Fuse(ScanPass):
 
     def __call__(self, graph, ctx):
         self._run_state = _RunState(ctx.opset)
+        ctx.memo["fuse.readers"] = self._run_state.readers  # dry runs during this pass share it
         try:
             return super().__call__(graph, ctx)
         finally:
             self._run_state = None
+            ctx.memo.pop("fuse.readers", None)
 
     def _state(self, ctx) -> _RunState:
         if getattr(self, "_run_state", None) is None:  # a dry run (inspect) calls match alone
             self._run_state = _RunState(ctx.opset)
+            self._run_state.readers = ctx.memo.get("fuse.readers")  # None: outside a fuse pass
         return self._run_state
 
     def match(self, node, view, level, ctx):
@@ -56,7 +60,7 @@ class Fuse(ScanPass):
         direction, batched, in_axis = found
         dirs = [direction]
         partner = None if view.batched else _partner(node, direction, in_axis, level, ctx, run.folder,
-                                                     lambda: run.nodes_of(level.graph))
+                                                     lambda: run.nodes_of(level.graph), run.readers)
         if partner is not None:
             dirs = sorted([direction, partner], key=lambda d: d.reverse)
         # onnxruntime 1.31 refuses layout=1 ("Batchwise recurrent operations are not supported"),
