@@ -34,6 +34,7 @@ import onnx
 
 from scanopt.emit import HOLD_DOMAIN, MIN_TARGET, NEWEST_TARGET
 from scanopt.errors import ScanoptError, UnsupportedModelError
+from scanopt.external_data import has_marks, hollow
 from scanopt.graph import NameAllocator
 from scanopt.opset_adapters import adapt
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names, walk_proto_graphs
@@ -207,12 +208,22 @@ def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, ta
         converted.ir_version = 4  # the converter's own constants (e.g. Squeeze axes at 13)
     _check_signature(original, converted)
     try:
-        onnx.checker.check_model(converted)
+        onnx.checker.check_model(_checkable(converted))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         if "Field 'shape' of 'type' is required" not in first:
             raise ScanoptError(f"migration to opset {target} produced an invalid model: {first}") from None
     return converted
+
+
+def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy without the bytes of weights left in their file (the checker looks
+    for their file relative to the working directory, not the model's folder)."""
+    if not has_marks(model):
+        return model
+    copy = _copy(model)
+    hollow(copy)
+    return copy
 
 
 def _run_converter(model: onnx.ModelProto, target: int, source: int, where: str) -> onnx.ModelProto:
