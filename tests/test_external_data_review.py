@@ -244,3 +244,42 @@ def test_the_corpus_with_every_tensor_external_optimizes_as_inline(name, flags, 
     except Exception:  # noqa: BLE001 - the inline result is not loadable either: nothing to compare
         return
     ort.InferenceSession(str(tmp_path / "b" / "o.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_every_dtype_and_a_zero_size_tensor_survive_a_trip_through_the_file(tmp_path, monkeypatch, capsys):
+    """float16, bfloat16, bool, int8, int4 (packed), float64 and an empty tensor, each left
+    in the data file (a string tensor cannot be): OUT holds the same values, with every
+    engine."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from onnx import helper as h
+
+    monkeypatch.setattr(external_data, "INLINE_BELOW", 0)
+    n = 4000
+    arrays = {
+        "f16": np.arange(n, dtype=np.float16).reshape(40, 100),
+        "bf16": np.arange(n, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(40, 100),
+        "b": (np.arange(n) % 3 == 0).reshape(40, 100),
+        "i8": (np.arange(n) % 100).astype(np.int8).reshape(40, 100),
+        "i4": ((np.arange(n) % 16) - 8).astype(ml_dtypes.int4).reshape(40, 100),
+        "f64": np.arange(n, dtype=np.float64).reshape(40, 100),
+        "zero": np.zeros((0, 5), np.float32),
+    }
+    inits = [numpy_helper.from_array(a, name) for name, a in arrays.items()]
+    inits.append(h.make_tensor("s", onnx.TensorProto.STRING, [3], [b"a", b"bb", b"ccc"]))
+    names = [t.name for t in inits]
+    graph = h.make_graph([h.make_node("Identity", [x], [x + "_o"]) for x in names], "g", [],
+                         [h.make_tensor_value_info(x + "_o", t.data_type, list(t.dims)) for x, t in zip(names, inits)],
+                         initializer=inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
+    (tmp_path / "in").mkdir()
+    path = str(tmp_path / "in" / "m.onnx")
+    onnx.save_model(model, path, save_as_external_data=True, location="w.bin", size_threshold=0)
+    for engine in ("auto", "reference", "both"):
+        out = tmp_path / f"o_{engine}.onnx"
+        assert main(["optimize", path, str(out), "--engine", engine, "-q"]) == 0, capsys.readouterr().err
+        got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+        for name, value in arrays.items():
+            assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+            np.testing.assert_array_equal(got[name].astype(np.float64), value.astype(np.float64), err_msg=name)
+        assert [x.decode() if isinstance(x, bytes) else x for x in got["s"]] == ["a", "bb", "ccc"]
+    _no_marks(tmp_path)
