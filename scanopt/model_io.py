@@ -149,8 +149,8 @@ def _external_location_problem(location: str, folder: str, file: str) -> str | N
             # onnx and onnxruntime read it only on Windows too: say what to change
             return f"does not exist; it is a Windows path: '{location.replace(chr(92), '/')}' does, write the location with '/'"
         return "does not exist"
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
+    if stat.S_ISLNK(st.st_mode):  # refused as onnx refuses it: a model must not make us read any file
+        return "is a symbolic link (as in a Hugging Face cache); copy the model with its data into one folder (cp -L)"
     if not stat.S_ISREG(st.st_mode):
         return f"is {file_kind(st.st_mode)}, not a regular file"
     if st.st_nlink > 1:

@@ -388,7 +388,7 @@ def test_fifo_external_data_is_refused(cli, tmp_path):
 @pytest.mark.parametrize(
     "kind, expect",
     [
-        ("symlink", "is a symbolic link"),
+        ("symlink", "is a symbolic link (as in a Hugging Face cache); copy the model with its data into one folder (cp -L)"),
         ("hard link", "is hard-linked elsewhere"),
         ("outside", "is not a path inside the model's folder"),
         ("absolute", "is not a path inside the model's folder"),
