@@ -266,7 +266,8 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
         from scanopt.reference import make_evaluator
     except ImportError as exc:
         raise EngineError(f"the reference executor is not available ({_one_line(exc)})") from exc
-    # weights left in their file reach the evaluator as feeds, each a shared memory map
+    # weights left in their file reach the evaluator as feeds, each a shared memory map; a
+    # feed for a graph input that is also such a weight (an input with a default) wins
     light, marked = weights_as_inputs(model) if has_marks(model) else (model, {})
     try:
         weights = {name: shared_map(tensor) for name, tensor in marked.items()}
@@ -276,7 +277,7 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
     except Exception as exc:
         raise EngineError(f"the reference executor cannot load the model: {_one_line(exc)}") from exc
     names = [o.name for o in model.graph.output]
-    return Runner("reference", names, lambda feeds: evaluator.run(names, {**feeds, **weights}))
+    return Runner("reference", names, lambda feeds: evaluator.run(names, {**weights, **feeds}))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -283,3 +283,24 @@ def test_every_dtype_and_a_zero_size_tensor_survive_a_trip_through_the_file(tmp_
             np.testing.assert_array_equal(got[name].astype(np.float64), value.astype(np.float64), err_msg=name)
         assert [x.decode() if isinstance(x, bytes) else x for x in got["s"]] == ["a", "bb", "ccc"]
     _no_marks(tmp_path)
+
+
+@pytest.mark.parametrize("engine", ["ort", "reference"])
+def test_a_feed_overrides_a_weight_in_the_file_that_is_also_a_graph_input(tmp_path, engine):
+    """An initializer that is also a graph input is a default: a feed for it wins, whether
+    the weight is in memory or left in its file (the reference executor used to feed the
+    file's weight over the user's value)."""
+    from onnx import helper as h
+    from test_external_data import _feeds, _rnn_model
+
+    from scanopt import load_model
+
+    model = _rnn_model()
+    model.graph.input.append(h.make_tensor_value_info("table", onnx.TensorProto.FLOAT, [1024, 128]))
+    feeds = {**_feeds(), "table": np.full((1024, 128), 0.5, np.float32)}
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    path = str(tmp_path / "m.onnx")
+    onnx.save_model(model, path, save_as_external_data=True, location="w.bin", size_threshold=1024)
+    got = run(load_model(path, keep_external_data=True), feeds, engine)
+    for want, name in zip(expected, [o.name for o in model.graph.output]):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5)
