@@ -172,6 +172,10 @@ def _report_migration(report: Report, migration, original, final) -> None:
     report.modified = True
     report.ops_before = count_ops(original)
     report.ops_after = count_ops(final)
+    before = onnx.defs.get_schema("Scan", migration.source_opset).since_version
+    for scan in report.scans:  # described after the move: say which version the model had
+        if scan["version"] != before:
+            scan["migrated_from"] = before
     moved = f"opset {migration.source_opset} -> {migration.target_opset}: {migration.verification['summary']}"
     if report.verification is None:
         report.verification = dict(migration.verification, summary=moved)

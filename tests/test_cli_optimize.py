@@ -106,3 +106,17 @@ def test_inspect_json_describes_scan8(cli, tmp_path):
     assert scan["trip_count"] == 7 and scan["scan_input_directions"] == [1]
     assert (scan["num_states"], scan["num_scan_inputs"], scan["num_scan_outputs"]) == (1, 1, 1)
     assert scan["body_ops"] == ["Add", "Identity"]
+
+
+def test_target_opset_report_heads_a_migrated_scan_with_the_version_the_model_had(cli, tmp_path):
+    """The report describes the Scans after the move; its heading must not pass a Scan-8
+    off as a Scan-16 (the upgrade is what happened to it)."""
+    src = _save(tmp_path, b.scan8_sum(batch=4, steps=7))
+    report = tmp_path / "r.json"
+    result = cli("optimize", src, tmp_path / "o.onnx", "--target-opset", "17", "--report", report)
+    assert result.code == 0, result.err
+    assert "Scan-8 -> Scan-16" in result.out
+    (scan,) = json.loads(report.read_text())["scans"]
+    assert (scan["migrated_from"], scan["version"]) == (8, 16)
+    plain = cli("optimize", src, tmp_path / "p.onnx")  # no migration: nothing to annotate
+    assert plain.code == 0 and "->" not in plain.out.splitlines()[0]
