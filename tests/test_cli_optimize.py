@@ -120,3 +120,16 @@ def test_target_opset_report_heads_a_migrated_scan_with_the_version_the_model_ha
     assert (scan["migrated_from"], scan["version"]) == (8, 16)
     plain = cli("optimize", src, tmp_path / "p.onnx")  # no migration: nothing to annotate
     assert plain.code == 0 and "->" not in plain.out.splitlines()[0]
+
+
+def test_pass_option_sets_a_pass_tunable_and_unknown_keys_are_usage_errors(cli, tmp_path):
+    src = _save(tmp_path, b.scan9_sum(steps=3))
+    default = cli("optimize", src, tmp_path / "d.onnx")
+    assert default.code == 0 and "unroll        applied" in default.out, default.out
+    bounded = cli("optimize", src, tmp_path / "b.onnx", "--pass-option", "unroll_max_nodes=2")
+    assert bounded.code == 0, bounded.err
+    assert "over unroll_max_nodes 2" in bounded.out
+    for bad, why in (("nope=1", "KEY one of"), ("unroll_max_nodes=abc", "not an integer"),
+                     ("unroll_max_nodes", "KEY one of"), ("vectorize_max_bytes=-1", "0 or more")):
+        result = cli("optimize", src, tmp_path / "x.onnx", "--pass-option", bad)
+        assert result.code == 2 and why in result.err and not (tmp_path / "x.onnx").exists()
