@@ -133,3 +133,19 @@ def test_pass_option_sets_a_pass_tunable_and_unknown_keys_are_usage_errors(cli, 
                      ("unroll_max_nodes", "KEY one of"), ("vectorize_max_bytes=-1", "0 or more")):
         result = cli("optimize", src, tmp_path / "x.onnx", "--pass-option", bad)
         assert result.code == 2 and why in result.err and not (tmp_path / "x.onnx").exists()
+
+
+def test_inspect_verdicts_follow_the_cost_policy(cli):
+    """inspect says "would apply" only where optimize's policy would; a match the policy
+    declines says so with the prediction (models/scan_rnn: dynamic batch, fuse predicted slower)."""
+    import os
+
+    model = os.path.join(os.path.dirname(__file__), "..", "models", "scan_rnn.onnx")
+    default = cli("inspect", model, "--json")
+    assert default.code == 0, default.err
+    (scan,) = json.loads(default.out)["scans"]
+    assert scan["passes"]["fuse"].startswith("matches, not applied: predicted")
+    assert scan["passes"]["hoist"].startswith("would apply: expected")
+    portable = cli("inspect", model, "--json", "--target", "portable")
+    (scan,) = json.loads(portable.out)["scans"]
+    assert scan["passes"]["fuse"] == "would apply: target portable: applied whatever onnxruntime's speed"
