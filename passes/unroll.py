@@ -58,6 +58,10 @@ class UnrollMatch(Match):
 
 @register_pass
 class Unroll(ScanPass):
+    tunables = {
+        "unroll_max_nodes": (int, f"largest unrolled graph in nodes (default {DEFAULT_MAX_NODES:,})"),
+        "unroll_max_bytes": (int, f"most bytes of nested constants copied by unrolling (default {DEFAULT_MAX_BYTES:,})"),
+    }
     name = "unroll"
     summary = "short static-length Scans -> straight-line graphs (body copied once per step)"
 

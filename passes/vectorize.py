@@ -46,6 +46,7 @@ class VectorizeMatch(Match):
 
 @register_pass
 class Vectorize(ScanPass):
+    tunables = {"vectorize_max_bytes": (int, f"memory bound of a vectorized (or hoisted) value (default {DEFAULT_MAX_BYTES:,})")}
     name = "vectorize"
     summary = "map Scans (no state changes across steps) -> the body applied once to the whole sequence"
 

@@ -30,6 +30,7 @@ from typing import Iterator
 
 import onnx
 
+from scanopt.shapes import inferred_model
 from scanopt.protos import in_default_domain, walk_proto_graphs
 from scanopt.validate import default_opset
 
@@ -193,9 +194,8 @@ class InputShapes:
 
     def _read_inference(self, model: onnx.ModelProto) -> None:
         """Shapes onnx infers for computed values (symbolic dims propagate by name)."""
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:  # noqa: BLE001 - inference is a best effort
+        inferred = inferred_model(model)  # shared with the pipeline's ShapeTable of this model
+        if inferred is None:
             return
         for graph in walk_proto_graphs(inferred.graph):
             for value in graph.value_info:

@@ -59,11 +59,22 @@ def describe_scans(graph: gs.Graph, ctx: PassContext, passes: list[ScanPass] = (
         verdicts = {}
         for scan_pass in passes:
             found = scan_pass.match(node, view, level, ctx)
-            verdicts[scan_pass.name] = f"skip: {found.reason}" if isinstance(found, Skip) else "would apply"
+            verdicts[scan_pass.name] = f"skip: {found.reason}" if isinstance(found, Skip) else _priced(scan_pass, node, view, found, level, ctx)
         if passes:
             info["passes"] = verdicts
         described.append(info)
     return described
+
+
+def _priced(scan_pass: ScanPass, node: gs.Node, view: ScanView, found, level: GraphLevel, ctx: PassContext) -> str:
+    """A match's verdict as optimize would give it: with ``ctx.cost`` (the cost policy),
+    "would apply" only where the policy applies it, with its prediction."""
+    estimate = ctx.cost.decide(scan_pass.name, node_label(node), node, view, found, ctx, level) if ctx.cost is not None else None
+    if estimate is None:
+        return "would apply"
+    if not estimate.apply:
+        return f"matches, {estimate.note}"
+    return f"would apply: {estimate.note}" if estimate.note else "would apply"
 
 
 def format_scans(scans: list[dict]) -> str:

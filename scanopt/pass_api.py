@@ -84,6 +84,9 @@ class Pass:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # options this pass reads from PassContext.options that a user may set (the CLI's
+    # --pass-option KEY=VALUE): key -> (type, one line of help)
+    tunables: ClassVar[dict[str, tuple[type, str]]] = {}
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
         raise NotImplementedError

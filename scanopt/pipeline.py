@@ -23,7 +23,7 @@ from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
 from scanopt.pass_api import Pass, PassContext, registered_passes, scan_nodes
 from scanopt.report import PassTiming, Report, count_ops
-from scanopt.shapes import ShapeTable
+from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
 
 PIPELINE_ORDER = ("upgrade", "canonicalize", "fuse", "vectorize", "hoist", "unroll", "cleanup")
@@ -65,6 +65,11 @@ def optimize(
     ran on this very model (scanopt.load does), so it is not repeated: validating
     serializes the whole model.
     """
+    with shared_inference():  # the passes' shapes and verification's feeds infer the original once
+        return _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated)
+
+
+def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated):
     warnings = validate_model(model) if validated is None else list(validated)
     chosen = select_passes(passes, skip)
     # options["target_opset"] (issue 4): the whole model moves to that opset first
@@ -172,6 +177,10 @@ def _report_migration(report: Report, migration, original, final) -> None:
     report.modified = True
     report.ops_before = count_ops(original)
     report.ops_after = count_ops(final)
+    before = onnx.defs.get_schema("Scan", migration.source_opset).since_version
+    for scan in report.scans:  # described after the move: say which version the model had
+        if scan["version"] != before:
+            scan["migrated_from"] = before
     moved = f"opset {migration.source_opset} -> {migration.target_opset}: {migration.verification['summary']}"
     if report.verification is None:
         report.verification = dict(migration.verification, summary=moved)

@@ -107,7 +107,10 @@ def _reasons(outcomes: list[NodeOutcome]) -> str:
 
 def scan_summary(scan: dict) -> str:
     """One line: where the Scan is and its shape of iteration."""
-    parts = [scan["graph_path"] or "main", f"Scan-{scan['version']}"]
+    version = f"Scan-{scan['version']}"
+    if scan.get("migrated_from") is not None:  # --target-opset: the model's Scan was an older version
+        version = f"Scan-{scan['migrated_from']} -> {version}"
+    parts = [scan["graph_path"] or "main", version]
     parts.append(f"N={scan['num_states']} M={scan['num_scan_inputs']} K={scan['num_scan_outputs']}")
     parts.append(f"T={scan['trip_count'] if scan['trip_count'] is not None else '?'}")
     return ", ".join(parts)

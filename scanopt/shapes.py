@@ -8,6 +8,8 @@ or that a pass did not set.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -21,10 +23,7 @@ class ShapeTable:
 
     def __init__(self, model: onnx.ModelProto):
         self._table: dict[str, tuple[int | None, list[Dim] | None]] = {}
-        try:
-            inferred = onnx.shape_inference.infer_shapes(_without_big_weights(model), strict_mode=False, data_prop=True)
-        except Exception:  # noqa: BLE001 - inference is a hint; a failure only means fewer shapes
-            inferred = model
+        inferred = inferred_model(model) or model
         for graph in walk_proto_graphs(inferred.graph):
             for value in list(graph.input) + list(graph.output) + list(graph.value_info):
                 self._table.setdefault(value.name, _type_of(value))
@@ -51,6 +50,45 @@ class ShapeTable:
     def type_of(self, name: str) -> tuple[int | None, list[Dim] | None]:
         """(element type, shape) of the value called ``name`` at any level, as known."""
         return self._table.get(name, (None, None))
+
+
+# While a run holds it open (:func:`shared_inference`): the last model inferred, its ByteSize
+# then and the result. The pipeline's ShapeTable and verification's feed synthesis ask about
+# the same original proto, and inference grows faster than the model (onnx copies the
+# enclosing scope's types into every body it infers).
+_CACHE: list | None = None
+
+
+@contextmanager
+def shared_inference():
+    """Within it, :func:`inferred_model` answers again for the proto it was asked about last
+    (unless that proto's size changed since: edited in place); the answer is dropped at the
+    end, so no model outlives the run through it."""
+    global _CACHE
+    if _CACHE is not None:  # nested: the outer run owns it
+        yield
+        return
+    _CACHE = [None, None, None]
+    try:
+        yield
+    finally:
+        _CACHE = None
+
+
+def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnx shape inference of ``model`` (lenient, with data propagation; big weights reach
+    it as typed inputs), or None when inference fails: a hint, never an error."""
+    cache = _CACHE
+    size = model.ByteSize() if cache is not None else None
+    if cache is not None and cache[0] is model and cache[1] == size:
+        return cache[2]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_without_big_weights(model), strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a hint; a failure only means fewer shapes
+        inferred = None
+    if cache is not None:
+        cache[:] = [model, size, inferred]
+    return inferred
 
 
 BIG = 4096  # bytes: initializers at least this large reach inference as typed inputs only

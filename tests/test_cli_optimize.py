@@ -106,3 +106,46 @@ def test_inspect_json_describes_scan8(cli, tmp_path):
     assert scan["trip_count"] == 7 and scan["scan_input_directions"] == [1]
     assert (scan["num_states"], scan["num_scan_inputs"], scan["num_scan_outputs"]) == (1, 1, 1)
     assert scan["body_ops"] == ["Add", "Identity"]
+
+
+def test_target_opset_report_heads_a_migrated_scan_with_the_version_the_model_had(cli, tmp_path):
+    """The report describes the Scans after the move; its heading must not pass a Scan-8
+    off as a Scan-16 (the upgrade is what happened to it)."""
+    src = _save(tmp_path, b.scan8_sum(batch=4, steps=7))
+    report = tmp_path / "r.json"
+    result = cli("optimize", src, tmp_path / "o.onnx", "--target-opset", "17", "--report", report)
+    assert result.code == 0, result.err
+    assert "Scan-8 -> Scan-16" in result.out
+    (scan,) = json.loads(report.read_text())["scans"]
+    assert (scan["migrated_from"], scan["version"]) == (8, 16)
+    plain = cli("optimize", src, tmp_path / "p.onnx")  # no migration: nothing to annotate
+    assert plain.code == 0 and "->" not in plain.out.splitlines()[0]
+
+
+def test_pass_option_sets_a_pass_tunable_and_unknown_keys_are_usage_errors(cli, tmp_path):
+    src = _save(tmp_path, b.scan9_sum(steps=3))
+    default = cli("optimize", src, tmp_path / "d.onnx")
+    assert default.code == 0 and "unroll        applied" in default.out, default.out
+    bounded = cli("optimize", src, tmp_path / "b.onnx", "--pass-option", "unroll_max_nodes=2")
+    assert bounded.code == 0, bounded.err
+    assert "over unroll_max_nodes 2" in bounded.out
+    for bad, why in (("nope=1", "KEY one of"), ("unroll_max_nodes=abc", "not an integer"),
+                     ("unroll_max_nodes", "KEY one of"), ("vectorize_max_bytes=-1", "0 or more")):
+        result = cli("optimize", src, tmp_path / "x.onnx", "--pass-option", bad)
+        assert result.code == 2 and why in result.err and not (tmp_path / "x.onnx").exists()
+
+
+def test_inspect_verdicts_follow_the_cost_policy(cli):
+    """inspect says "would apply" only where optimize's policy would; a match the policy
+    declines says so with the prediction (models/scan_rnn: dynamic batch, fuse predicted slower)."""
+    import os
+
+    model = os.path.join(os.path.dirname(__file__), "..", "models", "scan_rnn.onnx")
+    default = cli("inspect", model, "--json")
+    assert default.code == 0, default.err
+    (scan,) = json.loads(default.out)["scans"]
+    assert scan["passes"]["fuse"].startswith("matches, not applied: predicted")
+    assert scan["passes"]["hoist"].startswith("would apply: expected")
+    portable = cli("inspect", model, "--json", "--target", "portable")
+    (scan,) = json.loads(portable.out)["scans"]
+    assert scan["passes"]["fuse"] == "would apply: target portable: applied whatever onnxruntime's speed"

@@ -217,7 +217,9 @@ def test_optimize_leaves_the_callers_collector_settings_alone():
     frozen = gc.get_freeze_count()
     try:
         cb.fuse(model)
-        assert gc.get_freeze_count() == frozen
+        # neither frozen again nor unfrozen (frozen objects freed by reference counting
+        # may lower the count)
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
     cb.fuse(model)

@@ -30,3 +30,41 @@ def test_inference_sees_big_weights_as_typed_inputs_and_small_ones_as_values():
     assert table.type_of("out") == (TP.FLOAT, [2, 6])  # needs the small constant's value
     assert table.type_of("table") == (TP.FLOAT, [BIG // 4 + 1, 3])
     assert len(model.graph.initializer) == 2  # the input model is untouched
+
+
+def test_inference_is_shared_within_a_run_and_dropped_after(monkeypatch):
+    """Inside one optimize() the original is inferred once (the passes' ShapeTable and
+    verification's feed synthesis share it); outside a run nothing is cached, and a proto
+    edited in place (its size changed) is inferred anew."""
+    import onnx
+
+    import builders as b
+    from scanopt import shapes
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = b.scan9_sum(steps=3)
+    shapes.inferred_model(model)
+    shapes.inferred_model(model)
+    assert len(calls) == 2  # no run open: no cache
+    with shapes.shared_inference():
+        first = shapes.inferred_model(model)
+        assert shapes.inferred_model(model) is first and len(calls) == 3
+        model.graph.doc_string = "edited in place"
+        assert shapes.inferred_model(model) is not first and len(calls) == 4
+    assert shapes._CACHE is None
+
+
+def test_a_verified_optimize_infers_the_original_once(monkeypatch):
+    import onnx
+
+    import builders as b
+    from scanopt import optimize
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _, report = optimize(b.scan9_sum(steps=3), passes=["unroll"])
+    assert report.modified and report.verification["passed"]
+    assert len(calls) == 1

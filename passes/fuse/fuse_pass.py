@@ -34,6 +34,7 @@ class _RunState:
 
 @register_pass
 class Fuse(ScanPass):
+    tunables = {"fuse_layout": (int, "1: emit layout=1 for batch-major X (opset 14+) instead of a Transpose")}
     name = "fuse"
     summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
 

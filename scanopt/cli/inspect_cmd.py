@@ -6,6 +6,7 @@ import argparse
 import json
 
 from scanopt.cli.common import comma_list
+from scanopt.cost import TARGETS, CostPolicy
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans, format_scans
 from scanopt.ir import import_model
@@ -20,6 +21,7 @@ examples:
   scanopt inspect model.onnx
   scanopt inspect model.onnx --json > scans.json
   scanopt inspect model.onnx --passes fuse
+  scanopt inspect model.onnx --target portable   # what optimize --target portable would apply
 """
 
 
@@ -35,14 +37,18 @@ def register(subparsers) -> None:
     parser.add_argument("model", metavar="MODEL")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--passes", type=comma_list, metavar="A,B", help="passes to ask (default: all)")
+    parser.add_argument("--target", choices=list(TARGETS), default="onnxruntime",
+                        help="the cost policy that decides what would apply, as in optimize (default onnxruntime)")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     loaded = load(args.model)
     graph = import_model(loaded.model)
+    options = {"target": args.target}
     ctx = PassContext(
-        opset=default_opset(loaded.model) or 0, names=NameAllocator(graph), shapes=ShapeTable(loaded.model)
+        opset=default_opset(loaded.model) or 0, names=NameAllocator(graph), shapes=ShapeTable(loaded.model),
+        options=options, cost=CostPolicy.from_options(options),
     )
     scan_passes = [p for p in select_passes(args.passes) if isinstance(p, ScanPass)]
     scans = describe_scans(graph, ctx, scan_passes)

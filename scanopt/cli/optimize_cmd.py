@@ -16,6 +16,7 @@ examples:
   scanopt optimize model.onnx out.onnx --passes upgrade,canonicalize --report report.json
   scanopt optimize model.onnx out.onnx --skip unroll --inputs feeds.npz --strict
   scanopt optimize model.onnx model.onnx --in-place
+  scanopt optimize big.onnx out.onnx --pass-option vectorize_max_bytes=268435456
 
 {order}
 
@@ -40,8 +41,31 @@ def register(subparsers) -> None:
     parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): apply a rewrite only where the cost model does not predict it slower on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless")
     parser.add_argument("--tune", action="store_true", help="time each Scan's candidate forms on synthesized inputs and keep the fastest")
     parser.add_argument("--tune-seconds", type=float, default=10.0, metavar="S", help="time budget of --tune for all nodes (default 10)")
+    parser.add_argument("--pass-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a pass's tunable (repeatable): " + "; ".join(f"{k}: {h}" for k, (_, h) in tunables().items()))
     parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
     parser.set_defaults(func=run)
+
+
+def tunables() -> dict[str, tuple[type, str]]:
+    """Every registered pass's user-settable options: key -> (type, help)."""
+    return {key: spec for p in select_passes() for key, spec in p.tunables.items()}
+
+
+def _pass_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE of --pass-option, checked against the passes' tunables."""
+    key, sep, value = text.partition("=")
+    known = tunables()
+    if not sep or key not in known:
+        raise ScanoptError(f"--pass-option {text}: expected KEY=VALUE with KEY one of {', '.join(known)}")
+    kind = known[key][0]
+    try:
+        parsed = kind(value)
+    except ValueError:
+        raise ScanoptError(f"--pass-option {key}: '{value}' is not {'an integer' if kind is int else kind.__name__}") from None
+    if isinstance(parsed, int) and parsed < 0:
+        raise ScanoptError(f"--pass-option {key} must be 0 or more")
+    return key, parsed
 
 
 def available_passes() -> list[str]:
@@ -97,6 +121,7 @@ def run(args) -> int:
 def _pass_options(args) -> dict:
     """Options passes read from PassContext.options; absent ones keep the pass defaults."""
     options = {"target": args.target}
+    options.update(_pass_option(text) for text in args.pass_option)
     if args.tune:
         options.update(tune=True, tune_seconds=args.tune_seconds)
     if args.target_opset is not None:
