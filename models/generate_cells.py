@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -39,7 +38,7 @@ import onnx
 from onnx import TensorProto as TP
 from onnx import helper as h
 
-from generate import HERE, IR_VERSION, PRODUCER, save_npz, strip_stack_traces, weights
+from generate import HERE, IR_VERSION, PRODUCER, export_in_fresh_process, save_npz, strip_stack_traces, weights
 
 OUT = os.path.join(HERE, "cells")
 
@@ -349,10 +348,8 @@ def main(argv=None):
     for name in args.only or list(HAND_BUILT) + list(EXPORTED):
         if name in HAND_BUILT or args.in_process:
             write(name)
-        else:  # a fresh hash-seeded process per export, as in generate.py
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--in-process", "--only", name],
-                           env=env, check=True)
+        else:
+            export_in_fresh_process(__file__, name)
 
 
 if __name__ == "__main__":

@@ -37,25 +37,7 @@ def walk_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 def outer_names(graph: onnx.GraphProto) -> list[str]:
     """Names that ``graph`` (or any graph nested in it) reads but does not define: the
     values it captures from enclosing graphs, in order of first use."""
-    found: dict[str, None] = {}
-
-    def visit(g: onnx.GraphProto, defined: set[str]) -> None:
-        defined = defined | {v.name for v in g.input} | {i.name for i in g.initializer}
-        defined |= {s.values.name for s in g.sparse_initializer}
-        defined |= {o for n in g.node for o in n.output if o}
-        for node in g.node:
-            for name in node.input:
-                if name and name not in defined:
-                    found.setdefault(name)
-            for attr in node.attribute:
-                for sub in attribute_graphs(attr):
-                    visit(sub, defined)
-        for out in g.output:
-            if out.name not in defined:
-                found.setdefault(out.name)
-
-    visit(graph, set())
-    return list(found)
+    return outer_names_by_graph(graph)[id(graph)][1]
 
 
 def outer_names_by_graph(graph: onnx.GraphProto) -> dict[int, tuple[onnx.GraphProto, list[str]]]:
