@@ -304,3 +304,19 @@ def test_a_feed_overrides_a_weight_in_the_file_that_is_also_a_graph_input(tmp_pa
     got = run(load_model(path, keep_external_data=True), feeds, engine)
     for want, name in zip(expected, [o.name for o in model.graph.output]):
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_out_data_file_no_out_owns_is_refused_not_overwritten(tmp_path, capsys):
+    """OUT.data without OUT beside it is another file that happens to have the name (say
+    another export's weights): never overwritten. Beside an existing OUT (an earlier
+    output being replaced) it is replaced with OUT."""
+    path = _rnn_saved(tmp_path)
+    other = tmp_path / "c.onnx.data"
+    other.write_bytes(b"someone else's weights")
+    assert main(["optimize", path, str(tmp_path / "c.onnx"), "-q"]) == 2
+    assert "no c.onnx beside it owns it" in capsys.readouterr().err
+    assert other.read_bytes() == b"someone else's weights" and not (tmp_path / "c.onnx").exists()
+    other.unlink()
+    assert main(["optimize", path, str(tmp_path / "c.onnx"), "-q"]) == 0, capsys.readouterr().err
+    assert main(["optimize", path, str(tmp_path / "c.onnx"), "-q"]) == 0, capsys.readouterr().err  # replaces its own pair
+    assert _rnn_outputs_match(tmp_path / "c.onnx")

@@ -52,13 +52,23 @@ def input_files(loaded: LoadedModel, label: str = "IN") -> list[tuple[str, str]]
     return [(label, loaded.files[0])] + [(f"{label}'s external data", f) for f in loaded.files[1:]]
 
 
-def claim_model_output(plan: OutputPlan, path: str, *, in_place: bool = False, input_path: str | None = None) -> None:
-    """Claim OUT and the external data file that may be written beside it."""
+def claim_model_output(plan: OutputPlan, path: str, *, in_place: bool = False, input_path: str | None = None,
+                       writes_data: bool = False) -> None:
+    """Claim OUT and the external data file that may be written beside it. ``writes_data``
+    (the model keeps weights in external data, so OUT.data will be written): an OUT.data that
+    exists without an OUT beside it is someone else's file, not an earlier output's, and
+    is refused rather than overwritten."""
     if input_path and not in_place and FileId.of(path).same(FileId.of(input_path)):
         raise ScanoptError(f"{path}: OUT is the input file; pass --in-place to replace it")
     plan.claim(path, "OUT", may_replace=("IN",) if in_place else ())
     data = os.path.join(os.path.dirname(os.path.abspath(path)), external_data_name(path))
     plan.claim(data, f"OUT's external data file ({os.path.basename(data)})")
+    if writes_data and os.path.lexists(data) and not os.path.lexists(path):
+        raise ScanoptError(
+            f"{data}: exists, and no {os.path.basename(path)} beside it owns it; scanopt writes OUT's weights "
+            "there and will not overwrite a file that is not an earlier OUT's (remove it or choose another OUT); "
+            "nothing written"
+        )
 
 
 def start_job(args) -> tuple[LoadedModel, list[dict] | None, OutputPlan]:
@@ -66,7 +76,8 @@ def start_job(args) -> tuple[LoadedModel, list[dict] | None, OutputPlan]:
     other, all before any work: (loaded model, feeds or None, the output plan)."""
     loaded = load(args.input)
     plan = OutputPlan(input_files(loaded) + feed_files(args.inputs))
-    claim_model_output(plan, args.output, in_place=args.in_place, input_path=args.input)
+    claim_model_output(plan, args.output, in_place=args.in_place, input_path=args.input,
+                       writes_data=loaded.had_external_data)
     if args.report:
         plan.claim(args.report, "--report")
     feeds = None
