@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import onnx
 import onnx_graphsurgeon as gs
 
+from scanopt.external_data import expected_length
 from scanopt.protos import walk_proto_graphs
 
 Dim = int | str | None
@@ -52,8 +53,8 @@ class ShapeTable:
         return self._table.get(name, (None, None))
 
 
-# While a run holds it open (:func:`shared_inference`): the last model inferred, its ByteSize
-# then and the result. The pipeline's ShapeTable and verification's feed synthesis ask about
+# While a run holds it open (:func:`shared_inference`): the last model inferred, a cheap
+# fingerprint of it (ByteSize would serialize the weights) and the result. The pipeline's ShapeTable and verification's feed synthesis ask about
 # the same original proto, and inference grows faster than the model (onnx copies the
 # enclosing scope's types into every body it infers).
 _CACHE: list | None = None
@@ -62,7 +63,8 @@ _CACHE: list | None = None
 @contextmanager
 def shared_inference():
     """Within it, :func:`inferred_model` answers again for the proto it was asked about last
-    (unless that proto's size changed since: edited in place); the answer is dropped at the
+    (unless its top graph gained or lost nodes since: edited in place; scanopt's runs never
+    edit the protos they infer, passes work on an imported copy); the answer is dropped at the
     end, so no model outlives the run through it."""
     global _CACHE
     if _CACHE is not None:  # nested: the outer run owns it
@@ -79,7 +81,7 @@ def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """onnx shape inference of ``model`` (lenient, with data propagation; big weights reach
     it as typed inputs), or None when inference fails: a hint, never an error."""
     cache = _CACHE
-    size = model.ByteSize() if cache is not None else None
+    size = (len(model.graph.node), len(model.graph.initializer))
     if cache is not None and cache[0] is model and cache[1] == size:
         return cache[2]
     try:
@@ -99,7 +101,7 @@ def _without_big_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     are graph inputs of the same type and shape: inference serializes the model twice,
     and data propagation only needs small (shape-like) constants. The weights are not
     copied."""
-    big = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() >= BIG]
+    big = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL or _nbytes(t) >= BIG]
     if not big:
         return model
     light = onnx.ModelProto()
@@ -121,6 +123,13 @@ def _without_big_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                        for t in big if t.name not in declared)
     return light
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    """The tensor's data size from its type and dims (ByteSize would serialize it), else its
+    ByteSize (strings)."""
+    length = expected_length(tensor)
+    return tensor.ByteSize() if length is None else length
 
 
 def _type_of(value: onnx.ValueInfoProto) -> tuple[int | None, list[Dim] | None]:
