@@ -277,10 +277,10 @@ def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold
             where = source(tensor)
             raw = None
             if where is None:
-                if tensor.data_location == EXTERNAL or not tensor.HasField("raw_data"):
+                if tensor.data_location == EXTERNAL:
                     continue
-                raw = tensor.raw_data  # one copy of a tensor that is in memory anyway
-                if len(raw) < threshold:
+                raw = _raw_bytes(tensor, threshold)  # one copy of a tensor that is in memory anyway
+                if raw is None:
                     continue
                 length = len(raw)
             else:
@@ -292,7 +292,7 @@ def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold
                 handle.seek(offset)
             if raw is not None:
                 handle.write(raw)
-                tensor.ClearField("raw_data")
+                _clear_values(tensor)
                 raw = None
             else:
                 _copy_range(where, handle)
@@ -312,6 +312,27 @@ def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold
         for tensor in moved:
             tensor.external_data.add(key=FOLDER_KEY, value=os.path.realpath(folder))
             tensor.external_data.add(key=STAMP_KEY, value=stamp)
+
+
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+
+
+def _raw_bytes(tensor: onnx.TensorProto, threshold: int) -> bytes | None:
+    """The little-endian bytes of an in-memory tensor of ``threshold`` bytes or more (its
+    raw_data, or its typed field such as float_data encoded as raw_data would be), else None
+    (small, or strings, which have no raw form)."""
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data if len(tensor.raw_data) >= threshold else None
+    length = expected_length(tensor)
+    if length is None or length < threshold or tensor.data_type == onnx.TensorProto.STRING:
+        return None
+    return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor)).raw_data
+
+
+def _clear_values(tensor: onnx.TensorProto) -> None:
+    tensor.ClearField("raw_data")
+    for name in _TYPED_FIELDS:
+        tensor.ClearField(name)
 
 
 def _copy_range(where: Source, target) -> None:

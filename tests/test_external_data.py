@@ -262,3 +262,23 @@ def test_library_load_model_gives_an_ordinary_proto_unless_asked_to_keep_weights
     np.testing.assert_array_equal(_run_file(out, feeds)["Y"], _run_file(src, feeds)["Y"])  # no scanopt marks in it
     kept = load_model(str(src), keep_external_data=True)
     assert any(e.key == "scanopt.folder" for t in kept.graph.initializer for e in t.external_data)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_a_big_tensor_in_a_typed_field_goes_to_the_data_file_too(tmp_path, dtype):
+    """Exporters also write values in float_data/int32_data/int64_data instead of raw_data;
+    such a tensor over the threshold belongs in OUT.data like any other."""
+    values = (np.arange(4096) % 97).astype(dtype).reshape(64, 64)
+    tensor = h.make_tensor("W", onnx.helper.np_dtype_to_tensor_dtype(values.dtype), values.shape,
+                           values.flatten().tolist())
+    assert not tensor.HasField("raw_data")
+    elem = tensor.data_type
+    graph = h.make_graph([h.make_node("Identity", ["W"], ["Y"])], "g", [], [h.make_tensor_value_info("Y", elem, [64, 64])],
+                         initializer=[tensor])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    out = tmp_path / "o.onnx"
+    save_model(model, str(out), external_data=True)
+    (stored,) = onnx.load(str(out), load_external_data=False).graph.initializer
+    assert stored.data_location == onnx.TensorProto.EXTERNAL and not stored.float_data and not stored.int32_data
+    assert os.path.getsize(tmp_path / "o.onnx.data") == values.nbytes
+    np.testing.assert_array_equal(run(str(out), {}, "ort")["Y"], values)
