@@ -29,8 +29,10 @@ def _cell_model(kind="GRU", prefix="", seed=0):
 def _reverse_input(model, lens="input", scan_index=-1, realign=True):
     """Scan ``scan_index`` reads ReverseSequence(X, lens) (time axis 0, batch axis 1); with
     ``realign`` its scan output goes through ReverseSequence(Y, lens) too. ``lens``: "input" (a
-    graph input), "gather"/"slice"/"shape15" (T from Shape(X), expanded to [batch]) or
-    "batch_dim" (Shape(X)[1], the wrong axis)."""
+    graph input), "gather"/"slice"/"shape15" (T from Shape(X), expanded to [batch]), "int32" (as
+    tf2onnx writes TF's int32 lengths: Shape cast to int32, lengths cast back), "ones_mul" /
+    "zeros_add" (ConstantOfShape([batch], 1) * T, ConstantOfShape([batch], 0) + T), or the
+    not-T forms "batch_dim" (Shape(X)[1], the wrong axis) and "zeros_mul" (ConstantOfShape 0 * T: all zeros)."""
     g = model.graph
     scan = [n for n in g.node if n.op_type == "Scan"][scan_index]
     scan.input[-1] = "X_rev"
@@ -42,14 +44,24 @@ def _reverse_input(model, lens="input", scan_index=-1, realign=True):
         c("i0", 0), c("b1", [1]), c("s0", [0]), c("e1", [1]), c("e2", [2])
         if lens == "shape15":
             nodes.append(h.make_node("Shape", ["X"], ["T1"], start=0, end=1))
+        elif lens == "int32":
+            nodes += [h.make_node("Shape", ["X"], ["shp64"]), h.make_node("Cast", ["shp64"], ["shp"], to=TP.INT32),
+                      h.make_node("Gather", ["shp", "i0"], ["T0"], axis=0), h.make_node("Reshape", ["T0", "b1"], ["T1"])]
         elif lens == "slice":
             nodes += [h.make_node("Shape", ["X"], ["shp"]), h.make_node("Slice", ["shp", "s0", "e1"], ["T1"])]
         else:
             nodes += [h.make_node("Shape", ["X"], ["shp"]),
                       h.make_node("Gather", ["shp", "b1" if lens == "batch_dim" else "i0"], ["T0"], axis=0),
                       h.make_node("Reshape", ["T0", "b1"], ["T1"])]
-        nodes += [h.make_node("Shape", ["X"], ["shp_b"]), h.make_node("Slice", ["shp_b", "e1", "e2"], ["B1"]),
-                  h.make_node("Expand", ["T1", "B1"], ["lens"])]
+        nodes += [h.make_node("Shape", ["X"], ["shp_b"]), h.make_node("Slice", ["shp_b", "e1", "e2"], ["B1"])]
+        if lens in ("ones_mul", "zeros_add", "zeros_mul"):
+            fill = {"ones_mul": 1, "zeros_add": 0, "zeros_mul": 0}[lens]
+            nodes += [h.make_node("ConstantOfShape", ["B1"], ["filled"], value=h.make_tensor("v", TP.INT64, [1], [fill])),
+                      h.make_node("Add" if lens == "zeros_add" else "Mul", ["filled", "T1"], ["lens"])]
+        elif lens == "int32":
+            nodes += [h.make_node("Expand", ["T1", "B1"], ["lens32"]), h.make_node("Cast", ["lens32"], ["lens"], to=TP.INT64)]
+        else:
+            nodes.append(h.make_node("Expand", ["T1", "B1"], ["lens"]))
     nodes.append(h.make_node("ReverseSequence", ["X", "lens"], ["X_rev"], time_axis=0, batch_axis=1))
     if realign:
         y = scan.output[-1]
@@ -68,7 +80,7 @@ def _fused(model, kind):
     return out, outcomes
 
 
-@pytest.mark.parametrize("lens", ["gather", "slice", "shape15"])
+@pytest.mark.parametrize("lens", ["gather", "slice", "shape15", "int32", "ones_mul", "zeros_add"])
 def test_lengths_from_shape_of_x_reverse_it_whole(lens):
     model = _reverse_input(_cell_model(), lens=lens)
     out, _ = _fused(model, "GRU")
@@ -82,7 +94,7 @@ def test_forward_scan_and_scan_over_x_reversed_by_shape_lengths_merge_into_bidir
     assert cb.native(out)[1]["direction"] == b"bidirectional"
 
 
-@pytest.mark.parametrize("lens", ["input", "batch_dim"])
+@pytest.mark.parametrize("lens", ["input", "batch_dim", "zeros_mul"])
 def test_run_time_lengths_fuse_forward_and_say_why_not_reverse(lens):
     """Lengths that may be shorter than T: the Scan runs past them over the unreversed tail."""
     model = _reverse_input(_cell_model("RNN"), lens=lens)

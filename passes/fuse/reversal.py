@@ -21,7 +21,11 @@ from scanopt.graph import is_op, reverses_axis
 from scanopt.passes.fuse.cuts import producer
 
 # Ops that keep "every element equals v" (Expand/Tile repeat it, the rest re-lay or copy it).
-_SAME_VALUE_OPS = ("Identity", "Expand", "Tile", "Reshape", "Squeeze", "Unsqueeze", "Cast")
+_SAME_VALUE_OPS = ("Identity", "Expand", "Tile", "Reshape", "Squeeze", "Unsqueeze")
+# Casts that keep a length: TF's lengths are int32 (tf2onnx casts Shape's int64 down and the
+# lengths back up); every length below 2**31 survives them (a time axis that long would
+# hold at least 2 GB per batch item and feature).
+_LENGTH_CASTS = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 PARTIAL_NOTE = ("fused forward over ReverseSequence '{name}' (run-time lengths, not provably T: a Scan over it "
                 "also runs the unreversed tail past each length, a reverse op with sequence_lens would not)")
 
@@ -56,9 +60,16 @@ def _is_length_of(t: gs.Tensor, data: gs.Tensor, axis: int, rank: int, folder) -
     for _ in range(32):
         if node is None:
             return False
-        if is_op(node, "Cast") and node.attrs.get("to") != onnx.TensorProto.INT64:
-            return False
-        if not any(is_op(node, op) for op in _SAME_VALUE_OPS):
+        if is_op(node, "Cast"):
+            if node.attrs.get("to") not in _LENGTH_CASTS:
+                return False
+        elif is_op(node, "Mul") or is_op(node, "Add"):  # fill as ones(B) * T or zeros(B) + T
+            other = _beside_filler(node, 1 if is_op(node, "Mul") else 0, folder)
+            if other is None:
+                return False
+            node = producer(other)
+            continue
+        elif not any(is_op(node, op) for op in _SAME_VALUE_OPS):
             break
         node = producer(node.inputs[0])
     if node is None:
@@ -77,5 +88,25 @@ def _is_length_of(t: gs.Tensor, data: gs.Tensor, axis: int, rank: int, folder) -
             start, stop = (int(b.reshape(-1)[0]) for b in bounds)
             index = start % rank if stop == start % rank + 1 else None
     shape_node = producer(node.inputs[0]) if index is not None else None
+    while shape_node is not None and is_op(shape_node, "Cast") and shape_node.attrs.get("to") in _LENGTH_CASTS:
+        shape_node = producer(shape_node.inputs[0])
     return (shape_node is not None and is_op(shape_node, "Shape") and shape_node.inputs[0] is data
             and not shape_node.attrs.get("start", 0) and shape_node.attrs.get("end") is None and index == axis)
+
+
+def _beside_filler(node: gs.Node, neutral: int, folder) -> gs.Tensor | None:
+    """The operand of a binary Mul/Add whose other operand is all ``neutral`` (1 for Mul, 0 for
+    Add): a constant, or ConstantOfShape of that value. Broadcasting it then leaves every
+    element of the result equal to the kept operand's one value."""
+    if len(node.inputs) != 2:
+        return None
+    for keep, filler in ((0, 1), (1, 0)):
+        value = folder.value(node.inputs[filler])
+        if value is None:
+            source = producer(node.inputs[filler])
+            if source is not None and is_op(source, "ConstantOfShape"):
+                attr = source.attrs.get("value")
+                value = np.zeros(1) if attr is None else np.asarray(getattr(attr, "values", attr))
+        if value is not None and value.size > 0 and bool(np.all(value == neutral)):
+            return node.inputs[keep]
+    return None
