@@ -1,6 +1,7 @@
 """Built-in passes, installed as ``scanopt.passes``; importing this registers them.
 
-One module per pass. The pipeline order lives in :mod:`scanopt.pipeline`.
+One module per pass, a package (like ``fuse/``) where a pass needs several files. The
+pipeline order lives in :mod:`scanopt.pipeline`.
 """
 
 from scanopt.passes import canonicalize  # noqa: F401

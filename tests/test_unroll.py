@@ -23,7 +23,7 @@ from scanopt.engines import run
 from scanopt.graph import NameAllocator
 from scanopt.ir import export_model, import_model
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip
-from scanopt.passes import unroll as unroll_module
+from scanopt.passes.unroll import unroll_pass as unroll_module
 from scanopt.pipeline import optimize
 from scanopt.protos import walk_proto_graphs
 from scanopt.shapes import ShapeTable

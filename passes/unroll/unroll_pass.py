@@ -10,7 +10,7 @@ initializers and Constant nodes are hoisted once), states are threaded from step
 step; each scan output is Unsqueezed on its axis and Concatenated, in reverse step
 order when it prepends. Zero steps: final states are the initial states and scan
 outputs are empty constants (needs a static element shape), at every opset. An opset-8
-Scan is unrolled in place at opset 8, per batch item and step (:mod:`unroll_batched`); by
+Scan is unrolled in place at opset 8, per batch item and step (:mod:`batched`); by
 default only with batch 1 and no ``sequence_lens`` (otherwise measured slower than the loop;
 an explicit ``unroll_max`` unrolls it anyway).
 Skipped: dynamic length (and for Scan-8 a symbolic batch), over the threshold, over the
@@ -36,7 +36,7 @@ from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.passes.lift import value_dtype
-from scanopt.passes.unroll_batched import empty_scan8_outputs, unroll_scan8
+from scanopt.passes.unroll.batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
 
 # From benchmarks/bench_unroll.py on this machine (README table): onnxruntime runs the

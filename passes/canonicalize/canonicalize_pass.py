@@ -27,9 +27,9 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node
 from scanopt.pass_api import Match, ScanPass, Skip, register_pass
-from scanopt.passes.canonicalize_analysis import identity_root, input_dependencies, shadows
+from scanopt.passes.canonicalize.analysis import identity_root, input_dependencies, shadows
 from scanopt.graph import in_graph_outputs, reverses_axis
-from scanopt.passes.canonicalize_edit import apply_plan
+from scanopt.passes.canonicalize.edit import apply_plan
 from scanopt.rewrite import consumers, is_read
 
 DIRECTIONS = ("scan_input_directions", "scan_output_directions")

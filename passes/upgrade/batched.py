@@ -1,6 +1,6 @@
 """The upgrade pass's strategy (b): one Scan-9 over the time axis, batch kept inside.
 
-Used when :mod:`upgrade_proof` has shown the body batch-polymorphic. The Scan-9 scans
+Used when :mod:`proof` has shown the body batch-polymorphic. The Scan-9 scans
 axis 1 of every [B, T, ...] input and writes axis 1 of every output, so the body runs T
 times on whole batches instead of B x T times on single items. With sequence_lens a mask
 ``live[b, t] = t < len[b]`` is computed once, before the Scan: it enters the body as one
@@ -22,7 +22,7 @@ from scanopt.rewrite import rebind_outputs
 
 def rewrite_batched(node: gs.Node, match, level, ctx) -> gs.Node:
     """Replace the Scan-8 ``node`` with the batched Scan-9; return the Scan-9 node."""
-    from scanopt.passes.upgrade import held, scan_9
+    from scanopt.passes.upgrade.upgrade_pass import held, scan_9
 
     view, plan = match.view, match.plan
     body = node.attrs["body"]

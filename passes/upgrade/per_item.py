@@ -23,7 +23,7 @@ from scanopt.rewrite import new_graph, rebind_outputs
 
 def rewrite_per_item(node: gs.Node, match, level, ctx) -> gs.Node:
     """Replace the Scan-8 ``node`` with the per-item Scan-9; return the outer Scan node."""
-    from scanopt.passes.upgrade import held, scan_9
+    from scanopt.passes.upgrade.upgrade_pass import held, scan_9
 
     view = match.view
     n, m = view.num_states, view.num_scan_inputs

@@ -6,14 +6,14 @@ outer-scope values. The graph's outputs keep their tensors (names, types, shapes
 scan-output positions at and past ``len[b]`` are zero. Strategies, cheapest correct first:
 
 (a) batch 1, no sequence_lens: Squeeze the batch axis, one Scan-9, Unsqueeze it back.
-(b) batch-polymorphic body (proved by :mod:`upgrade_proof`): one Scan-9 over the time
+(b) batch-polymorphic body (proved by :mod:`proof`): one Scan-9 over the time
     axis (axis 1) with the batch inside every state and element; sequence_lens by a mask
     computed once (a state keeps its value past ``len[b]``, an output is zero there);
-    reverse inputs with lengths go through ReverseSequence first (:mod:`upgrade_batched`).
+    reverse inputs with lengths go through ReverseSequence first (:mod:`batched`).
 (c) anything else (and batch 1 with sequence_lens, where (b)'s masks cost more than
     they save): a loop over batch items (a Scan-9 over the batch axis) whose body runs a
     Scan-9 over the item's first ``len[b]`` steps and pads the outputs with zeros
-    (:mod:`upgrade_per_item`).
+    (:mod:`per_item`).
 
 ``options["upgrade_strategy"]`` ("a", "b" or "c") forces one strategy (for tests and
 benchmarks); a forced strategy that does not apply is a skip with the reason.
@@ -36,7 +36,7 @@ import onnx_graphsurgeon as gs
 from scanopt.graph import GraphLevel, dtype_of, node_label
 from scanopt.emit import HOLD_DOMAIN, MIN_TARGET, Emitter, supports
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.upgrade_proof import BatchPlan, prove_batch_polymorphic
+from scanopt.passes.upgrade.proof import BatchPlan, prove_batch_polymorphic
 from scanopt.rewrite import Builder, rebind_outputs
 from scanopt.scan_view import ScanView
 
@@ -126,11 +126,11 @@ class Upgrade(ScanPass):
         if match.strategy == "a":
             new = _rewrite_batch_one(node, match, level, ctx)
         elif match.strategy == "b":
-            from scanopt.passes.upgrade_batched import rewrite_batched
+            from scanopt.passes.upgrade.batched import rewrite_batched
 
             new = rewrite_batched(node, match, level, ctx)
         else:
-            from scanopt.passes.upgrade_per_item import rewrite_per_item
+            from scanopt.passes.upgrade.per_item import rewrite_per_item
 
             new = rewrite_per_item(node, match, level, ctx)
         new.name = name  # the replacement takes over the Scan-8's name (it is gone now)
