@@ -35,7 +35,7 @@ from scanopt.ir import OWNER
 from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
-from scanopt.passes.lift import value_dtype
+from scanopt.passes.loopfree.lift import value_dtype
 from scanopt.passes.unroll.batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
 

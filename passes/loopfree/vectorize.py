@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.lift import (
+from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, largest_intermediate,
     needed_nodes, plan_nodes, through_identity, to_processing_order,
 )

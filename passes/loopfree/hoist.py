@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, is_op, note_output
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.lift import (
+from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
     plan_node, step_bytes, to_processing_order, value_dtype,
 )
