@@ -304,11 +304,14 @@ def compare_outputs(
 
 
 class SignatureMismatchError(ScanoptError):
-    """The two models do not take and give the same tensors, so they cannot be compared.
+    """The two models do not take and give the same tensors: not equivalent.
 
     A subclass so that the pipeline can treat a rewrite that changed the signature as a
-    failed rewrite, while `scanopt verify` reports it as bad input.
+    failed rewrite, and `scanopt verify` as a failed verification (exit 1, as the README's
+    exit codes say), not as bad input.
     """
+
+    exit_code = 1
 
 
 def check_signatures(original: onnx.ModelProto, candidate: onnx.ModelProto) -> None:
