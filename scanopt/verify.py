@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, printable_lines
 from scanopt.inputs import (
     FeedBudgetError,
     InputSynthesizer,
@@ -195,7 +195,7 @@ class VerifyResult:
             lines += [f"FAILED: {line}" for line in failures[:MAX_LISTED]]
             if len(failures) > MAX_LISTED:
                 lines.append(f"FAILED: ... and {len(failures) - MAX_LISTED} more")
-        return "\n".join(lines)
+        return printable_lines(lines)
 
     def to_dict(self) -> dict:
         return {

@@ -13,7 +13,7 @@ import os
 import sys
 
 from scanopt.cli.interrupts import describe, exit_code, handled_signals
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, printable
 
 # Subcommand modules in the order --help lists them.
 SUBCOMMANDS = ("optimize", "upgrade", "inspect", "run", "verify")
@@ -81,5 +81,5 @@ def _main(argv: list[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the closed pipe
     except ScanoptError as exc:
-        print(f"scanopt: {exc}", file=sys.stderr)
+        print(f"scanopt: {printable(exc)}", file=sys.stderr)
         return exc.exit_code

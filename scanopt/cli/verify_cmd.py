@@ -9,6 +9,7 @@ import textwrap
 from scanopt.cli.common import positive_int
 from scanopt.cli.feeds import user_feeds
 from scanopt.cli.run_cmd import add_input_arguments
+from scanopt.errors import printable
 from scanopt.model_io import load
 from scanopt.verify import ENGINE_CHOICES, TOLERANCES, SignatureMismatchError, compare_models
 
@@ -79,7 +80,7 @@ def run(args) -> int:
             print(json.dumps({"passed": False, "engine": None, "summary": summary, "notes": [], "sizes": {},
                               "comparisons": []}, indent=2))
         else:
-            print(f"FAILED: {exc}")
+            print(f"FAILED: {printable(exc)}")
         return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
