@@ -14,8 +14,9 @@ then runs on a tidied throw-away copy, so everything else it checks still holds.
 from __future__ import annotations
 
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 
-from scanopt.errors import InvalidModelError, UnsupportedModelError
+from scanopt.errors import InvalidModelError, UnsupportedModelError, printable
 from scanopt.external_data import has_marks, hollow
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs
 from scanopt.scan_view import ScanView
@@ -35,6 +36,7 @@ def validate_model(model: onnx.ModelProto, *, name: str = "model", serialized: b
     without serializing it again."""
     try:
         _check_versions(model)
+        _check_fields(model)
         warnings = _check_opset_imports(model)
         _check_names_and_scans(model)
         warnings += _check_untidy_values(model)
@@ -70,6 +72,59 @@ def _check_versions(model: onnx.ModelProto) -> None:
     opset = default_opset(model)
     if opset is not None and not 1 <= opset <= newest:
         raise UnsupportedModelError(f"unsupported opset {opset} (the installed onnx knows 1..{newest})")
+
+
+_KNOWN_DTYPES = frozenset(onnx.TensorProto.DataType.values())
+_DTYPE_FIELDS = {("TypeProto.Tensor", "elem_type"), ("TypeProto.SparseTensor", "elem_type"), ("TensorProto", "data_type")}
+_STRING = FieldDescriptor.TYPE_STRING
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
+
+
+def _check_fields(model: onnx.ModelProto) -> None:
+    """What protobuf parses but nothing downstream can take (hostile or damaged bytes):
+    a string field that is not UTF-8 (protobuf hands it over as bytes), a data type
+    number onnx does not know, a negative dim. One walk over every message, fields that
+    hold tensor data never touched; a message is named by the nearest named one above it."""
+    stack: list[tuple[object, str]] = [(model, "")]
+    while stack:
+        message, where = stack.pop()
+        kind = message.DESCRIPTOR.full_name.removeprefix("onnx.")
+        name = getattr(message, "name", None) if kind in _NAMED else None
+        if isinstance(name, str) and name:
+            where = f"{_NAMED[kind]} '{printable(name)}': "
+        for field, value in message.ListFields():
+            if field.type == _MESSAGE:
+                if kind == "ValueInfoProto" and field.name == "type" and value.WhichOneof("value") in _UNSUPPORTED_TYPES:
+                    raise UnsupportedModelError(
+                        f"{where}is declared with {value.WhichOneof('value').replace('_', ' ')}; scanopt handles tensor, "
+                        "sequence and sparse tensor values"
+                    )
+                if not _repeated(field):
+                    stack.append((value, where))
+                else:
+                    items = value.values() if field.message_type.GetOptions().map_entry else value
+                    stack.extend((item, where) for item in items)
+            elif field.type == _STRING:
+                for text in value if _repeated(field) else (value,):
+                    if not isinstance(text, str):
+                        raise InvalidModelError(f"{where}{kind}.{field.name} '{printable(text)}' is not valid UTF-8")
+            elif (kind, field.name) in _DTYPE_FIELDS and value not in _KNOWN_DTYPES:
+                raise InvalidModelError(f"{where}data type {value} is not one onnx knows")
+            elif kind == "TensorShapeProto.Dimension" and field.name == "dim_value" and value < 0:
+                raise InvalidModelError(f"{where}declares a negative dim ({value})")
+            elif kind == "TensorProto" and field.name == "dims" and any(d < 0 for d in value):
+                raise InvalidModelError(f"{where}has a negative dim ({list(value)})")
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    """protobuf 7 has ``is_repeated`` and no ``label``; releases before 5.x the reverse."""
+    flag = getattr(field, "is_repeated", None)
+    return flag if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+_UNSUPPORTED_TYPES = ("optional_type", "map_type", "opaque_type")
+_NAMED = {"ValueInfoProto": "value", "NodeProto": "node", "TensorProto": "tensor", "GraphProto": "graph",
+          "AttributeProto": "attribute", "FunctionProto": "function"}
 
 
 def _check_names_and_scans(model: onnx.ModelProto) -> None:
@@ -108,6 +163,7 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
             if node.op_type == "Scan" and in_default_domain(node.domain):
                 if opset is None:
                     raise InvalidModelError(f"{where}Scan node '{label}' but the model imports no ai.onnx opset")
+                _check_scan_attribute_types(node, opset, label, where)
                 ScanView.from_proto(node, opset, shapes.get)
             for attr in node.attribute:
                 for sub in attribute_graphs(attr):
@@ -129,6 +185,23 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
 
 
 _UNDECLARED = object()
+
+
+def _check_scan_attribute_types(node: onnx.NodeProto, opset: int, label: str, where: str) -> None:
+    """Each attribute of a Scan has the type its schema gives (checked before the Scan is read;
+    onnx.checker, which checks every node's, runs later)."""
+    schema = onnx.defs.get_schema("Scan", opset)
+    for attr in node.attribute:
+        wanted = schema.attributes.get(attr.name)
+        if wanted is not None and attr.type != wanted.type:
+            got = onnx.AttributeProto.AttributeType.Name(attr.type) if attr.type in _ATTRIBUTE_TYPES else str(attr.type)
+            raise InvalidModelError(
+                f"{where}Scan node '{printable(label)}': attribute '{printable(attr.name)}' is of type {got}, "
+                f"not {onnx.AttributeProto.AttributeType.Name(wanted.type)}"
+            )
+
+
+_ATTRIBUTE_TYPES = frozenset(onnx.AttributeProto.AttributeType.values())
 
 
 def _check_opset_imports(model: onnx.ModelProto) -> list[str]:
