@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from scanopt.errors import printable_lines
 from scanopt.graph import GraphLevel, node_label, outer_captures
 from scanopt.pass_api import PassContext, ScanPass, Skip, scan_nodes
 from scanopt.scan_view import ScanView
@@ -106,4 +107,4 @@ def format_scans(scans: list[dict]) -> str:
             lines.append(f"  captures: {', '.join(scan['captures'])}")
         for name, verdict in scan.get("passes", {}).items():
             lines.append(f"  {name:<13} {verdict}")
-    return "\n".join(lines)
+    return printable_lines(lines)

@@ -21,6 +21,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 from onnx_graphsurgeon.util import misc as gs_misc
 
 from scanopt.external_data import as_array, source
+from scanopt.protos import walk_proto_graphs
 
 G_LOGGER.severity = G_LOGGER.ERROR
 
@@ -154,7 +155,29 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             proto_node.metadata_props.extend(metadata)
     _restore_initializer_inputs(model.graph, original.graph)
     _copy_model_fields(original, model)
+    _raise_ir_for_free_initializers(model)
     return model
+
+
+# IR 3 requires every initializer to be a graph input as well (a default value for it).
+FIRST_IR_WITH_FREE_INITIALIZERS = 4
+
+
+def _raise_ir_for_free_initializers(model: onnx.ModelProto) -> None:
+    """Below IR 4 an initializer must also be an input of its graph, and a pass's new weights
+    (unrolled step indices, fused gates, hoisted values) are not: such a model is written
+    as IR 4, the one change of IR version a rewrite needs (as migration does). Making them
+    inputs would add inputs to the model's signature, or to a Scan body whose input count
+    is fixed; Constant nodes cannot hold integers before opset 9."""
+    if model.ir_version >= FIRST_IR_WITH_FREE_INITIALIZERS:
+        return
+    for graph in walk_proto_graphs(model.graph):
+        inputs = {v.name for v in graph.input}
+        if any(t.name not in inputs for t in graph.initializer) or any(
+            t.values.name not in inputs for t in graph.sparse_initializer
+        ):
+            model.ir_version = FIRST_IR_WITH_FREE_INITIALIZERS
+            return
 
 
 def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProto) -> None:

@@ -16,7 +16,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from scanopt.external_data import attach, has_marks, inlined, marked_tensors, source, write_model
-from scanopt.errors import InvalidModelError, ScanoptError
+from scanopt.errors import InvalidModelError, ScanoptError, first_line, printable
 from scanopt.outputs import Writer, file_kind, write_output
 from scanopt.validate import sort_nodes, validate_model
 
@@ -77,8 +77,14 @@ def load(path: str) -> LoadedModel:
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
-    warnings = validate_model(model, name=path, serialized=None if had_external else data)
-    sorted_nodes = sort_nodes(model)
+    try:
+        warnings = validate_model(model, name=path, serialized=None if had_external else data)
+        sorted_nodes = sort_nodes(model)
+    except ScanoptError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - last resort: validation refuses what it knows by name
+        raise InvalidModelError(f"{path}: not a valid model ({type(exc).__name__} while checking it: "
+                                f"{printable(first_line(exc))})") from None
     return LoadedModel(model, path, had_external, warnings, files, sorted_nodes)
 
 

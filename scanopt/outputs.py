@@ -11,9 +11,11 @@ inode (hard links), a file the run reads or another output of the same run.
 :func:`write_outputs` then writes every claimed output into a staging folder beside it and
 only when all of them are complete renames them into place, so a failure anywhere leaves
 nothing. An existing output keeps its file mode. Staging folders are named
-``.scanopt-staging-<pid>-<random>``; one left behind by a killed run (SIGKILL cannot be
-caught) is removed by a later run writing into the same folder once it is older than
-:data:`STALE_AFTER_SECONDS`.
+``.scanopt-staging-<pid>-<random>`` and hold a marker file (:data:`MARKER_NAME`, with
+:data:`MARKER_TEXT`) written before anything else; one left behind by a killed run (SIGKILL
+cannot be caught) is removed by a later run writing into the same folder once it is older
+than :data:`STALE_AFTER_SECONDS`. Only a folder with both the name and the marker is
+scanopt's: a user's ``.scanopt-defaults/`` is never touched.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from typing import Callable, Iterable
 from scanopt.errors import ScanoptError
 
 STAGING_PREFIX = ".scanopt-staging-"
-# Staging folders of this and of earlier versions (mkdtemp's ".scanopt-" + 8 characters).
-STAGING_NAME = re.compile(r"^\.scanopt-(staging-\d+-[a-z0-9_]+|[a-z0-9_]{8})$")
+STAGING_NAME = re.compile(r"^\.scanopt-staging-\d+-[a-z0-9_]+$")
+# Written first into every staging folder: what makes a folder with a staging name scanopt's.
+MARKER_NAME = ".scanopt-staging-marker"
+MARKER_TEXT = b"scanopt staging folder: removed when its run ends, or by a later run if that run was killed\n"
 # A staging folder lives for the seconds a write takes; one untouched this long is a leftover.
 STALE_AFTER_SECONDS = 3600
 
@@ -125,6 +129,8 @@ def check_output_path(path: str, label: str = "output") -> None:
         raise ScanoptError(f"{path}: output directory is not writable")
     name_max = _limit(directory, "PC_NAME_MAX", 255)
     # the staged copy is written under this very name inside the staging folder
+    if base == MARKER_NAME:
+        raise ScanoptError(f"{path}: {label}'s file name is the one scanopt marks its staging folders with; choose another")
     if len(os.fsencode(base)) > name_max:
         raise ScanoptError(f"{path}: {label}'s file name is longer than this file system allows ({name_max} bytes)")
     path_max = _limit(directory, "PC_PATH_MAX", 4096)
@@ -165,12 +171,13 @@ def write_outputs(outputs: list[tuple[str, Writer]]) -> None:
                 raise ScanoptError(f"{path}: cannot write to its directory ({exc.strerror})") from None
             staged.append((folder, path))
             try:
+                _write_marker(folder)
                 write(os.path.join(folder, os.path.basename(path)))
             except OSError as exc:
                 raise ScanoptError(f"{path}: cannot write ({exc.strerror or exc}); nothing written") from None
         for folder, path in staged:
             directory, base = os.path.split(path)
-            names = sorted(os.listdir(folder), key=lambda name: name == base)  # companions first
+            names = sorted((n for n in os.listdir(folder) if n != MARKER_NAME), key=lambda name: name == base)  # companions first
             for name in names:
                 _keep_mode(os.path.join(folder, name), os.path.join(directory, name))
             for name in names:
@@ -188,6 +195,24 @@ def write_output(path: str, write: Writer) -> None:
     write_outputs([(path, write)])
 
 
+def _write_marker(folder: str) -> None:
+    with open(os.path.join(folder, MARKER_NAME), "wb") as handle:
+        handle.write(MARKER_TEXT)
+
+
+def _is_staging_folder(path: str, inside: list[os.DirEntry]) -> bool:
+    """Name checked by the caller; here: nothing but files, and scanopt's marker among them."""
+    if any(not item.is_file(follow_symlinks=False) for item in inside):
+        return False
+    if not any(item.name == MARKER_NAME for item in inside):
+        return False
+    try:
+        with open(os.path.join(path, MARKER_NAME), "rb") as handle:
+            return handle.read(len(MARKER_TEXT) + 1) == MARKER_TEXT
+    except OSError:
+        return False
+
+
 def _keep_mode(staged: str, target: str) -> None:
     try:
         st = os.stat(target)
@@ -199,7 +224,7 @@ def _keep_mode(staged: str, target: str) -> None:
 
 def remove_stale_staging(directory: str, *, now: float | None = None) -> list[str]:
     """Remove staging folders of killed runs in ``directory``: named like scanopt's,
-    holding nothing but files, untouched for :data:`STALE_AFTER_SECONDS`."""
+    holding scanopt's marker and nothing but files, untouched for :data:`STALE_AFTER_SECONDS`."""
     now = time.time() if now is None else now
     removed = []
     try:
@@ -211,7 +236,7 @@ def remove_stale_staging(directory: str, *, now: float | None = None) -> list[st
             continue
         try:
             inside = list(os.scandir(entry.path))
-            if any(not item.is_file(follow_symlinks=False) for item in inside):
+            if not _is_staging_folder(entry.path, inside):
                 continue
             newest = max([entry.stat(follow_symlinks=False).st_mtime] + [i.stat(follow_symlinks=False).st_mtime for i in inside])
         except OSError:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from scanopt.errors import printable_lines
 from scanopt.pass_api import NodeOutcome
 from scanopt.protos import walk_proto_graphs
 
@@ -98,7 +99,7 @@ class Report:
             lines.append(f"verification: {self.verification.get('summary', '')}{took}")
         for warning in self.warnings:
             lines.append(f"warning: {warning}")
-        return "\n".join(lines)
+        return printable_lines(lines)
 
 
 def _reasons(outcomes: list[NodeOutcome]) -> str:

@@ -14,8 +14,10 @@ then runs on a tidied throw-away copy, so everything else it checks still holds.
 from __future__ import annotations
 
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from onnx import TensorProto as TP
 
-from scanopt.errors import InvalidModelError, UnsupportedModelError
+from scanopt.errors import InvalidModelError, UnsupportedModelError, printable
 from scanopt.external_data import has_marks, hollow
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs
 from scanopt.scan_view import ScanView
@@ -35,6 +37,7 @@ def validate_model(model: onnx.ModelProto, *, name: str = "model", serialized: b
     without serializing it again."""
     try:
         _check_versions(model)
+        _check_fields(model)
         warnings = _check_opset_imports(model)
         _check_names_and_scans(model)
         warnings += _check_untidy_values(model)
@@ -72,29 +75,85 @@ def _check_versions(model: onnx.ModelProto) -> None:
         raise UnsupportedModelError(f"unsupported opset {opset} (the installed onnx knows 1..{newest})")
 
 
+_KNOWN_DTYPES = frozenset(onnx.TensorProto.DataType.values())
+_DTYPE_FIELDS = {("TypeProto.Tensor", "elem_type"), ("TypeProto.SparseTensor", "elem_type"), ("TensorProto", "data_type")}
+_STRING = FieldDescriptor.TYPE_STRING
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
+
+
+def _check_fields(model: onnx.ModelProto) -> None:
+    """What protobuf parses but nothing downstream can take (hostile or damaged bytes):
+    a string field that is not UTF-8 (protobuf hands it over as bytes), a data type
+    number onnx does not know, a negative dim. One walk over every message, fields that
+    hold tensor data never touched; a message is named by the nearest named one above it."""
+    stack: list[tuple[object, str]] = [(model, "")]
+    while stack:
+        message, where = stack.pop()
+        kind = message.DESCRIPTOR.full_name.removeprefix("onnx.")
+        name = getattr(message, "name", None) if kind in _NAMED else None
+        if isinstance(name, str) and name:
+            where = f"{_NAMED[kind]} '{printable(name)}': "
+        for field, value in message.ListFields():
+            if field.type == _MESSAGE:
+                if kind == "ValueInfoProto" and field.name == "type" and value.WhichOneof("value") in _UNSUPPORTED_TYPES:
+                    raise UnsupportedModelError(
+                        f"{where}is declared with {value.WhichOneof('value').replace('_', ' ')}; scanopt handles tensor, "
+                        "sequence and sparse tensor values"
+                    )
+                if not _repeated(field):
+                    stack.append((value, where))
+                else:
+                    items = value.values() if field.message_type.GetOptions().map_entry else value
+                    stack.extend((item, where) for item in items)
+            elif field.type == _STRING:
+                for text in value if _repeated(field) else (value,):
+                    if not isinstance(text, str):
+                        raise InvalidModelError(f"{where}{kind}.{field.name} '{printable(text)}' is not valid UTF-8")
+            elif (kind, field.name) in _DTYPE_FIELDS and value not in _KNOWN_DTYPES:
+                raise InvalidModelError(f"{where}data type {value} is not one onnx knows")
+            elif kind == "TensorShapeProto.Dimension" and field.name == "dim_value" and value < 0:
+                raise InvalidModelError(f"{where}declares a negative dim ({value})")
+            elif kind == "TensorProto" and field.name == "dims" and any(d < 0 for d in value):
+                raise InvalidModelError(f"{where}has a negative dim ({list(value)})")
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    """protobuf 7 has ``is_repeated`` and no ``label``; releases before 5.x the reverse."""
+    flag = getattr(field, "is_repeated", None)
+    return flag if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+_UNSUPPORTED_TYPES = ("optional_type", "map_type", "opaque_type")
+_NAMED = {"ValueInfoProto": "value", "NodeProto": "node", "TensorProto": "tensor", "GraphProto": "graph",
+          "AttributeProto": "attribute", "FunctionProto": "function"}
+
+
 def _check_names_and_scans(model: onnx.ModelProto) -> None:
     opset = default_opset(model)
     # What the enclosing levels define and declare, as one scope each level adds to and
     # takes back from: each level costs its own size, not a copy of everything above it.
     defined: dict[str, int] = {}  # name -> how many levels in scope define it
-    shapes: dict[str, list] = {}
+    declared: dict[str, tuple[int, list | None]] = {}  # name -> (elem_type or 0, shape or None)
+
+    def shape_of(name: str) -> list | None:
+        return declared.get(name, (0, None))[1]
 
     def visit(graph: onnx.GraphProto, where: str) -> None:
-        shadowed: dict[str, object] = {}  # name -> its shape in the enclosing levels
+        shadowed: dict[str, object] = {}  # name -> its declaration in the enclosing levels
 
-        def declare(name: str, shape: list) -> None:
-            if name not in shadowed:
-                shadowed[name] = shapes.get(name, _UNDECLARED)
-            shapes[name] = shape
+        def declare(name: str, dtype: int, shape: list | None) -> None:
+            if name in shadowed:  # declared before at this level too: what each says adds up
+                old_dtype, old_shape = declared[name]
+            else:
+                shadowed[name] = declared.get(name, _UNDECLARED)
+                old_dtype, old_shape = 0, None
+            declared[name] = (dtype or old_dtype, shape if shape is not None else old_shape)
 
         for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-            if value.type.tensor_type.HasField("shape"):
-                declare(value.name, [
-                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in value.type.tensor_type.shape.dim
-                ])
+            tensor_type = value.type.tensor_type
+            declare(value.name, tensor_type.elem_type, _declared_shape(value))
         for init in graph.initializer:
-            declare(init.name, list(init.dims))
+            declare(init.name, init.data_type, list(init.dims))
         local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
         local |= {t.values.name for t in graph.sparse_initializer}
         local |= {o for node in graph.node for o in node.output if o}
@@ -108,7 +167,11 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
             if node.op_type == "Scan" and in_default_domain(node.domain):
                 if opset is None:
                     raise InvalidModelError(f"{where}Scan node '{label}' but the model imports no ai.onnx opset")
-                ScanView.from_proto(node, opset, shapes.get)
+                _check_scan_attribute_types(node, opset, label, where)
+                view = ScanView.from_proto(node, opset, shape_of)
+                _check_body_declarations(node, view, declared, f"{where}Scan node '{label}'")
+            elif node.op_type == "Loop" and in_default_domain(node.domain):
+                _check_loop_declarations(node, declared, f"{where}Loop node '{label}'")
             for attr in node.attribute:
                 for sub in attribute_graphs(attr):
                     visit(sub, f"{where}{label}/{attr.name}: ")
@@ -119,16 +182,109 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
             defined[name] -= 1
             if not defined[name]:
                 del defined[name]
-        for name, shape in shadowed.items():
-            if shape is _UNDECLARED:
-                del shapes[name]
+        for name, before in shadowed.items():
+            if before is _UNDECLARED:
+                del declared[name]
             else:
-                shapes[name] = shape
+                declared[name] = before
 
     visit(model.graph, "")
 
 
 _UNDECLARED = object()
+
+
+def _declared_shape(value: onnx.ValueInfoProto) -> list | None:
+    """A value's declared dims (ints, dim names, None for unknown), None without a shape."""
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
+
+
+def _check_body_declarations(node: onnx.NodeProto, view: ScanView, declared: dict, label: str) -> None:
+    """A Scan body's declarations against what the outer graph declares, by Scan's contract:
+    a state as the outer initial state (Scan-8: without the batch axis), a scan input as the
+    outer tensor without its scan axis (Scan-8: without batch and sequence axes), a body
+    state output as the state input. Strict on contradictions (another dtype, another rank,
+    another static dim); silent where either side leaves it open (no type, no shape, a dim
+    name or an unknown dim) — onnx.checker's full check and strict shape inference reject
+    the first, onnxruntime runs the second."""
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    if body is None:
+        return
+    n = view.num_states
+    outer = list(view.initial_states) + list(view.scan_inputs)
+    for i, (outer_name, inner) in enumerate(zip(outer, body.input)):
+        dtype, shape = declared.get(outer_name, (0, None))
+        if shape is not None and view.batched:
+            shape = shape[1:] if i < n else shape[2:]
+        elif shape is not None and i >= n:
+            axis = view.input_axes[i - n]
+            shape = shape[:axis] + shape[axis + 1:] if 0 <= axis < len(shape) else None
+        what = "state" if i < n else "scan input"
+        _compare(f"{label}: body input '{printable(inner.name)}'",
+                 f"the outer {what} '{printable(outer_name)}' gives it", dtype, shape, inner)
+    for i in range(min(n, len(body.output))):
+        state = body.input[i]
+        _compare(f"{label}: body state output '{printable(body.output[i].name)}'",
+                 f"its state input '{printable(state.name)}' is", state.type.tensor_type.elem_type,
+                 _declared_shape(state), body.output[i])
+
+
+def _check_loop_declarations(node: onnx.NodeProto, declared: dict, label: str) -> None:
+    """A Loop body's dtypes: iteration number int64, condition bool, each loop-carried value
+    as its outer initial value (shapes may change from one iteration to the next: not checked)."""
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    if body is None:
+        return
+    fixed = [(TP.INT64, "the iteration number is"), (TP.BOOL, "the loop condition is")]
+    for i, inner in enumerate(body.input):
+        if i < 2:
+            dtype, source = fixed[i]
+        elif i < len(node.input):
+            dtype, source = declared.get(node.input[i], (0, None))[0], f"the outer value '{printable(node.input[i])}' is"
+        else:
+            break
+        _compare(f"{label}: body input '{printable(inner.name)}'", source, dtype, None, inner)
+
+
+def _compare(subject: str, source: str, dtype: int, shape: list | None, inner: onnx.ValueInfoProto) -> None:
+    inner_dtype = inner.type.tensor_type.elem_type
+    if dtype and inner_dtype and dtype != inner_dtype:
+        raise InvalidModelError(f"{subject} is declared {_dtype_name(inner_dtype)} but {source} {_dtype_name(dtype)}")
+    inner_shape = _declared_shape(inner)
+    if shape is None or inner_shape is None:
+        return
+    if len(shape) != len(inner_shape) or any(
+        isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(shape, inner_shape)
+    ):
+        raise InvalidModelError(f"{subject} is declared with shape {_dims(inner_shape)} but {source} {_dims(shape)}")
+
+
+def _dtype_name(dtype: int) -> str:
+    return onnx.TensorProto.DataType.Name(dtype).lower()
+
+
+def _dims(shape: list) -> str:
+    return "[" + ", ".join("?" if d is None else printable(d) for d in shape) + "]"
+
+
+def _check_scan_attribute_types(node: onnx.NodeProto, opset: int, label: str, where: str) -> None:
+    """Each attribute of a Scan has the type its schema gives (checked before the Scan is read;
+    onnx.checker, which checks every node's, runs later)."""
+    schema = onnx.defs.get_schema("Scan", opset)
+    for attr in node.attribute:
+        wanted = schema.attributes.get(attr.name)
+        if wanted is not None and attr.type != wanted.type:
+            got = onnx.AttributeProto.AttributeType.Name(attr.type) if attr.type in _ATTRIBUTE_TYPES else str(attr.type)
+            raise InvalidModelError(
+                f"{where}Scan node '{printable(label)}': attribute '{printable(attr.name)}' is of type {got}, "
+                f"not {onnx.AttributeProto.AttributeType.Name(wanted.type)}"
+            )
+
+
+_ATTRIBUTE_TYPES = frozenset(onnx.AttributeProto.AttributeType.values())
 
 
 def _check_opset_imports(model: onnx.ModelProto) -> list[str]:

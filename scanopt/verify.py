@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, printable_lines
 from scanopt.inputs import (
     FeedBudgetError,
     InputSynthesizer,
@@ -195,7 +195,7 @@ class VerifyResult:
             lines += [f"FAILED: {line}" for line in failures[:MAX_LISTED]]
             if len(failures) > MAX_LISTED:
                 lines.append(f"FAILED: ... and {len(failures) - MAX_LISTED} more")
-        return "\n".join(lines)
+        return printable_lines(lines)
 
     def to_dict(self) -> dict:
         return {
@@ -304,11 +304,14 @@ def compare_outputs(
 
 
 class SignatureMismatchError(ScanoptError):
-    """The two models do not take and give the same tensors, so they cannot be compared.
+    """The two models do not take and give the same tensors: not equivalent.
 
     A subclass so that the pipeline can treat a rewrite that changed the signature as a
-    failed rewrite, while `scanopt verify` reports it as bad input.
+    failed rewrite, and `scanopt verify` as a failed verification (exit 1, as the README's
+    exit codes say), not as bad input.
     """
+
+    exit_code = 1
 
 
 def check_signatures(original: onnx.ModelProto, candidate: onnx.ModelProto) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import builders as b
 from scanopt.errors import ScanoptError
-from scanopt.outputs import STAGING_NAME, STALE_AFTER_SECONDS, remove_stale_staging, write_outputs
+from scanopt.outputs import MARKER_NAME, MARKER_TEXT, STAGING_NAME, STALE_AFTER_SECONDS, remove_stale_staging, write_outputs
 
 
 def _save(path, model):
@@ -338,14 +338,15 @@ def test_only_staging_shaped_folders_are_removed(tmp_path):
     for name in (".scanopt-staging-12-abc_9", ".scanopt-k2j4h5g1", ".scanopt-staging-7-x", ".scanopt-mine", "scanopt-staging-1-a"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "f").write_bytes(b"x")
+        (tmp_path / name / MARKER_NAME).write_bytes(MARKER_TEXT)  # the name is what this test varies
     (tmp_path / ".scanopt-staging-7-x" / "sub").mkdir()  # holds a folder: not what scanopt stages
     for name in os.listdir(tmp_path):
         for inner in os.listdir(tmp_path / name):
             os.utime(tmp_path / name / inner, (old, old))
         os.utime(tmp_path / name, (old, old))
     removed = sorted(os.path.basename(p) for p in remove_stale_staging(str(tmp_path)))
-    assert removed == [".scanopt-k2j4h5g1", ".scanopt-staging-12-abc_9"]
-    assert sorted(os.listdir(tmp_path)) == [".scanopt-mine", ".scanopt-staging-7-x", "scanopt-staging-1-a"]
+    assert removed == [".scanopt-staging-12-abc_9"]
+    assert sorted(os.listdir(tmp_path)) == [".scanopt-k2j4h5g1", ".scanopt-mine", ".scanopt-staging-7-x", "scanopt-staging-1-a"]
 
 
 # -- reading: only regular files, bounded ----------------------------------------------------

@@ -12,7 +12,8 @@ import importlib
 import os
 import sys
 
-from scanopt.errors import ScanoptError
+from scanopt.cli.interrupts import describe, exit_code, handled_signals
+from scanopt.errors import ScanoptError, printable
 
 # Subcommand modules in the order --help lists them.
 SUBCOMMANDS = ("optimize", "upgrade", "inspect", "run", "verify")
@@ -29,7 +30,8 @@ examples:
   scanopt verify model.onnx model.opt.onnx --seeds 3
 
 exit codes: 0 ok, 1 verification failed or impossible (verify, upgrade, optimize --strict),
-2 bad input or usage
+2 bad input or usage, 128+N ended by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP;
+nothing written)
 """
 
 
@@ -56,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with handled_signals():  # before build_parser imports the heavy modules
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: staging removed on the way here
+            print(f"scanopt: {describe(exc)}", file=sys.stderr)
+            return exit_code(exc)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -70,8 +81,5 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the closed pipe
     except ScanoptError as exc:
-        print(f"scanopt: {exc}", file=sys.stderr)
+        print(f"scanopt: {printable(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("scanopt: interrupted", file=sys.stderr)
-        return 130

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, printable
 from scanopt.cli.feeds import feed_files
 from scanopt.model_io import LoadedModel, external_data_name, load
 from scanopt.outputs import FileId, OutputPlan, Writer
@@ -30,7 +30,7 @@ def positive_int(text: str) -> int:
 
 def info(message: str) -> None:
     """Progress and notes go to stderr, so stdout stays clean for reports and JSON."""
-    print(message, file=sys.stderr, flush=True)
+    print(printable(message), file=sys.stderr, flush=True)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:

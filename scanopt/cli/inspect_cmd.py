@@ -7,6 +7,7 @@ import json
 
 from scanopt.cli.common import comma_list
 from scanopt.cost import TARGETS, CostPolicy
+from scanopt.errors import printable
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans, format_scans
 from scanopt.ir import import_model
@@ -58,5 +59,5 @@ def run(args) -> int:
         print(f"{args.model}: {len(scans)} Scan node{'s' if len(scans) != 1 else ''}")
         print(format_scans(scans))
         for warning in loaded.warnings:
-            print(f"warning: {warning}")
+            print(f"warning: {printable(warning)}")
     return 0

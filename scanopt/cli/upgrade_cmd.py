@@ -6,7 +6,7 @@ import argparse
 import json
 
 from scanopt.cli.common import add_job_arguments, info, start_job, text_writer
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, printable_lines
 from scanopt.model_io import model_writer
 from scanopt.emit import MIN_TARGET
 from scanopt.migrate import migrate_verified
@@ -91,4 +91,4 @@ def _format(report: dict) -> str:
         lines.append("ops: " + ", ".join(f"{op} {c['before']} -> {c['after']}" for op, c in report["op_changes"].items()))
     if report["verification"]:
         lines.append(f"verification: {report['verification']['summary']}")
-    return "\n".join(lines)
+    return printable_lines(lines)

@@ -9,8 +9,9 @@ import textwrap
 from scanopt.cli.common import positive_int
 from scanopt.cli.feeds import user_feeds
 from scanopt.cli.run_cmd import add_input_arguments
+from scanopt.errors import printable
 from scanopt.model_io import load
-from scanopt.verify import ENGINE_CHOICES, TOLERANCES, compare_models
+from scanopt.verify import ENGINE_CHOICES, TOLERANCES, SignatureMismatchError, compare_models
 
 def _tolerance_lines() -> str:
     listed = ", ".join(f"{name} {r:g}/{a:g}" for name, (r, a) in TOLERANCES.items())
@@ -32,7 +33,8 @@ integers and bool exactly. --rtol/--atol replace them for every floating dtype.
 --engine auto uses onnxruntime when it loads both models, else the reference
 executor; both runs each engine on each model and also compares the engines.
 
-exit codes: 0 equivalent, 1 not equivalent, 2 bad input or usage
+exit codes: 0 equivalent, 1 not equivalent (also: outputs or inputs of another name,
+dtype, rank or count), 2 bad input or usage
 """
 
 
@@ -62,15 +64,24 @@ def run(args) -> int:
         feeds, _ = user_feeds(
             load(args.original).model, npz=args.inputs, arrays=args.input, seeds=range(args.seeds), engine=engine
         )
-    result = compare_models(
-        args.original,
-        args.candidate,
-        inputs=feeds,
-        engine=args.engine,
-        seeds=args.seeds,
-        rtol=args.rtol,
-        atol=args.atol,
-    )
+    try:
+        result = compare_models(
+            args.original,
+            args.candidate,
+            inputs=feeds,
+            engine=args.engine,
+            seeds=args.seeds,
+            rtol=args.rtol,
+            atol=args.atol,
+        )
+    except SignatureMismatchError as exc:  # outputs of another dtype, rank or count: not equivalent
+        summary = f"NOT equivalent: {exc}"
+        if args.json:
+            print(json.dumps({"passed": False, "engine": None, "summary": summary, "notes": [], "sizes": {},
+                              "comparisons": []}, indent=2))
+        else:
+            print(f"FAILED: {printable(exc)}")
+        return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

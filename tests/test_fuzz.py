@@ -1,0 +1,113 @@
+"""Hostile bytes never give a traceback: byte-flip mutants of the committed sample models
+end as exit 0/1, or exit 2 with one line free of raw control characters.
+
+Deterministic (fixed seed) and bounded: a few dozen mutants per command, some seconds.
+``SCANOPT_FUZZ_N=1000`` runs that many per command (the bar: 1,000 mutants, 0 findings);
+``python tests/fuzz_models.py 1000 --commands optimize,inspect,run,verify`` prints a table.
+"""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import pytest
+
+import builders as b
+import fuzz_models
+
+N = int(os.environ.get("SCANOPT_FUZZ_N", "100"))
+
+
+@pytest.mark.parametrize("command", ["optimize", "inspect", "run", "verify"])
+def test_byte_flip_mutants_give_no_traceback(tmp_path, command):
+    codes, findings = fuzz_models.fuzz(N, (command,), seed=0, work=str(tmp_path))[command]
+    assert not findings, "\n".join(f"{label}: {problem}" for label, problem in findings[:3])
+    assert sum(codes.values()) == N
+
+
+def test_the_mutants_are_deterministic_and_mutated():
+    first, again = list(fuzz_models.mutants(20, seed=3)), list(fuzz_models.mutants(20, seed=3))
+    assert first == again
+    changed = 0
+    for label, data in first:
+        with open(os.path.join(fuzz_models.ROOT, label.split("#")[0]), "rb") as handle:
+            original = handle.read()
+        assert len(data) == len(original)
+        changed += data != original  # a flip may, rarely, write a byte back as it was
+    assert changed >= 18
+
+
+# The known hostile forms, each built on purpose (the fuzzer finds them only by chance).
+
+
+def _refused(cli, tmp_path, data, expect, commands=("optimize", "inspect", "run", "verify")):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    for command in commands:
+        argv = fuzz_models.command_line(command, str(path), str(tmp_path))
+        result = cli(*argv)
+        assert result.code == 2, (command, result)
+        lines = result.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("scanopt: ") and expect in lines[0], (command, result.err)
+        assert not (tmp_path / "out.onnx").exists()
+
+
+def _serialized_with(model, old: bytes, new: bytes) -> bytes:
+    data = model.SerializeToString()
+    assert data.count(old) == 1
+    return data.replace(old, new)
+
+
+def test_invalid_utf8_in_a_name(cli, tmp_path):
+    m = b.scan9_sum(steps=3)
+    m.graph.node[0].name = "scan_QQ"
+    _refused(cli, tmp_path, _serialized_with(m, b"scan_QQ", b"scan_\xff\xfe"), "'scan_\\xff\\xfe' is not valid UTF-8")
+
+
+def test_invalid_utf8_in_a_dim_param(cli, tmp_path):
+    m = b.scan9_sum(steps="TT_QQ")
+    data = m.SerializeToString().replace(b"TT_QQ", b"TT_\xe8Q")
+    _refused(cli, tmp_path, data, "is not valid UTF-8")
+
+
+def test_an_unknown_tensor_data_type(cli, tmp_path):
+    m = b.scan9_sum(steps=3)
+    m.graph.input[1].type.tensor_type.elem_type = 111
+    _refused(cli, tmp_path, m.SerializeToString(), "value 'X': data type 111 is not one onnx knows")
+
+
+def test_a_negative_declared_dim(cli, tmp_path):
+    m = b.scan9_sum(steps=3)
+    m.graph.input[1].type.tensor_type.shape.dim[0].dim_value = -3
+    _refused(cli, tmp_path, m.SerializeToString(), "value 'X': declares a negative dim (-3)")
+
+
+def test_a_scan_attribute_of_the_wrong_type(cli, tmp_path):
+    m = b.scan9_sum(steps=3, scan_input_directions=[0])
+    attr = next(a for a in m.graph.node[0].attribute if a.name == "scan_input_directions")
+    attr.type = onnx.AttributeProto.UNDEFINED
+    _refused(cli, tmp_path, m.SerializeToString(), "attribute 'scan_input_directions' is of type UNDEFINED, not INTS")
+
+
+def test_an_optional_typed_value_is_unsupported(cli, tmp_path):
+    m = b.scan9_sum(steps=3)
+    body = m.graph.node[0].attribute[0].g
+    body.input[0].type.Clear()
+    body.input[0].type.optional_type.SetInParent()
+    _refused(cli, tmp_path, m.SerializeToString(), "is declared with optional type")
+
+
+def test_an_unexpected_error_while_checking_is_one_line_naming_the_file(cli, tmp_path, monkeypatch):
+    """The last resort behind the checks above: whatever else onnx raises on hostile bytes."""
+    import scanopt.model_io
+
+    def boom(*args, **kwargs):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(scanopt.model_io, "validate_model", boom)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b.scan9_sum(steps=3).SerializeToString())
+    result = cli("inspect", path)
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert result.err.startswith(f"scanopt: {path}: not a valid model (UnicodeDecodeError while checking it")

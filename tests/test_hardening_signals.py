@@ -1,0 +1,146 @@
+"""SIGTERM and SIGHUP end a run like Ctrl-C: nothing written, the staging folder removed,
+one line, exit 128 + the signal (130, 143, 129). The handlers are in place before onnx,
+onnxruntime and graphsurgeon are imported, so a signal during the first seconds is as clean.
+
+The children get SIGINT/SIGTERM/SIGHUP at their default: a suite started in the background
+inherits SIGINT ignored, and a signal that was ignored when scanopt started stays ignored
+(as ``nohup`` wants for SIGHUP)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import builders as b
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEAVY = ("onnx", "onnxruntime", "onnx_graphsurgeon", "numpy", "google.protobuf")
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+def _defaults(ignore=()):
+    def reset():
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN if signum in ignore else signal.SIG_DFL)
+    return reset
+
+
+def _spawn(code, *argv, ignore=(), env=None):
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, argv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_defaults(ignore),
+                            env={**os.environ, **(env or {})})
+
+
+def _model(tmp_path):
+    src = tmp_path / "in.onnx"
+    src.write_bytes(b.scan9_sum(steps="T").SerializeToString())  # unchanged: written through bytes_writer
+    return src
+
+
+# The run stops in the middle of writing OUT: half the bytes staged, then a pause.
+WRITING = textwrap.dedent(
+    """
+    import os, sys, time
+    import scanopt.cli.optimize_cmd as cmd
+    real = cmd.bytes_writer
+
+    def slow_writer(data):
+        write = real(data)
+        def staged(path):
+            with open(path, "wb") as handle:
+                handle.write(data[: len(data) // 2])
+            print("staged", flush=True)
+            time.sleep(float(os.environ.get("PAUSE", "120")))
+            write(path)
+        return staged
+
+    cmd.bytes_writer = slow_writer
+    from scanopt.cli import main
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+# What the console script does (`from scanopt.cli import main; sys.exit(main())`), with the
+# import of onnx held up so the signal lands while the heavy modules load.
+IMPORTING = textwrap.dedent(
+    """
+    import sys, time
+
+    class HoldOnnx:
+        def find_spec(self, name, path=None, target=None):
+            if name == "onnx":
+                print("importing onnx", flush=True)
+                time.sleep(120)
+            return None
+
+    sys.meta_path.insert(0, HoldOnnx())
+    from scanopt.cli import main
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def _said(err, signum):
+    expected = "scanopt: interrupted" + ("" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}")
+    assert err.strip() == expected, err
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_signal_while_out_is_written_leaves_nothing(tmp_path, signum):
+    src = _model(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = _spawn(WRITING, "optimize", src, out_dir / "m.onnx", "-q")
+    assert proc.stdout.readline().strip() == "staged"
+    assert [n for n in os.listdir(out_dir) if n.startswith(".scanopt-staging-")]  # the partial file exists now
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum
+    _said(err, signum)
+    assert os.listdir(out_dir) == []
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_signal_while_modules_import_ends_cleanly(tmp_path, signum):
+    proc = _spawn(IMPORTING, "optimize", _model(tmp_path), tmp_path / "out.onnx")
+    assert proc.stdout.readline().strip() == "importing onnx"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    _said(err, signum)
+    assert "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["in.onnx"]
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path):
+    """nohup: the hangup is ignored and the run finishes."""
+    src = _model(tmp_path)
+    proc = _spawn(WRITING, "optimize", src, tmp_path / "out.onnx", "-q", ignore=(signal.SIGHUP,), env={"PAUSE": "1"})
+    assert proc.stdout.readline().strip() == "staged"
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "out.onnx").read_bytes() == src.read_bytes()
+
+
+def test_the_entry_points_import_no_heavy_module_before_main():
+    with open(os.path.join(ROOT, "pyproject.toml")) as handle:  # tomllib is 3.11+; the project admits 3.10
+        entry = re.search(r'^\[project\.scripts\]\s*^scanopt\s*=\s*"([^"]+)"', handle.read(), re.M).group(1)
+    module, function = entry.split(":")
+    code = f"import sys, {module}; {module}.{function}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+    main_py = open(os.path.join(ROOT, "scanopt", "__main__.py")).read()
+    assert re.search(rf"^from {re.escape(module)} import {function}$", main_py, re.M)  # python -m scanopt: same path
+
+
+def test_handlers_are_restored_after_an_in_process_run(cli, tmp_path):
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    assert cli("inspect", _model(tmp_path)).code == 0
+    assert {s: signal.getsignal(s) for s in SIGNALS} == before
