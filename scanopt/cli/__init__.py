@@ -75,3 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("scanopt: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # anywhere: loading, inference, verification, writing (staged files are removed)
+        print("scanopt: out of memory: the run needs more memory than this process may use; nothing written",
+              file=sys.stderr)
+        return 1
