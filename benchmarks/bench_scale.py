@@ -5,7 +5,8 @@ nothing to do against a bare onnx load + save.
     python benchmarks/bench_scale.py                 # N up to 1,000, depth up to 30
     python benchmarks/bench_scale.py --large         # N up to 3,000
     python benchmarks/bench_scale.py --profile 1000  # cProfile of one run at N=1000
-    python benchmarks/bench_scale.py --only n,shared,depth,fail,noop
+    python benchmarks/bench_scale.py --only n,shared,depth,fail,noop,inspect
+    python benchmarks/bench_scale.py --only inspect --inspect-counts 100,250,800,1000,5000
 
 Models: N independent 4-step tanh-RNN Scans (each reads its own Identity copy of X and its
 own small weights); the same N Scans all reading X itself (each is a candidate
@@ -229,6 +230,33 @@ def bench_noop(counts):
     table("nothing to do: `scanopt optimize` vs onnx.load + onnx.save", rows, ("model", "load+save s", "optimize s", "ratio"))
 
 
+def bench_inspect(counts):
+    """`scanopt inspect` (CLI, in process, every pass's dry run) on N independent Scans and
+    N declined ones: thread CPU time per Scan, and its ratio to the smallest N's."""
+    import contextlib
+    import io
+
+    from scanopt.cli import main as cli
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, build in [("independent", independent_scans), ("declined", declined_scans)]:
+            onnx.save(build(2), os.path.join(tmp, "w.onnx"))
+            with contextlib.redirect_stdout(io.StringIO()):  # warm-up: imports
+                cli(["inspect", os.path.join(tmp, "w.onnx")])
+            first = None
+            for count in counts:
+                src = os.path.join(tmp, f"{label}{count}.onnx")
+                onnx.save(build(count), src)
+                start = time.thread_time()
+                with contextlib.redirect_stdout(io.StringIO()):
+                    cli(["inspect", src])
+                per_scan = 1000 * (time.thread_time() - start) / count
+                first = first or per_scan
+                rows.append((label, str(count), f"{per_scan * count / 1000:.2f}", f"{per_scan:.2f}", f"{per_scan / first:.2f}"))
+    table("`scanopt inspect` time vs N Scans (thread CPU time)", rows, ("model", "N", "s", "ms/Scan", "x smallest N"))
+
+
 def declined_scans(count: int) -> onnx.ModelProto:
     """N Scans whose body (h' = h * x, elementwise) no pass rewrites at a dynamic length."""
     model = independent_scans(count)
@@ -248,7 +276,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true", help="N up to 3,000")
     parser.add_argument("--profile", type=int, metavar="N", help="cProfile one optimize of N Scans and stop")
-    parser.add_argument("--only", default="n,shared,depth,fail,noop")
+    parser.add_argument("--only", default="n,shared,depth,fail,noop,inspect")
+    parser.add_argument("--inspect-counts", default="100,250,800,1000", help="N for the inspect table")
     args = parser.parse_args(argv)
     if args.profile:
         model = independent_scans(args.profile)
@@ -271,6 +300,8 @@ def main(argv=None):
         bench_failing([10, 100, 300] + ([1000] if args.large else []))
     if "noop" in only:
         bench_noop([10, 1000])
+    if "inspect" in only:
+        bench_inspect([int(n) for n in args.inspect_counts.split(",")])
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ and :func:`without_marks` gives engines a clean copy.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -99,7 +100,7 @@ def _all_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
 
 def expected_length(tensor: onnx.TensorProto) -> int | None:
     """The byte length of ``tensor``'s raw data, from its type and dims (None: not fixed)."""
-    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    count = math.prod(tensor.dims)  # Python ints: a hostile dim does not wrap around
     try:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
     except (KeyError, ValueError, TypeError):
@@ -110,6 +111,65 @@ def expected_length(tensor: onnx.TensorProto) -> int | None:
     if dtype.kind in "OUS":
         return None
     return count * dtype.itemsize
+
+
+# Bytes per element a typed data field may take when serialized, at most (varints: 10).
+_FIELD_BYTES = {"float_data": 4, "double_data": 8, "int32_data": 10, "int64_data": 10, "uint64_data": 10}
+_SKELETON_FIELDS = ("name", "dims", "data_type", "segment", "doc_string", "data_location", "external_data",
+                    "metadata_props")
+
+
+def serialized_size_bound(model: onnx.ModelProto) -> int:
+    """At least ``model.ByteSize()``, found without serializing its weights (upb's ByteSize
+    encodes the whole model: one more copy of every weight, a MemoryError on big models).
+    Each big initializer counts its type and dims, its data by its type (never read);
+    everything else is sized as it is, one element at a time."""
+    total = 0
+    for descriptor, value in model.ListFields():
+        if descriptor.name == "graph":
+            total += _graph_size_bound(value) + 16
+        else:
+            total += _field_size(descriptor, value)
+    return total
+
+
+def _field_size(descriptor, value) -> int:
+    """Bytes a field (one value or a repeated one) takes, with 16 for tag and length each."""
+    single = isinstance(value, (str, bytes, int, float)) or hasattr(value, "ByteSize")
+    return sum(_item_size(item) + 16 for item in ([value] if single else value))
+
+
+def _item_size(item) -> int:
+    if hasattr(item, "ByteSize"):
+        return item.ByteSize()
+    return len(item) if isinstance(item, bytes) else len(str(item).encode())
+
+
+def _graph_size_bound(graph: onnx.GraphProto) -> int:
+    total = 0
+    for descriptor, value in graph.ListFields():
+        if descriptor.name == "initializer":
+            total += sum(_tensor_size_bound(t) + 16 for t in value)
+        else:
+            total += _field_size(descriptor, value)
+    return total
+
+
+def _tensor_size_bound(tensor: onnx.TensorProto) -> int:
+    length = expected_length(tensor)
+    if length is None or length < INLINE_BELOW or tensor.data_location == EXTERNAL:
+        return tensor.ByteSize()
+    skeleton = onnx.TensorProto()
+    for name in _SKELETON_FIELDS:
+        value = getattr(tensor, name)
+        if name in ("dims", "external_data", "metadata_props"):
+            getattr(skeleton, name).extend(value)
+        elif tensor.HasField(name) if name != "data_type" else True:
+            setattr(skeleton, name, value) if name != "segment" else skeleton.segment.CopyFrom(value)
+    data = length + 16 if tensor.HasField("raw_data") else 0
+    data += sum(len(getattr(tensor, field)) * size for field, size in _FIELD_BYTES.items())
+    data += sum(len(s) + 16 for s in tensor.string_data)
+    return skeleton.ByteSize() + data + 16
 
 
 PACKED_BITS = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2, "FLOAT6E2M3": 6, "FLOAT6E3M2": 6}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import onnx
 from google.protobuf.message import DecodeError
 
-from scanopt.external_data import attach, has_marks, inlined, marked_tensors, source, write_model
+from scanopt.external_data import attach, has_marks, inlined, marked_tensors, serialized_size_bound, source, write_model
 from scanopt.errors import InvalidModelError, ScanoptError, first_line, printable
 from scanopt.outputs import Writer, file_kind, write_output
 from scanopt.validate import sort_nodes, validate_model
@@ -112,7 +112,11 @@ def read_regular_file(path: str, *, what: str, limit: int) -> bytes:
         raise ScanoptError(f"{path}: {_size(st.st_size)}, over the {_size(limit)} one protobuf file can hold (larger models keep their tensors in external data)")
     try:
         with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
+            # read(n) allocates n bytes before reading: the file's size, not the limit (2 GiB
+            # of address space per load, which a memory-capped run does not have)
+            data = handle.read(min(st.st_size, limit) + 1)
+            if len(data) > st.st_size:  # it grew while we looked
+                data += handle.read(limit + 1 - len(data))
     except OSError as exc:
         raise ScanoptError(f"{path}: cannot read ({exc.strerror})") from None
     if len(data) > limit:  # it grew while we looked
@@ -177,7 +181,7 @@ def uses_external_data(model: onnx.ModelProto) -> bool:
 def needs_external_data(model: onnx.ModelProto) -> bool:
     """Whether ``model`` with every tensor in it would be over protobuf's limit (the bytes
     of tensors still in their file count too)."""
-    return model.ByteSize() + sum(source(t).length for t in marked_tensors(model)) > PROTOBUF_LIMIT
+    return serialized_size_bound(model) + sum(source(t).length for t in marked_tensors(model)) > PROTOBUF_LIMIT
 
 
 def save_model(model: onnx.ModelProto, path: str, *, external_data: bool | None = None) -> None:

@@ -14,7 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.external_data import expected_length
-from scanopt.protos import walk_proto_graphs
+from scanopt.protos import in_default_domain, walk_proto_graphs
 
 Dim = int | str | None
 
@@ -85,7 +85,7 @@ def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
     if cache is not None and cache[0] is model and cache[1] == size:
         return cache[2]
     try:
-        inferred = onnx.shape_inference.infer_shapes(_without_big_weights(model), strict_mode=False, data_prop=True)
+        inferred = bounded_inference(_without_big_weights(model))
     except Exception:  # noqa: BLE001 - inference is a hint; a failure only means fewer shapes
         inferred = None
     if cache is not None:
@@ -94,6 +94,176 @@ def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
 
 BIG = 4096  # bytes: initializers at least this large reach inference as typed inputs only
+
+# Bounds that keep onnx shape inference's time and memory in proportion to the model's
+# size, whatever numbers it declares (a 300-byte model declaring a dim of 10**12 made it
+# run for minutes and take every byte it was allowed):
+# - a declared dim above DIM_LIMIT reaches inference as a symbol and comes back as the
+#   number (inference does arithmetic on dims in int64: products of such dims overflow);
+# - data propagation tracks the elements of a 1-D value through Add, Cast, Concat... one
+#   TensorShapeProto dim each, and for a value it has no data for, it makes one unknown
+#   element per declared length. An input of such an op whose length is unknown or above
+#   SHAPE_DATA_LIMIT (shapes have a handful of elements) reaches it through a barrier: a
+#   fresh value of the same type with the length unknown.
+DIM_LIMIT = 2**31 - 1
+SHAPE_DATA_LIMIT = 1024
+_HUGE = "\0scanopt-huge-"  # prefix of the symbols standing for huge dims (NUL: no model's own)
+_BARRIER = "\0scanopt-barrier-"
+_READS_TYPES_ONLY = {"Shape", "Size"}  # data propagators that never ask for their input's data
+
+
+def bounded_inference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx shape inference (lenient, with data propagation) of ``model`` within the bounds
+    above. Costs a first pass without data propagation (which allocates nothing by value)
+    to learn the lengths of the 1-D values data propagation would look into; a model whose
+    values data propagation has nothing to start from (no Shape or Size, no constant read
+    by a propagating node: Scan bodies of arithmetic) has that pass only."""
+    work, huge = _huge_dims_symbolic(model)
+    plain = onnx.shape_inference.infer_shapes(work, strict_mode=False)
+    constants = _constant_names(work)
+    if not _data_to_propagate(work, constants):
+        return _restore_huge(plain, huge)
+    lengths = _known_types(plain)
+    barriers = _barrier_inputs(work, lengths, constants)
+    if barriers:
+        work = _with_barriers(work, barriers, lengths)
+    inferred = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
+    if barriers:
+        kept = [v for v in inferred.graph.input if not v.name.startswith(_BARRIER)]
+        del inferred.graph.input[:]
+        inferred.graph.input.extend(kept)
+        _fill_known_dims(inferred, lengths)  # what the barriers hid from the values after them
+    return _restore_huge(inferred, huge)
+
+
+def _declared_values(graph: onnx.GraphProto):
+    return [*graph.input, *graph.output, *graph.value_info]
+
+
+def _huge_dims_symbolic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """``model``, or a copy in which every declared dim above DIM_LIMIT is a symbol."""
+    def huge(m):
+        return [d for g in walk_proto_graphs(m.graph) for v in _declared_values(g) if v.type.HasField("tensor_type")
+                for d in v.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value > DIM_LIMIT]
+
+    if not huge(model):
+        return model, False
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for dim in huge(copy):
+        dim.dim_param = f"{_HUGE}{dim.dim_value}"  # clears dim_value (a oneof)
+    return copy, True
+
+
+def _restore_huge(inferred: onnx.ModelProto, huge: bool) -> onnx.ModelProto:
+    if huge:
+        for g in walk_proto_graphs(inferred.graph):
+            for v in _declared_values(g):
+                for dim in v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else ():
+                    if dim.dim_param.startswith(_HUGE):
+                        dim.dim_value = int(dim.dim_param[len(_HUGE):])
+    return inferred
+
+
+_DATA_OPS: dict[tuple[str, int], bool] = {}
+
+
+def _propagates_data(node: onnx.NodeProto, model: onnx.ModelProto) -> bool:
+    """True if onnx's data propagation looks at the data of ``node``'s inputs."""
+    if not in_default_domain(node.domain) or node.op_type in _READS_TYPES_ONLY:
+        return False
+    opset = next((o.version for o in model.opset_import if in_default_domain(o.domain)), 0)
+    key = (node.op_type, opset)
+    if key not in _DATA_OPS:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset)
+            _DATA_OPS[key] = bool(getattr(schema, "has_data_propagation_function", True))
+        except Exception:  # noqa: BLE001 - unknown op or opset: onnx propagates nothing through it
+            _DATA_OPS[key] = False
+    return _DATA_OPS[key]
+
+
+def _known_types(inferred: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    types: dict[str, onnx.TypeProto] = {}
+    for g in walk_proto_graphs(inferred.graph):
+        for v in _declared_values(g):
+            types.setdefault(v.name, v.type)
+    return types
+
+
+def _short(type_proto: onnx.TypeProto | None) -> bool:
+    """A known shape that is not 1-D, or 1-D of a known length up to SHAPE_DATA_LIMIT."""
+    if type_proto is None or not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
+        return False
+    dims = type_proto.tensor_type.shape.dim
+    return len(dims) != 1 or (dims[0].HasField("dim_value") and dims[0].dim_value <= SHAPE_DATA_LIMIT)
+
+
+def _constant_names(model: onnx.ModelProto) -> set[str]:
+    """Initializers and Constant outputs at every level: values whose data is in the model."""
+    names = {t.name for g in walk_proto_graphs(model.graph) for t in g.initializer}
+    names.update(n.output[0] for g in walk_proto_graphs(model.graph) for n in g.node
+                 if n.op_type == "Constant" and in_default_domain(n.domain) and n.output)
+    return names
+
+
+def _data_to_propagate(model: onnx.ModelProto, constants: set[str]) -> bool:
+    """Data propagation knows elements only from Shape, Size and constants; without them it
+    adds nothing to what inference without it finds (lengths it knows already)."""
+    return any((in_default_domain(node.domain) and node.op_type in _READS_TYPES_ONLY)
+               or (_propagates_data(node, model) and any(name in constants for name in node.input))
+               for g in walk_proto_graphs(model.graph) for node in g.node)
+
+
+def _barrier_inputs(model: onnx.ModelProto, types: dict[str, onnx.TypeProto], constants: set[str]) -> set[str]:
+    """Inputs of data-propagating nodes whose length may be unbounded; constants excluded
+    (their data is there, bytes for elements)."""
+    return {name for g in walk_proto_graphs(model.graph) for node in g.node if _propagates_data(node, model)
+            for name in node.input if name and name not in constants and not _short(types.get(name))}
+
+
+def _with_barriers(model: onnx.ModelProto, names: set[str], types: dict[str, onnx.TypeProto]) -> onnx.ModelProto:
+    """A copy of ``model`` whose data-propagating nodes read each of ``names`` through a
+    barrier: a top-level input (visible at every level) of its type, length unknown."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    fresh = {name: f"{_BARRIER}{k}" for k, name in enumerate(sorted(names))}
+    for g in walk_proto_graphs(copy.graph):
+        for node in g.node:
+            if _propagates_data(node, copy):
+                for i, name in enumerate(node.input):
+                    if name in fresh:
+                        node.input[i] = fresh[name]
+    for name, barrier in fresh.items():
+        value = copy.graph.input.add(name=barrier)
+        known = types.get(name)
+        if known is not None and known.HasField("tensor_type"):
+            value.type.tensor_type.elem_type = known.tensor_type.elem_type
+            shape = known.tensor_type.shape
+            if known.tensor_type.HasField("shape"):
+                value.type.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in shape.dim)
+        else:
+            value.type.tensor_type.elem_type = onnx.TensorProto.UNDEFINED
+    return copy
+
+
+def _fill_known_dims(inferred: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> None:
+    """Dims the first pass knew that the second lost behind a barrier (the second only adds
+    knowledge elsewhere): values, and the huge dims' symbols. Not its other symbols: each
+    pass names its own."""
+    for g in walk_proto_graphs(inferred.graph):
+        for v in _declared_values(g):
+            known = types.get(v.name)
+            if known is None or not known.HasField("tensor_type") or not known.tensor_type.HasField("shape"):
+                continue
+            target = v.type.tensor_type
+            if not target.HasField("shape"):
+                target.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in known.tensor_type.shape.dim)
+            if len(target.shape.dim) != len(known.tensor_type.shape.dim):
+                continue
+            for mine, theirs in zip(target.shape.dim, known.tensor_type.shape.dim):
+                if not mine.HasField("dim_value") and (theirs.HasField("dim_value") or theirs.dim_param.startswith(_HUGE)):
+                    mine.CopyFrom(theirs)
 
 
 def _without_big_weights(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -83,3 +83,7 @@ def _main(argv: list[str] | None) -> int:
     except ScanoptError as exc:
         print(f"scanopt: {printable(exc)}", file=sys.stderr)
         return exc.exit_code
+    except MemoryError:  # anywhere: loading, inference, verification, writing (staged files are removed)
+        print("scanopt: out of memory: the run needs more memory than this process may use; nothing written",
+              file=sys.stderr)
+        return 1
