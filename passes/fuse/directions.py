@@ -32,6 +32,7 @@ class Direction:
     first: int = 0  # position of the first state among the node's inputs (Scan-8: 1)
     source: gs.Tensor | None = None  # X the native op reads, when not the Scan's own (a reversal's input)
     notes: tuple[str, ...] = ()  # for the report
+    broadcast: bool = False  # batch sizes of X and the states not proven equal: expand them to the common one
 
     @property
     def x(self) -> gs.Tensor:
@@ -105,10 +106,13 @@ def _direction(node, view, level, ctx, folder=None):
             guard = "lens"
         outputs = [(reverse, 1) for _ in view.output_axes]
         return Direction(node, cell, reverse, states, outputs, guard, first=1), True, 1
+    broadcast: tuple[str, ...] | Skip = ()
     if rank == 2:
         problem = _batch_problem(node, view, ctx, [i for kind, i in states if kind != "invariant"])
         if problem:
-            return Skip(problem)
+            broadcast = _broadcast_batches(problem, _guard(finals_read, view), ctx.opset)
+            if isinstance(broadcast, Skip):
+                return broadcast
     in_axis = view.input_axes[0] % (rank + 1)
     source, note = reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
     if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
@@ -118,7 +122,7 @@ def _direction(node, view, level, ctx, folder=None):
     if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
         return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
     return (Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source,
-                      notes=(note,) if note else ()), rank == 2, in_axis)
+                      notes=((note,) if note else ()) + broadcast, broadcast=bool(broadcast)), rank == 2, in_axis)
 
 
 def _dtype_reason(dtype) -> str:
@@ -223,3 +227,16 @@ def _batch_problem(node, view, ctx, state_positions) -> str | None:
         return None
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
             "the Scan would broadcast a size-1 batch, the native op would not")
+
+
+def _broadcast_batches(problem: str, guard: str | None, opset: int) -> tuple[str, ...] | Skip:
+    """The fallback where the batch sizes cannot be proven equal (tf2onnx names every unknown
+    dim ``unk__N``, so a caller-given initial state never shares X's symbol): X and the
+    initial states are expanded to their common batch at run time (``Expand`` by each
+    other's batch size), which is what the Scan's broadcasting computes whenever it runs and
+    a copy when the sizes are equal. A zero-length scan returns the initial state at its own
+    batch size; that final state is cut back to it, which needs Slice with run-time ends
+    (opset 10). Returns the report note, or Skip."""
+    if guard == "empty" and opset < 10:
+        return Skip(f"{problem}; expanding them to a common batch needs opset 10 for the zero-length case")
+    return ("batch sizes of X and the initial states not proven equal: both expanded to their common batch",)

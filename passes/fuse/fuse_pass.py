@@ -96,9 +96,12 @@ class Fuse(ScanPass):
 
         inputs = [xn, weight("W", lambda c: c.W), weight("R", lambda c: c.R), weight("B", lambda c: c.B)]
         inputs.append(emit.cast_int32(plan.sequence_lens) if plan.sequence_lens is not None else gs.Variable.empty())
-        inputs.append(initial("h"))
+        states = [initial("h")] + ([initial("c")] if kind == "LSTM" else [])
+        if any(d.broadcast for d in plan.dirs):
+            batch_axis = 1 - plan.layout  # X [T, B, I] and states [D, B, H]; layout 1: [B, T, I], [B, D, H]
+            inputs[0], states = emit.common_batch(inputs[0], states, batch_axis, batch_axis)
+        inputs.extend(states)
         if kind == "LSTM":
-            inputs.append(initial("c"))
             if any(d.cell.P is not None for d in plan.dirs):
                 inputs.append(weight("P", lambda c: np.zeros(3 * c.hidden) if c.P is None else c.P))
 
@@ -145,6 +148,8 @@ class Fuse(ScanPass):
                 v = emit.squeeze(v, [0])
             if d.guard == "empty":
                 v = emit.keep_initial_if_empty(v, node.inputs[d.first + i], x, plan.in_axis)
+                if d.broadcast:
+                    v = emit.initial_batch_if_empty(v, node.inputs[d.first + i], x, plan.in_axis)
             elif d.guard == "lens":
                 v = emit.keep_initial_where_length_0(v, node.inputs[d.first + i], plan.sequence_lens)
             values.append(v)
