@@ -33,6 +33,7 @@ class Direction:
     source: gs.Tensor | None = None  # X the native op reads, when not the Scan's own (a reversal's input)
     notes: tuple[str, ...] = ()  # for the report
     broadcast: bool = False  # batch sizes of X and the states not proven equal: expand them to the common one
+    batch_of_one: bool = False  # a Scan-8 over a batch of one whose body holds the real batch (tf2onnx opset 8)
 
     @property
     def x(self) -> gs.Tensor:
@@ -91,13 +92,20 @@ def _direction(node, view, level, ctx, folder=None):
 
     rank = ctx.shapes.rank(x)
     state_ranks = {ctx.shapes.rank(ins[i]) for kind, i in states if kind != "invariant"}
-    if rank not in (1, 2) or state_ranks != {rank} or (view.batched and rank != 1):
+    one = view.batched and rank == 2 and state_ranks == {2} and _batch_of_one(node, view, ctx, states)
+    if rank not in (1, 2) or state_ranks != {rank} or (view.batched and rank != 1 and not one):
         return Skip(f"x has rank {rank} and the states {sorted(state_ranks, key=str)} in the body; "
                     "fused are [B, I] with [B, H] and [I] with [H] (Scan-8: [I] with [H])")
     top = level.parents[0] if level.parents else level.graph
     reverse = bool(view.input_directions[0])
     finals_read = any(is_read(node.outputs[i], top) for kind, i in states if kind != "invariant")
     ys_read = any(is_read(t, top) for t in node.outputs[n:])
+    if one:  # Scan-8 over X [1, T, B, I]: a Scan-9 over X[0] [T, B, I] with states [B, H]
+        found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top)
+        if isinstance(found, Skip):
+            return found
+        found[0].batch_of_one, found[0].first = True, 1
+        return found
     if view.batched:  # Scan-8: X [B, T, I], states [B, H], outputs [B, T, H]
         if reverse and ys_read:
             return Skip("Scan-8 reverse scan outputs need ReverseSequence (opset 10) to reorder")
@@ -106,6 +114,14 @@ def _direction(node, view, level, ctx, folder=None):
             guard = "lens"
         outputs = [(reverse, 1) for _ in view.output_axes]
         return Direction(node, cell, reverse, states, outputs, guard, first=1), True, 1
+    return _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top)
+
+
+def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top):
+    """The Scan-9+ part of :func:`_direction` (also a Scan-8 over a batch of one, read as
+    the Scan-9 over its only item: X [T, B, I] with states [B, H], all axes 0)."""
+    n, one = view.num_states, view.batched
+    rank = ctx.shapes.rank(node.attrs["body"].inputs[n])
     broadcast: tuple[str, ...] | Skip = ()
     if rank == 2:
         problem = _batch_problem(node, view, ctx, [i for kind, i in states if kind != "invariant"])
@@ -113,12 +129,13 @@ def _direction(node, view, level, ctx, folder=None):
             broadcast = _broadcast_batches(problem, _guard(finals_read, view), ctx.opset)
             if isinstance(broadcast, Skip):
                 return broadcast
-    in_axis = view.input_axes[0] % (rank + 1)
-    source, note = reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
+    in_axis = 0 if one else view.input_axes[0] % (rank + 1)
+    source, note = (None, None) if one else reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
     if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
         reverse = not reverse
-    out_axes = [a % (rank + 1) for a in view.output_axes]
-    outputs = [(bool(d) != reverse, a) for d, a in zip(view.output_directions, out_axes)]
+    out_axes = [0] * view.num_scan_outputs if one else [a % (rank + 1) for a in view.output_axes]
+    out_dirs = [0] * view.num_scan_outputs if one else view.output_directions
+    outputs = [(bool(d) != reverse, a) for d, a in zip(out_dirs, out_axes)]
     if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
         return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
     return (Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source,
@@ -215,14 +232,25 @@ def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
     return found
 
 
+def _batch_of_one(node, view, ctx, states) -> bool:
+    """A Scan-8 without sequence_lens whose outer batch is statically 1 on X and every
+    recurrent state (tf2onnx's opset-8 form: X reshaped to [1, T, B, I])."""
+    if view.sequence_lens:
+        return False
+    tensors = [node.inputs[-1]] + [node.inputs[1 + i] for kind, i in states if kind != "invariant"]
+    shapes = [ctx.shapes.shape(t) for t in tensors]
+    return all(s and s[0] == 1 for s in shapes)
+
+
 def _batch_problem(node, view, ctx, state_positions) -> str | None:
     """Why the batch sizes of X and the initial states may differ, or None if provably equal."""
     x_shape = ctx.shapes.shape(node.inputs[-1])
-    batch_axis = 1 if view.input_axes[0] % 3 == 0 else 0
-    dims = [x_shape[batch_axis] if x_shape else None]
+    one = int(view.batched)  # a Scan-8 over a batch of one: X [1, T, B, I], states [1, B, H]
+    batch_axis = one + (1 if one or view.input_axes[0] % 3 == 0 else 0)
+    dims = [x_shape[batch_axis] if x_shape and len(x_shape) > batch_axis else None]
     for i in state_positions:
-        shape = ctx.shapes.shape(node.inputs[i])
-        dims.append(shape[0] if shape else None)
+        shape = ctx.shapes.shape(node.inputs[one + i])
+        dims.append(shape[one] if shape and len(shape) > one else None)
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
