@@ -14,6 +14,7 @@ from scanopt.pass_api import Match, Skip
 from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
+from scanopt.passes.fuse.projection import projected_inputs
 from scanopt.passes.fuse.recognize import recognize
 from scanopt.passes.fuse.reversal import reversed_source
 from scanopt.rewrite import is_read
@@ -66,18 +67,23 @@ class FusePlan(Match):
 
 def _direction(node, view, level, ctx, folder=None):
     """(Direction, batched, in_axis) for one Scan, or Skip(reason)."""
-    if view.num_scan_inputs != 1:
-        return Skip(f"{view.num_scan_inputs} scan inputs; the native ops read one sequence X")
     body = node.attrs["body"]
     n = view.num_states
+    proj = projected_inputs(node, view, ctx, folder)
+    if view.num_scan_inputs != 1 and proj is None:
+        return Skip(f"{view.num_scan_inputs} scan inputs; the native ops read one sequence X "
+                    "(or projections X·W + b of one, computed outside the loop)")
     x = body.inputs[n]
     if dtype_of(x) != np.float32:
         return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({_dtype_reason(dtype_of(x))})")
+    if proj is not None:
+        x = proj.x
     ins, outs = body.inputs[:n], body.outputs[:n]
     invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
     recurrent = [i for i in range(n) if i not in invariant]
     try:
-        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder)
+        seeds = () if proj is None else tuple((t, proj.seeds[id(t)]) for t in body.inputs[n:] if id(t) in proj.seeds)
+        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder, seeds)
     except NoMatch as exc:
         return Skip(f"not fused: {exc}")
     roles = {id(cell.h): "h", id(cell.c): "c"}
@@ -101,7 +107,7 @@ def _direction(node, view, level, ctx, folder=None):
     finals_read = any(is_read(node.outputs[i], top) for kind, i in states if kind != "invariant")
     ys_read = any(is_read(t, top) for t in node.outputs[n:])
     if one:  # Scan-8 over X [1, T, B, I]: a Scan-9 over X[0] [T, B, I] with states [B, H]
-        found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top)
+        found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
         if isinstance(found, Skip):
             return found
         found[0].batch_of_one, found[0].first = True, 1
@@ -114,10 +120,10 @@ def _direction(node, view, level, ctx, folder=None):
             guard = "lens"
         outputs = [(reverse, 1) for _ in view.output_axes]
         return Direction(node, cell, reverse, states, outputs, guard, first=1), True, 1
-    return _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top)
+    return _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
 
 
-def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top):
+def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj=None):
     """The Scan-9+ part of :func:`_direction` (also a Scan-8 over a batch of one, read as
     the Scan-9 over its only item: X [T, B, I] with states [B, H], all axes 0)."""
     n, one = view.num_states, view.batched
@@ -130,8 +136,11 @@ def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, 
             if isinstance(broadcast, Skip):
                 return broadcast
     in_axis = 0 if one else view.input_axes[0] % (rank + 1)
-    source, note = (None, None) if one else reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
-    if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
+    if proj is not None:  # the native op reads X and folds the projection into W and B
+        source, note = proj.source, f"input projection of '{proj.source.name}' folded into W and B"
+    else:
+        source, note = (None, None) if one else reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
+    if source is not None and proj is None:  # a Scan over reverse(X) is a Scan over X in the other direction
         reverse = not reverse
     out_axes = [0] * view.num_scan_outputs if one else [a % (rank + 1) for a in view.output_axes]
     out_dirs = [0] * view.num_scan_outputs if one else view.output_directions
