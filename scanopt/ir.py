@@ -182,11 +182,18 @@ def _raise_ir_for_free_initializers(model: onnx.ModelProto) -> None:
 
 def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProto) -> None:
     """gs drops graph inputs that are also initializers (IR 3 requires them, e.g. onnx's
-    backend test models); put back each one that is still an initializer, in its place."""
+    backend test models, and tf2onnx's opset-8 output lists them); put back each one, in
+    its place. Such an input is part of the interface (a caller may feed it), so one a
+    rewrite left unread comes back with its original initializer as the default."""
     present = {v.name for v in proto.input}
     weights = {t.name for t in proto.initializer}
-    if all(v.name in present or v.name not in weights for v in original.input):
+    original_weights = {t.name: t for t in original.initializer}
+    if all(v.name in present or v.name not in original_weights for v in original.input):
         return
+    for v in original.input:
+        if v.name not in present and v.name not in weights and v.name in original_weights:
+            proto.initializer.append(original_weights[v.name])
+            weights.add(v.name)
     current = {v.name: v for v in proto.input}
     restored = [current.get(v.name, v) for v in original.input if v.name in present or v.name in weights]
     restored += [v for v in proto.input if v.name not in {r.name for r in restored}]

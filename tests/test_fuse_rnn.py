@@ -169,10 +169,12 @@ def test_pre_activation_as_extra_scan_output_is_declined():
     assert "scan output 1 is" in declined(model) and "not the hidden state" in declined(model)
 
 
-def test_unprovable_batch_sizes_are_declined():
+def test_unprovable_batch_sizes_fuse_with_both_expanded_to_the_common_batch():
+    """Broadcasting batches are checked in tests/test_tf2onnx.py; here the form and the numbers."""
     model = rnn_model()
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "other"
-    assert "cannot prove the batch sizes" in declined(model)
+    out = check_fused(model, "RNN", inputs=False)
+    assert ops(out)["Expand"] == 2
 
 
 def test_double_cell_is_declined():

@@ -15,8 +15,12 @@ Canonical form (what later passes and backends may assume):
   direction change made is the one that is cheaper: a full reversal (Slice, step -1) that
   alone feeds a scan input, or alone reads a scan output, is removed and the direction
   toggled instead.
-Scan-8 is left to the upgrade pass. An axis whose rank is unknown stays as it is
-(reported); everything else still applies.
+Scan-8 (opset 8, batched, ``sequence_lens``) gets the edits that keep its batch semantics
+exactly: dead states, unread and duplicate scan outputs, duplicate and unused scan inputs go
+(:func:`_match_scan8`); its loop-invariant states stay (the body sees one batch item of them,
+which no outer value is), and it has no axes to move. So a Scan-8 cell with extra dead
+states still fuses at opset 8. An axis whose rank is unknown stays as it is (reported);
+everything else still applies.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class CanonicalPlan(Match):
     0..M-1, scan outputs 0..K-1."""
 
     n: int
+    first: int = 0  # position of the first state among the node's inputs (Scan-8: 1, after sequence_lens)
     keep_states: list[int] = field(default_factory=list)
     invariant_states: list[int] = field(default_factory=list)
     dead_states: list[int] = field(default_factory=list)
@@ -77,12 +82,12 @@ class Canonicalize(ScanPass):
     summary = "scan axes to 0, default attributes dropped, dead/duplicate/invariant states and outputs removed"
 
     def match(self, node, view, level, ctx):
-        if view.batched:
-            return Skip("Scan-8 is not canonicalized: run the upgrade pass first to turn it into Scan-9+")
         top = level.parents[0] if level.parents else level.graph
         read = [is_read(t, top) for t in node.outputs]
         if not any(read):
             return Skip("none of its outputs is read; the cleanup pass removes it")
+        if view.batched:
+            return _match_scan8(node, view, read)
         plan = CanonicalPlan(view.num_states)
         out_dirs, out_axes = _plan_outputs(plan, node, view, read, level, ctx)
         needed = _plan_states(plan, node, read)
@@ -100,6 +105,45 @@ class Canonicalize(ScanPass):
 
     def rewrite(self, node, plan: CanonicalPlan, level, ctx):
         return apply_plan(node, plan, level, ctx)
+
+
+def _match_scan8(node, view, read):
+    """The Scan-8 plan: dead states and outputs, duplicate outputs, duplicate and unused scan
+    inputs. Invariant states stay states (see the module docstring)."""
+    n, k, m = view.num_states, view.num_scan_outputs, view.num_scan_inputs
+    plan = CanonicalPlan(n, first=1)
+    body = node.attrs["body"]
+    plan.dead_outputs = [i for i in range(k) if not read[n + i]]
+    first_seen: dict = {}
+    for i in (i for i in range(k) if read[n + i]):
+        key = id(identity_root(body.outputs[n + i]))
+        if key in first_seen:
+            plan.merged_outputs[i] = first_seen[key]
+        else:
+            first_seen[key] = i
+    plan.keep_outputs = [i for i in range(k) if read[n + i] and i not in plan.merged_outputs]
+    needed = _plan_states(plan, node, read, invariants=False)
+    if plan.removes_node:
+        return plan
+    xs, dirs = node.inputs[1 + n:], list(view.input_directions)
+    first_input: dict = {}
+    for i in range(m):
+        key = (id(xs[i]), dirs[i])
+        if key in first_input:
+            plan.merged_inputs[i] = first_input[key]
+        else:
+            first_input[key] = i
+    used = {plan.merged_inputs.get(p - n, p - n) for p in needed if p >= n}
+    plan.unused_inputs = [i for i in range(m) if i not in plan.merged_inputs and i not in used]
+    plan.keep_inputs = [i for i in range(m) if i not in plan.merged_inputs and i in used] or [plan.unused_inputs.pop(0)]
+    plan.attrs = {key: value for key, value in node.attrs.items() if key != "directions"}
+    plan.attrs["num_scan_inputs"] = len(plan.keep_inputs)
+    kept_dirs = [dirs[i] for i in plan.keep_inputs]
+    if any(kept_dirs):
+        plan.attrs["directions"] = kept_dirs
+    plan.dropped = ["directions"] if "directions" in node.attrs and not any(kept_dirs) else []
+    return plan if plan.changes() else Skip("already canonical (Scan-8: no dead, duplicate or unused states, inputs "
+                                            "or outputs; axes and invariant states stay as opset 8 defines them)")
 
 
 def _plan_outputs(plan, node, view, read, level, ctx):
@@ -137,12 +181,12 @@ def _plan_outputs(plan, node, view, read, level, ctx):
     return dirs, axes
 
 
-def _plan_states(plan, node, read) -> set[int]:
-    """Loop-invariant states read the initial value from outside; a state whose final value
-    is unread and that no kept output depends on (through any chain of iterations) goes.
-    Returns the body input positions the kept body outputs depend on."""
+def _plan_states(plan, node, read, invariants: bool = True) -> set[int]:
+    """Loop-invariant states (with ``invariants``) read the initial value from outside; a
+    state whose final value is unread and that no kept output depends on (through any chain
+    of iterations) goes. Returns the body input positions the kept body outputs depend on."""
     n, body = plan.n, node.attrs["body"]
-    for j in range(n):
+    for j in range(n if invariants else 0):
         if identity_root(body.outputs[j]) is body.inputs[j]:
             if shadows(body, node.inputs[j], body.inputs[j]):
                 plan.left.append(

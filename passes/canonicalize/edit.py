@@ -17,7 +17,8 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     """Rewrite ``node`` as ``plan`` says; return the one-line description."""
     graph, body, n = level.graph, node.attrs["body"], plan.n
     top = level.parents[0] if level.parents else level.graph
-    inits, xs = list(node.inputs[:n]), list(node.inputs[n:])
+    lead = list(node.inputs[:plan.first])  # Scan-8's sequence_lens
+    inits, xs = list(node.inputs[plan.first:plan.first + n]), list(node.inputs[plan.first + n:])
     finals, ys = list(node.outputs[:n]), list(node.outputs[n:])
     description = _describe(plan, dict(node.attrs), inits, xs, ys, finals)
     # New nodes are built apart, then placed just before / just after the Scan.
@@ -33,7 +34,7 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
         return "removed the Scan: every output it computes is unread or loop-invariant (" + description + ")"
 
     transposed: dict[tuple, gs.Tensor] = {}
-    new_inputs = [inits[j] for j in plan.keep_states]
+    new_inputs = lead + [inits[j] for j in plan.keep_states]
     for i in plan.keep_inputs:
         source = plan.input_flips[i].inputs[0] if i in plan.input_flips else xs[i]
         if i in plan.input_perms:

@@ -115,6 +115,12 @@ class Algebra:
                 # polynomial (a MatMul's constant weight), and each value is expanded once.
                 self._memo[id(t)] = exc
 
+    def seed(self, tensor: gs.Tensor, value: Poly) -> None:
+        """Read ``tensor`` as ``value`` (a body scan input that is an outer projection of X,
+        see :mod:`scanopt.passes.fuse.projection`)."""
+        self._varying.add(id(tensor))
+        self._memo[id(tensor)] = value
+
     def poly(self, tensor: gs.Tensor) -> Poly:
         """What ``tensor`` computes; it is expanded even if it is a stop."""
         return self._expand(tensor)
@@ -262,10 +268,9 @@ def _gemm(alg, node, out):
         w = _weight(alg, node.inputs[1], node)
         result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)
     if len(node.inputs) > 2 and node.inputs[2].name:
-        c = node.inputs[2]
-        if alg.const(c) is None and not alg.is_runtime(c):
-            raise NoMatch(f"Gemm '{node.name}' bias '{c.name}' is not a constant")
-        result = add(result, scale(alg.value(c), float(node.attrs.get("beta", 1.0))))
+        # C is any value the algebra reads: a constant, a run-time bias, or a per-step value
+        # (an input projection computed outside the loop, as an LSTM's recurrent Gemm reads it).
+        result = add(result, scale(alg.value(node.inputs[2]), float(node.attrs.get("beta", 1.0))))
     return result
 
 

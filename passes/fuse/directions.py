@@ -14,6 +14,7 @@ from scanopt.pass_api import Match, Skip
 from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
+from scanopt.passes.fuse.projection import projected_inputs
 from scanopt.passes.fuse.recognize import recognize
 from scanopt.passes.fuse.reversal import reversed_source
 from scanopt.rewrite import is_read
@@ -32,6 +33,8 @@ class Direction:
     first: int = 0  # position of the first state among the node's inputs (Scan-8: 1)
     source: gs.Tensor | None = None  # X the native op reads, when not the Scan's own (a reversal's input)
     notes: tuple[str, ...] = ()  # for the report
+    broadcast: bool = False  # batch sizes of X and the states not proven equal: expand them to the common one
+    batch_of_one: bool = False  # a Scan-8 over a batch of one whose body holds the real batch (tf2onnx opset 8)
 
     @property
     def x(self) -> gs.Tensor:
@@ -64,18 +67,23 @@ class FusePlan(Match):
 
 def _direction(node, view, level, ctx, folder=None):
     """(Direction, batched, in_axis) for one Scan, or Skip(reason)."""
-    if view.num_scan_inputs != 1:
-        return Skip(f"{view.num_scan_inputs} scan inputs; the native ops read one sequence X")
     body = node.attrs["body"]
     n = view.num_states
+    proj = projected_inputs(node, view, ctx, folder)
+    if view.num_scan_inputs != 1 and proj is None:
+        return Skip(f"{view.num_scan_inputs} scan inputs; the native ops read one sequence X "
+                    "(or projections X·W + b of one, computed outside the loop)")
     x = body.inputs[n]
     if dtype_of(x) != np.float32:
         return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({_dtype_reason(dtype_of(x))})")
+    if proj is not None:
+        x = proj.x
     ins, outs = body.inputs[:n], body.outputs[:n]
     invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
     recurrent = [i for i in range(n) if i not in invariant]
     try:
-        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder)
+        seeds = () if proj is None else tuple((t, proj.seeds[id(t)]) for t in body.inputs[n:] if id(t) in proj.seeds)
+        cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder, seeds)
     except NoMatch as exc:
         return Skip(f"not fused: {exc}")
     roles = {id(cell.h): "h", id(cell.c): "c"}
@@ -90,13 +98,20 @@ def _direction(node, view, level, ctx, folder=None):
 
     rank = ctx.shapes.rank(x)
     state_ranks = {ctx.shapes.rank(ins[i]) for kind, i in states if kind != "invariant"}
-    if rank not in (1, 2) or state_ranks != {rank} or (view.batched and rank != 1):
+    one = view.batched and rank == 2 and state_ranks == {2} and _batch_of_one(node, view, ctx, states)
+    if rank not in (1, 2) or state_ranks != {rank} or (view.batched and rank != 1 and not one):
         return Skip(f"x has rank {rank} and the states {sorted(state_ranks, key=str)} in the body; "
                     "fused are [B, I] with [B, H] and [I] with [H] (Scan-8: [I] with [H])")
     top = level.parents[0] if level.parents else level.graph
     reverse = bool(view.input_directions[0])
     finals_read = any(is_read(node.outputs[i], top) for kind, i in states if kind != "invariant")
     ys_read = any(is_read(t, top) for t in node.outputs[n:])
+    if one:  # Scan-8 over X [1, T, B, I]: a Scan-9 over X[0] [T, B, I] with states [B, H]
+        found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
+        if isinstance(found, Skip):
+            return found
+        found[0].batch_of_one, found[0].first = True, 1
+        return found
     if view.batched:  # Scan-8: X [B, T, I], states [B, H], outputs [B, T, H]
         if reverse and ys_read:
             return Skip("Scan-8 reverse scan outputs need ReverseSequence (opset 10) to reorder")
@@ -105,20 +120,35 @@ def _direction(node, view, level, ctx, folder=None):
             guard = "lens"
         outputs = [(reverse, 1) for _ in view.output_axes]
         return Direction(node, cell, reverse, states, outputs, guard, first=1), True, 1
+    return _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
+
+
+def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj=None):
+    """The Scan-9+ part of :func:`_direction` (also a Scan-8 over a batch of one, read as
+    the Scan-9 over its only item: X [T, B, I] with states [B, H], all axes 0)."""
+    n, one = view.num_states, view.batched
+    rank = ctx.shapes.rank(node.attrs["body"].inputs[n])
+    broadcast: tuple[str, ...] | Skip = ()
     if rank == 2:
         problem = _batch_problem(node, view, ctx, [i for kind, i in states if kind != "invariant"])
         if problem:
-            return Skip(problem)
-    in_axis = view.input_axes[0] % (rank + 1)
-    source, note = reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
-    if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
+            broadcast = _broadcast_batches(problem, _guard(finals_read, view), ctx.opset)
+            if isinstance(broadcast, Skip):
+                return broadcast
+    in_axis = 0 if one else view.input_axes[0] % (rank + 1)
+    if proj is not None:  # the native op reads X and folds the projection into W and B
+        source, note = proj.source, f"input projection of '{proj.source.name}' folded into W and B"
+    else:
+        source, note = (None, None) if one else reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
+    if source is not None and proj is None:  # a Scan over reverse(X) is a Scan over X in the other direction
         reverse = not reverse
-    out_axes = [a % (rank + 1) for a in view.output_axes]
-    outputs = [(bool(d) != reverse, a) for d, a in zip(view.output_directions, out_axes)]
+    out_axes = [0] * view.num_scan_outputs if one else [a % (rank + 1) for a in view.output_axes]
+    out_dirs = [0] * view.num_scan_outputs if one else view.output_directions
+    outputs = [(bool(d) != reverse, a) for d, a in zip(out_dirs, out_axes)]
     if ctx.opset < 10 and any(flip for (flip, _), t in zip(outputs, node.outputs[n:]) if is_read(t, top)):
         return Skip("an output runs against the input direction; reversing it needs Slice steps (opset 10+)")
     return (Direction(node, cell, reverse, states, outputs, _guard(finals_read, view), source=source,
-                      notes=(note,) if note else ()), rank == 2, in_axis)
+                      notes=((note,) if note else ()) + broadcast, broadcast=bool(broadcast)), rank == 2, in_axis)
 
 
 def _dtype_reason(dtype) -> str:
@@ -211,15 +241,39 @@ def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
     return found
 
 
+def _batch_of_one(node, view, ctx, states) -> bool:
+    """A Scan-8 without sequence_lens whose outer batch is statically 1 on X and every
+    recurrent state (tf2onnx's opset-8 form: X reshaped to [1, T, B, I])."""
+    if view.sequence_lens:
+        return False
+    tensors = [node.inputs[-1]] + [node.inputs[1 + i] for kind, i in states if kind != "invariant"]
+    shapes = [ctx.shapes.shape(t) for t in tensors]
+    return all(s and s[0] == 1 for s in shapes)
+
+
 def _batch_problem(node, view, ctx, state_positions) -> str | None:
     """Why the batch sizes of X and the initial states may differ, or None if provably equal."""
     x_shape = ctx.shapes.shape(node.inputs[-1])
-    batch_axis = 1 if view.input_axes[0] % 3 == 0 else 0
-    dims = [x_shape[batch_axis] if x_shape else None]
+    one = int(view.batched)  # a Scan-8 over a batch of one: X [1, T, B, I], states [1, B, H]
+    batch_axis = one + (1 if one or view.input_axes[0] % 3 == 0 else 0)
+    dims = [x_shape[batch_axis] if x_shape and len(x_shape) > batch_axis else None]
     for i in state_positions:
-        shape = ctx.shapes.shape(node.inputs[i])
-        dims.append(shape[0] if shape else None)
+        shape = ctx.shapes.shape(node.inputs[one + i])
+        dims.append(shape[one] if shape and len(shape) > one else None)
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
             "the Scan would broadcast a size-1 batch, the native op would not")
+
+
+def _broadcast_batches(problem: str, guard: str | None, opset: int) -> tuple[str, ...] | Skip:
+    """The fallback where the batch sizes cannot be proven equal (tf2onnx names every unknown
+    dim ``unk__N``, so a caller-given initial state never shares X's symbol): X and the
+    initial states are expanded to their common batch at run time (``Expand`` by each
+    other's batch size), which is what the Scan's broadcasting computes whenever it runs and
+    a copy when the sizes are equal. A zero-length scan returns the initial state at its own
+    batch size; that final state is cut back to it, which needs Slice with run-time ends
+    (opset 10). Returns the report note, or Skip."""
+    if guard == "empty" and opset < 10:
+        return Skip(f"{problem}; expanding them to a common batch needs opset 10 for the zero-length case")
+    return ("batch sizes of X and the initial states not proven equal: both expanded to their common batch",)

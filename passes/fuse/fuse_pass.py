@@ -78,6 +78,9 @@ class Fuse(ScanPass):
         first = plan.dirs[0]
         cell, kind, n_dirs = first.cell, first.cell.kind, len(plan.dirs)
         x = first.x
+        one = first.batch_of_one  # Scan-8 over a batch of one: fused as the Scan-9 over its item
+        if one:
+            x = emit.squeeze(x, [0])
         if plan.batched:
             perm = {0: None, 1: None if plan.layout else [1, 0, 2], 2: [2, 0, 1]}[plan.in_axis]
             xn = x if perm is None else b.op("Transpose", [x], perm=perm)
@@ -87,8 +90,12 @@ class Fuse(ScanPass):
             xn = emit.unsqueeze(xn, [1])
             state_axes, dir_axis = [0, 1], 0
 
+        item = {}  # Scan-8 over a batch of one: the initial states without that batch
+
         def initial(kind_):
-            parts = [emit.unsqueeze(d.initial(kind_), state_axes) for d in plan.dirs]
+            if one:
+                item[kind_] = emit.squeeze(first.initial(kind_), [0])
+            parts = [emit.unsqueeze(item[kind_] if one else d.initial(kind_), state_axes) for d in plan.dirs]
             return parts[0] if n_dirs == 1 else b.op("Concat", parts, axis=dir_axis)
 
         def weight(name, of):
@@ -96,9 +103,12 @@ class Fuse(ScanPass):
 
         inputs = [xn, weight("W", lambda c: c.W), weight("R", lambda c: c.R), weight("B", lambda c: c.B)]
         inputs.append(emit.cast_int32(plan.sequence_lens) if plan.sequence_lens is not None else gs.Variable.empty())
-        inputs.append(initial("h"))
+        states = [initial("h")] + ([initial("c")] if kind == "LSTM" else [])
+        if any(d.broadcast for d in plan.dirs):
+            batch_axis = 1 - plan.layout  # X [T, B, I] and states [D, B, H]; layout 1: [B, T, I], [B, D, H]
+            inputs[0], states = emit.common_batch(inputs[0], states, batch_axis, batch_axis)
+        inputs.extend(states)
         if kind == "LSTM":
-            inputs.append(initial("c"))
             if any(d.cell.P is not None for d in plan.dirs):
                 inputs.append(weight("P", lambda c: np.zeros(3 * c.hidden) if c.P is None else c.P))
 
@@ -114,7 +124,7 @@ class Fuse(ScanPass):
         b.op(kind, inputs, outputs=outs, **attrs)
 
         for index, d in enumerate(plan.dirs):
-            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top)
+            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item)
             rebind_outputs(d.node, values, graph)
         if not is_topologically_sorted(graph):  # new nodes were appended after the Scan's readers
             graph.toposort(recurse_subgraphs=False)
@@ -127,8 +137,17 @@ class Fuse(ScanPass):
                 + (", sequence_lens" if plan.sequence_lens is not None else "") + (f", {notes}" if notes else "") + ")")
 
     @staticmethod
-    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top):
-        """New values for one Scan's outputs, taken from the shared native outputs."""
+    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item):
+        """New values for one Scan's outputs, taken from the shared native outputs (a Scan-8
+        over a batch of one gets that batch axis back; ``item``: its initial states without it)."""
+        values = Fuse._item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item)
+        if not d.batch_of_one:
+            return values
+        return [v if v is None or (k < len(d.states) and d.states[k][0] == "invariant") else emit.unsqueeze(v, [0])
+                for k, v in enumerate(values)]
+
+    @staticmethod
+    def _item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item):
         node, values = d.node, []
         for kind_, i in d.states:
             t = node.outputs[i]
@@ -144,7 +163,10 @@ class Fuse(ScanPass):
             if not plan.batched:
                 v = emit.squeeze(v, [0])
             if d.guard == "empty":
-                v = emit.keep_initial_if_empty(v, node.inputs[d.first + i], x, plan.in_axis)
+                start = item[kind_] if d.batch_of_one else node.inputs[d.first + i]
+                v = emit.keep_initial_if_empty(v, start, x, plan.in_axis)
+                if d.broadcast:
+                    v = emit.initial_batch_if_empty(v, start, x, plan.in_axis)
             elif d.guard == "lens":
                 v = emit.keep_initial_where_length_0(v, node.inputs[d.first + i], plan.sequence_lens)
             values.append(v)

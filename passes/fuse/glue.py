@@ -115,3 +115,32 @@ class FuseEmitter(Emitter):
         # Opset 8 has no Where: Gather picks [final, initial][steps == 0], exactly.
         both = self.op("Concat", [self.unsqueeze(final, [0]), self.unsqueeze(initial, [0])], axis=0)
         return self.op("Gather", [both, self._steps[key]], axis=0)
+
+    def common_batch(self, x, states, x_axis, state_axis):
+        """``x`` and ``states`` expanded along their batch axes to the batch they broadcast to
+        (each by the others' sizes): exactly the values a Scan broadcasting a size-1 batch
+        computes with, and copies when the sizes are equal."""
+        def size(t, axis):
+            return self.op("Gather", [self.op("Shape", [t]), self._const("batch_axis", np.array([axis], np.int64))],
+                           axis=0)
+
+        def expand(t, axis, rank, by):
+            ones = self._const("ones", np.ones(axis, np.int64)) if axis else None
+            tail = self._const("ones", np.ones(rank - axis - 1, np.int64))
+            shape = self.op("Concat", ([ones] if ones is not None else []) + [by, tail], axis=0)
+            return self.op("Expand", [t, shape])
+
+        for s in states:
+            x = expand(x, x_axis, 3, size(s, state_axis))
+        batch = size(x, x_axis)
+        return x, [expand(s, state_axis, 3, batch) for s in states]
+
+    def initial_batch_if_empty(self, final, initial, x, axis):
+        """``final`` (a state selected by :meth:`keep_initial_if_empty` after the batches were
+        broadcast) cut back to ``initial``'s batch when X has no steps: a Scan over zero
+        steps returns its initial state as it is. Opset 10+ (Slice with run-time ends)."""
+        rows = self.op("Where", [self._steps[(id(x), axis)],
+                                 self.op("Gather", [self.op("Shape", [final]), self._const("batch_axis", np.array([0], np.int64))], axis=0),
+                                 self.op("Gather", [self.op("Shape", [initial]), self._const("batch_axis", np.array([0], np.int64))], axis=0)])
+        return self.op("Slice", [final, self._const("zero", np.array([0], np.int64)), rows,
+                                 self._const("batch_axis", np.array([0], np.int64))])

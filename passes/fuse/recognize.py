@@ -28,17 +28,20 @@ class CellReader(GruReader, LstmReader):
 
 
 def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None, body: gs.Graph | None = None,
-              folder: ConstantFolder | None = None) -> Cell:
+              folder: ConstantFolder | None = None, seeds: tuple = ()) -> Cell:
     """The cell that maps (x, states) to the states' new values, or NoMatch(reason).
 
     ``states`` are (body input, body output) pairs of the recurrent states; one state
     is tried as RNN then GRU, two as LSTM (either one may be the cell state). With
     ``body``, values the body reads but does not compute (other than x and the states)
     may be run-time weights. ``folder`` evaluates constant subgraphs (one per pass run
-    shares the work across Scans).
+    shares the work across Scans). ``seeds``: (body value, its Poly over ``x``) pairs, for
+    body inputs that are projections of X computed outside (``x`` then stands for X's slice).
     """
     outs = [resolve(o) for _, o in states]
     reader = CellReader(x, rank, stops=outs, body=body, varying=[x] + [i for i, _ in states], folder=folder)
+    for tensor, value in seeds:
+        reader.alg.seed(tensor, value)
     if len(states) == 1:
         ((h, _),), (h_out,) = states, outs
         node = producer(h_out)

@@ -1,0 +1,183 @@
+"""tf2onnx's TF1 ``dynamic_rnn`` samples (models/tf2onnx, written by its generate.py with
+TensorFlow and tf2onnx 1.17) and the forms it writes: every unknown dim has its own
+``unk__N`` name, dead step counters ride along as states, the opset-8 form hides the batch
+inside a size-1 Scan-8 batch. Each sample is optimized and compared with TensorFlow's own
+outputs (stored beside it) and with the original on synthesized inputs; the batch fallback
+(X and the initial states expanded to their common batch) is checked on batches that
+broadcast, where the native op alone would be wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+
+import cell_builders as cb
+import scanopt
+from equivalence import assert_equivalent, ops
+from scanopt.reference import run_model
+
+MODELS = Path(__file__).resolve().parent.parent / "models" / "tf2onnx"
+SAMPLES = sorted(p.stem for p in MODELS.glob("*.onnx"))
+NATIVE = {"dynamic_rnn_concat_tanh": "RNN", "dynamic_rnn_concat_tanh_h0": "RNN", "dynamic_rnn_concat_relu": "RNN",
+          "dynamic_rnn_concat_gru": "GRU", "dynamic_rnn_concat_lstm": "LSTM", "bidirectional_dynamic_rnn": "RNN",
+          "dynamic_rnn_concat_tanh_opset8": "RNN"}
+
+
+def _optimize(model):
+    return scanopt.optimize(model, options={"target": "portable"})
+
+
+def _run(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_every_sample_is_listed():
+    assert SAMPLES == sorted(NATIVE)
+
+
+# The opset-8 form needs the batch of h0 (Reshape(Tile(..., Shape(X)...)) proven equal to X's: its
+# zero-length guard cannot cut an expanded state back before opset 10 (see the test below).
+FUSED_HERE = [s for s in SAMPLES if not s.endswith("_opset8")]
+
+
+@pytest.mark.parametrize("name", FUSED_HERE)
+def test_tf2onnx_sample_fuses_and_matches_tensorflow(name):
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    out, report = _optimize(model)
+    counts = ops(out)
+    assert counts["Scan"] == 0 and counts[NATIVE[name]] >= 1, [o.detail for o in report.outcomes]
+    assert report.verification["passed"] is True, report.verification
+    assert out.opset_import[0].version == model.opset_import[0].version
+    stored = np.load(MODELS / f"{name}.expected.npz")
+    feeds = {i.name: stored[i.name] for i in model.graph.input if i.name in stored}
+    for result, output in zip(_run(out, feeds), model.graph.output):
+        np.testing.assert_allclose(result, stored[output.name], rtol=1e-4, atol=1e-5)
+    assert_equivalent(model, out, inputs=[feeds])
+
+
+def _rnn_with_own_state_batch(kind="RNN"):
+    """A MatMul-form cell whose initial states' batch is a dim of its own ("hb", as
+    tf2onnx's unk__N): the Scan broadcasts a size-1 batch of either side."""
+    body = cb.Body(batch=True)
+    states, h_new = cb.cell(kind, body, seed=2)
+    model = cb.scan_model(body, states, ys=(h_new,))
+    for value in list(model.graph.input) + list(model.graph.output):
+        if value.name != "X" and not value.name.startswith("Y"):
+            value.type.tensor_type.shape.dim[0].dim_param = "hb"
+    return model
+
+
+def _feeds(model, bx, bh, T, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in model.graph.input:
+        dims = [T if d.dim_param == "seq" else bx if d.dim_param == "batch" else bh if d.dim_param == "hb" else d.dim_value
+                for d in v.type.tensor_type.shape.dim]
+        feeds[v.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_unproven_batches_fuse_into_a_form_right_for_every_batch(kind):
+    model = _rnn_with_own_state_batch(kind)
+    out, outcomes = cb.fuse(model)
+    assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
+    assert "both expanded to their common batch" in outcomes[0].detail
+    assert ops(out)["Expand"] >= 2 and ops(out)[kind] == 1
+    compared = 0
+    for bx, bh, T in [(3, 3, 5), (3, 1, 1), (1, 3, 4), (1, 1, 3), (2, 2, 0), (3, 1, 0)]:
+        feeds = _feeds(model, bx, bh, T)
+        for run in (lambda m: _run(m, feeds), lambda m: list(run_model(m, feeds).values())):
+            try:
+                expected = run(model)
+            except Exception:  # noqa: BLE001 - the original itself does not run at these sizes
+                continue
+            got = run(out)
+            for a, b in zip(expected, got):
+                assert a.shape == b.shape, (bx, bh, T)
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+            compared += 1
+    assert compared >= 6  # equal batches, each broadcasting side and the zero-length scan ran
+
+
+def test_proven_equal_batches_emit_no_expand():
+    body = cb.Body(batch=True)
+    states, h_new = cb.cell("RNN", body, seed=2)
+    out, outcomes = cb.fuse(cb.scan_model(body, states, ys=(h_new,)))
+    assert outcomes[0].applied and "common batch" not in outcomes[0].detail
+    assert ops(out)["Expand"] == 0
+
+
+def test_unproven_batches_with_a_zero_length_guard_below_opset_10_are_declined():
+    model = _rnn_with_own_state_batch()
+    model.opset_import[0].version = 9
+    assert "needs opset 10 for the zero-length case" in cb.declined(model)
+
+
+def _scan8_batch_of_one(kind="RNN", lens=False):
+    """tf2onnx's opset-8 form by hand: a Scan-8 over X [1, seq, batch, I] with states
+    [1, batch, H], the body computing on [batch, I] and [batch, H]."""
+    from onnx import helper as h
+
+    body = cb.Body(batch=True, opset=8)
+    states, h_new = cb.cell(kind, body, seed=4)
+    vi = h.make_tensor_value_info
+    nodes = list(body.nodes) + [h.make_node("Identity", [h_new], ["y_t"])]
+    graph = h.make_graph(nodes, "cell_body", [vi(n, TP.FLOAT, ["batch", s]) for n, _, s in states]
+                         + [vi("x", TP.FLOAT, ["batch", body.I])],
+                         [vi(o, TP.FLOAT, ["batch", s]) for _, o, s in states] + [vi("y_t", TP.FLOAT, ["batch", body.H])],
+                         initializer=body.inits)
+    scan = h.make_node("Scan", ["lens" if lens else ""] + [f"{n}0" for n, _, _ in states] + ["X"],
+                       [f"{n}_n" for n, _, _ in states] + ["Y"], name="scan8_one", num_scan_inputs=1, body=graph)
+    inputs = ([vi("lens", TP.INT64, [1])] if lens else []) + [vi("X", TP.FLOAT, [1, "seq", "batch", body.I])]
+    inputs += [vi(f"{n}0", TP.FLOAT, [1, "batch", s]) for n, _, s in states]
+    outputs = [vi(f"{n}_n", TP.FLOAT, [1, "batch", s]) for n, _, s in states] + [vi("Y", TP.FLOAT, [1, "seq", "batch", body.H])]
+    g = h.make_graph(body.outer_nodes + [scan], "scan8_one", inputs, outputs, initializer=body.outer)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 8)], ir_version=8)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_a_scan8_over_a_batch_of_one_fuses_at_opset_8(kind):
+    model = _scan8_batch_of_one(kind)
+    out, outcomes = cb.fuse(model)
+    assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
+    assert ops(out)["Scan"] == 0 and ops(out)[kind] == 1 and out.opset_import[0].version == 8
+    assert_equivalent(model, out)
+    for T, B in ((5, 3), (1, 2), (0, 2)):
+        rng = np.random.default_rng(T)
+        feeds = {v.name: rng.standard_normal([1 if d.dim_value == 1 else T if d.dim_param == "seq" else B
+                                              if d.dim_param == "batch" else d.dim_value
+                                              for d in v.type.tensor_type.shape.dim]).astype(np.float32)
+                 for v in model.graph.input}
+        expected, got = run_model(model, feeds), run_model(out, feeds)
+        for name in expected:
+            assert expected[name].shape == got[name].shape, name
+            np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5)
+
+
+def test_a_scan8_batch_of_one_with_sequence_lens_is_not_read_as_scan9():
+    reason = cb.declined(_scan8_batch_of_one(lens=True))
+    assert "x has rank 2" in reason
+
+
+def test_the_opset8_sample_loses_its_dead_states_and_stays_equal():
+    """tf2onnx's opset-8 dynamic_rnn: a Scan-8 over a batch of one with two dead int32
+    counters. Canonicalize removes them; fuse then fuses it where h0's batch is proven
+    to be X's and otherwise names that as the reason (never a wrong model)."""
+    name = "dynamic_rnn_concat_tanh_opset8"
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    out, report = _optimize(model)
+    canon = [o for o in report.outcomes if o.pass_name == "canonicalize" and o.applied]
+    assert canon and "removed dead state 1" in canon[0].detail and "removed dead state 2" in canon[0].detail
+    fused = [o for o in report.outcomes if o.pass_name == "fuse"]
+    assert ops(out)["RNN"] == 1 or "cannot prove the batch sizes" in fused[-1].detail, [o.detail for o in fused]
+    assert [i.name for i in out.graph.input] == [i.name for i in model.graph.input]
+    stored = np.load(MODELS / f"{name}.expected.npz")
+    (result_y, result_h) = _run(out, {"x:0": stored["x:0"]})
+    np.testing.assert_allclose(result_y, stored["y:0"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(result_h, stored["h_n:0"], rtol=1e-4, atol=1e-5)
