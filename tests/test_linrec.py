@@ -6,7 +6,10 @@ and the reference executor against the loop); every decline for its reason.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,15 +54,17 @@ def reason(model, **options) -> str:
     (lb.cumulative_product(T=24), "chunked product"),
 ], ids=["sum", "sum_reverse_batched", "ema", "mingru", "mamba", "linear_attention_matmul", "linear_attention_einsum",
         "cumprod"])
-def test_forms_match_the_loop(model, form):
-    out = rewritten(model, form, linrec_chunk=8)
+@pytest.mark.parametrize("within", ["positions", "doubling"])
+def test_forms_match_the_loop(model, form, within):
+    out = rewritten(model, form, linrec_chunk=8, linrec_form=within)
     assert_equivalent(model, out)
 
 
+@pytest.mark.parametrize("within", ["positions", "doubling"])
 @pytest.mark.parametrize("chunk", [1, 3, 8, 64])
-def test_every_chunk_length_matches_the_loop(chunk):
+def test_every_chunk_length_matches_the_loop(chunk, within):
     m = lb.mingru(T=29, B=2, I=4, H=4)
-    assert_equivalent(m, rewritten(m, "chunked scan", linrec_chunk=chunk))
+    assert_equivalent(m, rewritten(m, "chunked scan", linrec_chunk=chunk, linrec_form=within))
 
 
 def test_long_sequence_float32_within_tolerance():
@@ -147,9 +152,10 @@ def test_random_linear_recurrences_match_the_loop(data):
     nodes = _random_update(data.draw)
     T = data.draw(st.integers(1, 40))
     chunk = data.draw(st.sampled_from([1, 2, 4, 16]))
+    within = data.draw(st.sampled_from(["positions", "doubling"]))
     c = np.linspace(-1, 1, 4).astype(np.float32)
     m = lb.body_model(nodes, T=T, H=4, inits=[b.init("c", c), b.init("two", np.array(2, np.float32))])
-    out, outcomes = linrec(m, linrec_chunk=chunk, linrec_min_steps=1)
+    out, outcomes = linrec(m, linrec_chunk=chunk, linrec_min_steps=1, linrec_form=within)
     assert outcomes and outcomes[0][0], outcomes
     assert_equivalent(m, out, seeds=1)
 
@@ -190,13 +196,55 @@ def test_float16_state_is_declined():
     assert "float16" in reason(m)
 
 
-def test_short_sequences_keep_the_loop_but_sums_do_not():
-    m = lb.ema(T=4)
-    assert "below linrec_min_steps" in reason(m, linrec_min_steps=8)
-    rewritten(lb.running_sum(T=4), "CumSum", linrec_min_steps=8)
+def test_short_sequences_are_left_to_unroll():
+    for m in (lb.ema(T=4), lb.running_sum(T=4)):
+        assert "below linrec_min_steps=8" in reason(m, linrec_min_steps=8)
+    rewritten(lb.running_sum(T=4), "CumSum", linrec_min_steps=4)
+
+
+def test_unknown_form_is_a_reason():
+    assert "not one of auto, positions, doubling" in reason(lb.ema(T=20), linrec_form="magic")
 
 
 def test_map_is_left_to_vectorize():
     m = lb.body_model([h.make_node("Add", ["h", "x"], ["y"]), h.make_node("Identity", ["h"], ["h_new"])],
                       outputs=("y",))
     assert "a map" in reason(m)
+
+
+def test_wide_states_keep_the_loop_but_sums_do_not():
+    """Measured: the chunked form loses to the loop on wide states (a 64x64 matrix state)."""
+    m = lb.linear_attention(T=20, DK=64, DV=64)
+    assert "4,096 elements per step, over linrec_max_state=512" in reason(m)
+    rewritten(lb.running_sum(T=20, H=4096), "CumSum")
+    rewritten(m, "chunked scan", linrec_max_state=4096)
+
+
+# ---------------------------------------------------------------- PyTorch exports (models/linrec)
+LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
+EXPORTS = {
+    "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
+    "torch_mingru": "chunked scan", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked scan",
+    "torch_cumprod": "chunked product",
+}
+
+
+def test_every_export_is_listed():
+    assert {p.stem for p in LINREC.glob("*.onnx")} == set(EXPORTS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_torch_scan_exports_match_torch(name):
+    """torch._higher_order_ops.scan exported by the dynamo exporter: the default pipeline takes
+    the Scan with linrec, and the result equals what torch computed and the loop."""
+    m = onnx.load(LINREC / f"{name}.onnx")
+    expected = dict(np.load(LINREC / f"{name}.expected.npz"))
+    out, report = optimize(m, verify=False)
+    done = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
+    assert len(done) == 1 and EXPORTS[name] in done[0], report.format()
+    assert "Scan" not in ops(out)
+    feeds = {i.name: expected[i.name] for i in m.graph.input}
+    got = run(out, feeds)
+    for key in got:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
+    assert_equivalent(m, out, inputs=[feeds])

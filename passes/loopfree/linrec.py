@@ -33,12 +33,21 @@ from scanopt.passes.loopfree.lift import (
     through_identity, to_processing_order, value_dtype,
 )
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
-from scanopt.passes.loopfree.prefix_scan import chunked_scan, cumulative_sum
+from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_sum
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
-DEFAULT_CHUNK = 32
+DEFAULT_CHUNK = 16  # benchmarks/bench_linrec.py --chunks 8,16,32,64: 16 best or within noise of it
 DEFAULT_MIN_STEPS = 16
+# Per-step state elements above which the chunked form loses to the loop (bench_linrec: Mamba
+# [1, 64, 16] = 1,024 elements ~1.0x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
+DEFAULT_MAX_STATE = 512
+DEFAULT_FORM = "auto"
+FORMS = {"positions": chunk_loop_scan, "doubling": chunked_scan}
+# "auto": doubling below this length, the positions loop from it (bench_linrec, EMA H=128 and
+# minGRU H=64: doubling 1.4-2.9x at T=16..64 where the positions loop is 0.7-2.0x; at T=1024-2048
+# the positions loop 2.3-4.4x, doubling 1.9-3.1x).
+POSITIONS_FROM = 512
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 
 
@@ -53,6 +62,7 @@ class LinrecMatch(Match):
     late: list  # plan steps reading updated states (the scan outputs' rest)
     out_ranks: list[int | None]
     chunk: int
+    form: str
 
 
 @register_pass
@@ -61,8 +71,13 @@ class Linrec(ScanPass):
     summary = "linear recurrences h' = a*h + b -> CumSum or a chunked parallel scan (no loop)"
     tunables = {
         "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default {DEFAULT_CHUNK})"),
-        "linrec_min_steps": (int, f"shortest static length given the chunked form (default {DEFAULT_MIN_STEPS}; "
-                                  "sums always become CumSum)"),
+        "linrec_min_steps": (int, f"shortest static length rewritten (default {DEFAULT_MIN_STEPS}; shorter loops are "
+                                  "left to unroll)"),
+        "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
+                                  f"form (default {DEFAULT_MAX_STATE}; sums are not limited)"),
+        "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
+                             f"'doubling' (log-depth, no loop) or 'auto' (doubling below T={POSITIONS_FROM}; "
+                             f"default {DEFAULT_FORM})"),
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
@@ -104,14 +119,26 @@ class Linrec(ScanPass):
         if general and trip is None:
             return Skip("the length is symbolic: the chunked form needs a static length (sums excepted)")
         minimum = ctx.options.get("linrec_min_steps", DEFAULT_MIN_STEPS)
-        if general and trip < minimum:
-            return Skip(f"{trip} steps is below linrec_min_steps={minimum}: the loop is faster on short sequences")
+        if trip is not None and trip < minimum:
+            return Skip(f"{trip} steps is below linrec_min_steps={minimum}: short loops are left to unroll")
+        largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
+        for i in general:
+            size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
+            if size is None or size > largest:
+                what = "an unknown shape" if size is None else f"{size:,} elements per step"
+                return Skip(f"state '{view.initial_states[i] or i}' has {what}, over linrec_max_state={largest}: "
+                            "the loop is as fast or faster than the chunked form on wide states")
+        form = ctx.options.get("linrec_form", DEFAULT_FORM)
+        if form == "auto":
+            form = "positions" if trip is not None and trip >= POSITIONS_FROM else "doubling"
+        if form not in FORMS:
+            return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}")
         found = self._plan(node, view, body, changing, updates, ranks, ctx)
         if isinstance(found, Skip):
             return found
         plan, early, late, out_ranks = found
         chunk = max(1, int(ctx.options.get("linrec_chunk", DEFAULT_CHUNK)))
-        return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk)
+        return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
     def _plan(self, node, view, body, changing, updates, ranks, ctx):
         n = view.num_states
@@ -186,11 +213,11 @@ class Linrec(ScanPass):
                 forms.append("CumSum")
             else:
                 a = _per_step(e, update.a, mapping, plan, rank, dtype, ctx)
-                h, finals[i] = chunked_scan(e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
-                forms.append(f"chunked scan (C={min(match.chunk, view.trip_count)})" if update.b is not None
-                             else f"chunked product (C={min(match.chunk, view.trip_count)})")
+                h, finals[i] = FORMS[match.form](e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
+                what = "chunked scan" if update.b is not None else "chunked product"
+                forms.append(f"{what} (C={min(match.chunk, view.trip_count)}, {match.form})")
             mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
-        emit_nodes(match.late, e, mapping)
+        _emit_aliasing_identities(match.late, e, mapping)
         outputs = []
         for k, t in enumerate(body.outputs[n:]):
             value = mapping.get(id(t), t)
@@ -239,6 +266,22 @@ def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, 
     total = e.op("ReduceSum", [b, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
         e.op("ReduceSum", [b], axes=[0], keepdims=0)
     return e.op("Add", [h0, total])
+
+
+def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:
+    """emit_nodes, but an Identity maps its output to its input instead of copying T steps."""
+    for step in steps:
+        nd = step[0]
+        if nd.op == "Identity" and nd.inputs[0].name:
+            mapping[id(nd.outputs[0])] = mapping.get(id(nd.inputs[0]), nd.inputs[0])
+        else:
+            emit_nodes([step], e, mapping)
+
+
+def _state_elements(shape) -> int | None:
+    if shape is None:
+        return None
+    return int(np.prod([d if isinstance(d, int) and d > 0 else 1 for d in shape], dtype=np.int64))
 
 
 def _identity_chain(t: gs.Tensor) -> list[gs.Tensor]:

@@ -22,6 +22,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX, Emitter
+from scanopt.rewrite import Builder, new_graph
 
 
 def cumulative_sum(e: Emitter, h0: gs.Tensor, b: gs.Tensor) -> gs.Tensor:
@@ -60,6 +61,77 @@ def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, r
     if padding:
         h = e.slice(h, [0], [steps], [0])
     return h, final
+
+
+def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, steps: int,
+                    chunk: int, dtype: np.dtype) -> tuple[gs.Tensor, gs.Tensor]:
+    """Like :func:`chunked_scan`, but within chunks a loop over the C positions runs every
+    chunk at once (state [T/C, ...]): C iterations instead of T, each one wide, two passes
+    over the data instead of 2·log2(C) shifted copies. ``b`` None for 0."""
+    chunk = max(1, min(chunk, steps))
+    count = math.ceil(steps / chunk)
+    padding = count * chunk - steps
+    one, zero = np.ones([], dtype), np.zeros([], dtype)
+    if b is None:
+        b = e.op("Mul", [a, e.const("zero", zero)])  # products: b = 0 (the Scan needs a b)
+    if padding:
+        a = _pad_end(e, a, padding, rank + 1, one)
+        b = _pad_end(e, b, padding, rank + 1, zero)
+    a, b = _split_steps(e, a, chunk), _split_steps(e, b, chunk)  # [count, chunk, ...]
+    rows = e.ints("count", [count])
+    state_shape = e.op("Concat", [rows, e.op("Shape", [h0])], axis=0)
+    if count == 1:  # one chunk: the loop itself, from h0, on the lifted a and b
+        start = e.unsqueeze(h0, [0])
+        local, = _position_scan(e, a, b, start, None, rank, dtype, chunk)
+        h = e.squeeze(local, [0])
+        final = e.squeeze(e.slice(h, [steps - 1], [steps], [0]), [0])
+        return (h if not padding else e.slice(h, [0], [steps], [0])), final
+    zeros = e.op("ConstantOfShape", [state_shape], value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
+    a_shape = e.op("Shape", [a])
+    a_row = e.op("Concat", [e.slice(a_shape, [0], [1], [0]), e.slice(a_shape, [2], [INT64_MAX], [0])], axis=0)
+    ones = e.op("ConstantOfShape", [a_row], value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
+    local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk)
+    last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
+    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [1]), [1])
+    ca, cb = _doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
+    h0_row = e.unsqueeze(h0, [0])
+    ends = e.op("Add", [e.op("Mul", [ca, h0_row]), cb])  # the state after each chunk
+    final = e.squeeze(e.slice(ends, [count - 1], [count], [0]), [0])
+    starts = e.op("Concat", [h0_row, e.slice(ends, [0], [count - 1], [0])], axis=0)
+    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [1])]), local])
+    tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
+    h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    if padding:
+        h = e.slice(h, [0], [steps], [0])
+    return h, final
+
+
+def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int):
+    """A Loop over the positions (axis 1) of a, b [count, chunk, ...]: h = a ⊙ h + b from
+    ``start`` and, when ``ones`` is given, the running product of the a's; both stacked back
+    on axis 1. A Loop, not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
+    body = new_graph(e.b.names.fresh("chunk_positions"))
+    inner = Emitter(Builder(body, e.b.names), e.opset)
+    width = rank + 1
+    step = gs.Variable(e.b.names.fresh("position"), dtype=np.int64, shape=[])
+    cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
+    h_in = gs.Variable(e.b.names.fresh("h"), dtype=dtype, shape=[None] * width)
+    p_in = gs.Variable(e.b.names.fresh("p"), dtype=dtype, shape=[None] * width) if ones is not None else None
+    a_t = inner.op("Gather", [a, step], axis=1)
+    b_t = inner.op("Gather", [b, step], axis=1)
+    h_out = inner.op("Add", [inner.op("Mul", [a_t, h_in]), b_t], dtype=dtype, shape=[None] * width)
+    outs = [h_out]
+    if p_in is not None:
+        outs.append(inner.op("Mul", [a_t, p_in], dtype=dtype, shape=[None] * width))
+    copies = [inner.op("Identity", [t], dtype=dtype, shape=[None] * width) for t in outs]
+    cond_out = inner.op("Identity", [cond], dtype=np.bool_, shape=[])
+    body.inputs = [step, cond, h_in] + ([p_in] if p_in is not None else [])
+    body.outputs = [cond_out] + outs + copies
+    states = [start] + ([ones] if ones is not None else [])
+    length = e.const("positions", np.int64(chunk))
+    results = e.op("Loop", [length, gs.Variable.empty()] + states, n_outputs=2 * len(states), body=body)
+    perm = [1, 0] + list(range(2, rank + 2))
+    return [e.op("Transpose", [stacked], perm=perm) for stacked in results[len(states):]]
 
 
 def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray) -> gs.Tensor:
