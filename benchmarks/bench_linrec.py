@@ -10,7 +10,9 @@ intra-op thread, the two sessions interleaved run by run; the median over the ru
 spread (interquartile range as % of the median). The A/A row times the Scan against a second
 session of itself: its ratio is the noise floor. ratio = Scan / rewritten (above 1: faster).
 Outputs are compared first (max abs difference printed). ``--chunks`` times the chunked form at
-several chunk lengths instead (how DEFAULT_CHUNK was chosen).
+several chunk lengths instead (how DEFAULT_CHUNK was chosen). ``knn`` rows: skl2onnx
+KNeighborsRegressor (k=5, 2,000 training rows of 10 features, needs skl2onnx and scikit-learn)
+at 1 and 64 queries, the `distances` GEMM form and vectorize's broadcast form against the Scan.
 """
 
 from __future__ import annotations
@@ -80,9 +82,9 @@ def feeds_for(model) -> dict:
     return feeds
 
 
-def row(label: str, model, optimized, seconds: float) -> str:
+def row(label: str, model, optimized, seconds: float, feeds=None) -> str:
     sessions = [session(model), session(optimized)]
-    feeds = feeds_for(model)
+    feeds = feeds if feeds is not None else feeds_for(model)
     before, after = (s.run(None, feeds) for s in sessions)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(before, after))
     (t0, s0), (t1, s1) = (summary(t) for t in cpu_times(sessions, feeds, seconds))
@@ -95,10 +97,36 @@ def rewrite(model, **options):
     return optimized, (details[0] if details else "not applied")
 
 
+def knn_model(rows: int = 2000, features: int = 10):
+    import warnings
+
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.neighbors import KNeighborsRegressor
+
+    warnings.filterwarnings("ignore")
+    rng = np.random.RandomState(rows)
+    x = rng.randn(rows, features).astype(np.float32)
+    est = KNeighborsRegressor(5).fit(x, x.sum(axis=1))
+    return to_onnx(est, initial_types=[("X", FloatTensorType([None, features]))], target_opset=17)
+
+
+def knn_rows(seconds: float) -> None:
+    model = knn_model()
+    gemm, _ = scanopt.optimize(model, verify=False)
+    broadcast, _ = scanopt.optimize(model, verify=False, skip=["distances"])
+    for queries in (1, 64):
+        feeds = {"X": np.random.default_rng(queries).standard_normal((queries, 10)).astype(np.float32)}
+        for label, optimized in (("GEMM (distances)", gemm), ("broadcast (vectorize)", broadcast)):
+            print(row(f"knn 2,000 rows x {queries} queries, {label}" + (" (issue: >= 20x)" if queries == 64 and
+                                                                          "GEMM" in label else ""),
+                      model, optimized, seconds, feeds), flush=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--only", action="append", choices=sorted(CASES))
+    parser.add_argument("--only", action="append", choices=sorted(CASES) + ["knn"])
     parser.add_argument("--chunks", help="comma-separated chunk lengths to compare at each case's largest T")
     args = parser.parse_args(argv)
     print(f"onnxruntime {ort.__version__}, 1 intra-op thread, thread CPU time, median ±IQR%")
@@ -106,7 +134,10 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|")
     aa = CASES["ema"][0](256)
     print(row("A/A: EMA T=256 Scan vs itself", aa, aa, args.seconds), flush=True)
-    for name in args.only or list(CASES):
+    for name in args.only or list(CASES) + ["knn"]:
+        if name == "knn":
+            knn_rows(args.seconds)
+            continue
         build, lengths, bar = CASES[name]
         if args.chunks:
             model = build(lengths[-1])
