@@ -212,8 +212,13 @@ class Linrec(ScanPass):
                 finals[i] = _last_or_initial(e, h, h0, b, view.trip_count)
                 forms.append("CumSum")
             else:
-                a = _per_step(e, update.a, mapping, plan, rank, dtype, ctx)
-                h, finals[i] = FORMS[match.form](e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
+                value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
+                if not per_step and match.form == "positions" and b is not None:  # a learned decay
+                    h, finals[i] = chunk_loop_scan(e, h0, value, b, rank, view.trip_count, match.chunk, dtype,
+                                                   steady_rank=a_rank)
+                else:
+                    a = _stacked(e, value, per_step, a_rank, rank)
+                    h, finals[i] = FORMS[match.form](e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
                 what = "chunked scan" if update.b is not None else "chunked product"
                 forms.append(f"{what} (C={min(match.chunk, view.trip_count)}, {match.form})")
             mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
@@ -232,7 +237,10 @@ class Linrec(ScanPass):
 
 def _per_step(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, rank: int, dtype, ctx) -> gs.Tensor:
     """``term`` over all steps as [T, ...] of rank ``rank`` + 1 (an invariant term repeated)."""
-    value, per_step, r = _evaluate(e, term, mapping, plan, dtype, ctx)
+    return _stacked(e, *_evaluate(e, term, mapping, plan, dtype, ctx), rank)
+
+
+def _stacked(e: LiftEmitter, value: gs.Tensor, per_step: bool, r: int, rank: int) -> gs.Tensor:
     if not per_step:
         value = e.over_steps(value, r)
     return e.pad(value, rank - r)

@@ -64,34 +64,48 @@ def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, r
 
 
 def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, steps: int,
-                    chunk: int, dtype: np.dtype) -> tuple[gs.Tensor, gs.Tensor]:
+                    chunk: int, dtype: np.dtype, steady_rank: int | None = None) -> tuple[gs.Tensor, gs.Tensor]:
     """Like :func:`chunked_scan`, but within chunks a loop over the C positions runs every
     chunk at once (state [T/C, ...]): C iterations instead of T, each one wide, two passes
-    over the data instead of 2·log2(C) shifted copies. ``b`` None for 0."""
+    over the data instead of 2·log2(C) shifted copies. ``b`` None for 0.
+
+    ``steady_rank`` given: ``a`` is the same at every step (a learned decay), of that rank and
+    not stacked over steps; the loop reads it as it is and the products within a chunk are
+    its powers a, a², ..., a^C, computed once on [C, ...a] instead of tracked per chunk."""
     chunk = max(1, min(chunk, steps))
     count = math.ceil(steps / chunk)
     padding = count * chunk - steps
     one, zero = np.ones([], dtype), np.zeros([], dtype)
+    steady = steady_rank is not None
     if b is None:
-        b = e.op("Mul", [a, e.const("zero", zero)])  # products: b = 0 (the Scan needs a b)
+        b = e.op("Mul", [a if not steady else e.unsqueeze(a, [0]), e.const("zero", zero)])  # products: b = 0
     if padding:
-        a = _pad_end(e, a, padding, rank + 1, one)
+        a = a if steady else _pad_end(e, a, padding, rank + 1, one)
         b = _pad_end(e, b, padding, rank + 1, zero)
-    a, b = _split_steps(e, a, chunk), _split_steps(e, b, chunk)  # [count, chunk, ...]
+    a = a if steady else _split_steps(e, a, chunk)  # [count, chunk, ...]
+    b = _split_steps(e, b, chunk)
     rows = e.ints("count", [count])
     state_shape = e.op("Concat", [rows, e.op("Shape", [h0])], axis=0)
     if count == 1:  # one chunk: the loop itself, from h0, on the lifted a and b
         start = e.unsqueeze(h0, [0])
-        local, = _position_scan(e, a, b, start, None, rank, dtype, chunk)
+        local, = _position_scan(e, a, b, start, None, rank, dtype, chunk, steady)
         h = e.squeeze(local, [0])
         final = e.squeeze(e.slice(h, [steps - 1], [steps], [0]), [0])
         return (h if not padding else e.slice(h, [0], [steps], [0])), final
     zeros = e.op("ConstantOfShape", [state_shape], value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
-    a_shape = e.op("Shape", [a])
-    a_row = e.op("Concat", [e.slice(a_shape, [0], [1], [0]), e.slice(a_shape, [2], [INT64_MAX], [0])], axis=0)
-    ones = e.op("ConstantOfShape", [a_row], value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
-    local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk)
-    last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
+    if steady:
+        local, = _position_scan(e, a, b, zeros, None, rank, dtype, chunk, True)
+        powers = e.op("Expand", [e.unsqueeze(a, [0]), e.ints("chunk", [chunk] + [1] * steady_rank)])
+        powers, _ = _doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)  # a^(c+1) [C, ...a]
+        prod = e.unsqueeze(powers, [0] + list(range(2, 2 + rank - steady_rank)))  # [1, C, ...] of rank + 2
+        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1]),
+                                 e.ints("count", [count] + [1] * rank)])
+    else:
+        a_shape = e.op("Shape", [a])
+        a_row = e.op("Concat", [e.slice(a_shape, [0], [1], [0]), e.slice(a_shape, [2], [INT64_MAX], [0])], axis=0)
+        ones = e.op("ConstantOfShape", [a_row], value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
+        local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
+        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
     last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [1]), [1])
     ca, cb = _doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
     h0_row = e.unsqueeze(h0, [0])
@@ -103,13 +117,15 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
     if padding:
         h = e.slice(h, [0], [steps], [0])
+        if steady:  # the padding steps applied the steady a: the last real step holds the final state
+            final = e.squeeze(e.slice(h, [steps - 1], [steps], [0]), [0])
     return h, final
 
 
-def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int):
+def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, steady: bool):
     """A Loop over the positions (axis 1) of a, b [count, chunk, ...]: h = a ⊙ h + b from
     ``start`` and, when ``ones`` is given, the running product of the a's; both stacked back
-    on axis 1. A Loop, not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
+    on axis 1 (``steady``: ``a`` is one value for every step, read as it is). A Loop, not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
     body = new_graph(e.b.names.fresh("chunk_positions"))
     inner = Emitter(Builder(body, e.b.names), e.opset)
     width = rank + 1
@@ -117,7 +133,7 @@ def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int):
     cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
     h_in = gs.Variable(e.b.names.fresh("h"), dtype=dtype, shape=[None] * width)
     p_in = gs.Variable(e.b.names.fresh("p"), dtype=dtype, shape=[None] * width) if ones is not None else None
-    a_t = inner.op("Gather", [a, step], axis=1)
+    a_t = a if steady else inner.op("Gather", [a, step], axis=1)
     b_t = inner.op("Gather", [b, step], axis=1)
     h_out = inner.op("Add", [inner.op("Mul", [a_t, h_in]), b_t], dtype=dtype, shape=[None] * width)
     outs = [h_out]
