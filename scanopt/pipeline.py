@@ -26,7 +26,7 @@ from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
 
-PIPELINE_ORDER = ("upgrade", "canonicalize", "fuse", "vectorize", "hoist", "unroll", "cleanup")
+PIPELINE_ORDER = ("upgrade", "canonicalize", "fuse", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
 MAX_ROUNDS = 8
 
 

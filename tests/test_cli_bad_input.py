@@ -200,7 +200,7 @@ def test_missing_shape_is_accepted_with_a_warning(cli, tmp_path):
     with pytest.raises(onnx.checker.ValidationError):
         onnx.checker.check_model(m)
     src = _save(tmp_path, m)
-    result = cli("optimize", src, tmp_path / "out.onnx")
+    result = cli("optimize", src, tmp_path / "out.onnx", "--skip", "linrec")  # linrec would take the sum
     assert result.code == 0, result.err
     assert "values with a type but no shape: 'Y'" in result.out
     assert (tmp_path / "out.onnx").read_bytes() == src.read_bytes()

@@ -82,7 +82,8 @@ def test_python_dash_m_runs_the_same_cli(tmp_path):
     src = _save(tmp_path, b.scan9_sum(steps="T"))
     out = tmp_path / "out.onnx"
     proc = subprocess.run(
-        [sys.executable, "-m", "scanopt", "optimize", str(src), str(out)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "scanopt", "optimize", str(src), str(out), "--skip", "linrec"], capture_output=True, text=True,
+        timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert "scan_sum" in proc.stdout and out.read_bytes() == src.read_bytes()

@@ -277,7 +277,7 @@ def test_staging_left_by_a_killed_run_is_removed_by_a_later_run(cli, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUN, "optimize", str(src), str(out_dir / "m.onnx"), "-q"],
+        [sys.executable, "-c", KILLED_RUN, "optimize", str(src), str(out_dir / "m.onnx"), "-q", "--skip", "linrec"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -290,7 +290,7 @@ def test_staging_left_by_a_killed_run_is_removed_by_a_later_run(cli, tmp_path):
     assert not (out_dir / "m.onnx").exists()
     (out_dir / ".scanopt-notes").mkdir()  # the user's, not a staging name
     # a fresh staging folder may be another run still writing: kept
-    assert cli("optimize", src, out_dir / "m.onnx").code == 0
+    assert cli("optimize", src, out_dir / "m.onnx", "--skip", "linrec").code == 0
     assert leftovers[0] in os.listdir(out_dir)
     old = time.time() - STALE_AFTER_SECONDS - 60
     for root, dirs, files in os.walk(out_dir / leftovers[0]):
@@ -306,7 +306,7 @@ def test_interrupted_write_leaves_nothing(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUN, "optimize", str(src), str(out_dir / "m.onnx"), "-q"],
+        [sys.executable, "-c", KILLED_RUN, "optimize", str(src), str(out_dir / "m.onnx"), "-q", "--skip", "linrec"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert proc.stdout.readline().strip() == "staged"

@@ -547,7 +547,7 @@ def test_cli_huge_unroll_max_on_a_huge_trip_count_returns_at_once(cli, tmp_path)
     """issue 11, end to end: nothing is built, the model is written back unchanged."""
     src, out = tmp_path / "huge.onnx", tmp_path / "out.onnx"
     onnx.save(b.scan9_sum(opset=16, steps=10**9), src)
-    result = cli("optimize", src, out, "--unroll-max", "2000000000", "-v")
+    result = cli("optimize", src, out, "--unroll-max", "2000000000", "-v", "--skip", "linrec")  # not the CumSum
     assert result.code == 0, result.err
     assert "over unroll_max_nodes 100000" in result.out
     assert out.read_bytes() == src.read_bytes()

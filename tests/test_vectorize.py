@@ -59,13 +59,14 @@ def test_skl2onnx_pairwise_distance_scans(name):
 
 
 def test_skl_knn_regressor_in_the_default_pipeline_matches_sklearn():
-    """canonicalize first turns the pass-through state into an outer read; vectorize follows."""
+    """canonicalize first turns the pass-through state into an outer read; the distances pass
+    (the GEMM form, before vectorize) takes the squared-distance body."""
     m = onnx.load(MODELS / "skl_knn_regressor.onnx")
     expected = dict(np.load(MODELS / "skl_knn_regressor.expected.npz"))
     out, report = optimize(m)
     assert report.verification["passed"] is True
     assert "Scan" not in ops(out)
-    assert any(o.pass_name == "vectorize" and o.applied for o in report.outcomes)
+    assert any(o.pass_name == "distances" and o.applied for o in report.outcomes)
     got = run(out, {"X": expected["X"]})
     np.testing.assert_allclose(got["variable"], expected["variable"], rtol=1e-5)
 

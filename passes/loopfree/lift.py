@@ -20,6 +20,8 @@ reason. The rules (r = per-step rank of the result, axes resolved with the input
   Transpose, Squeeze/Unsqueeze, Gather, Slice, TopK): axes shifted by one; a default meaning
   "every axis" is made explicit; axes given as inputs must be constants.
 - Reshape: a constant target shape gets a leading 0 (copy the step count).
+- Einsum (explicit equations, no ellipsis): a fresh letter for the step axis leads every per-step
+  operand and the result.
 - anything else reading a per-step value is declined with the reason; nodes with subgraphs,
   random ops and other domains are declined even when invariant.
 
@@ -203,7 +205,7 @@ class _Rule:
             "MatMul": self.matmul, "Gemm": self.gemm, "Transpose": self.transpose, "Reshape": self.reshape,
             "Concat": self.concat, "Split": self.split, "Gather": self.gather, "Squeeze": self.squeeze,
             "Unsqueeze": self.unsqueeze, "TopK": self.topk, "ArgMax": self.arg, "ArgMin": self.arg,
-            "Slice": self.slice,
+            "Slice": self.slice, "Einsum": self.einsum,
         }.get(op)
         if op in REDUCE:
             handler = self.reduce
@@ -255,6 +257,23 @@ class _Rule:
         if col and self.opset < 11:
             raise Declined(f"{self.label}: a per-step right vector needs negative Unsqueeze axes (opset 11+)")
         return emit, self.outputs(result)
+
+    def einsum(self):
+        """A fresh letter for the step axis, leading each per-step operand and the result."""
+        equation = self.attrs.get("equation", "").replace(" ", "")
+        if "->" not in equation or "." in equation:
+            raise Declined(f"{self.label}: only explicit equations ('...->...') without ellipsis are lifted")
+        operands, result = equation.split("->")
+        terms = operands.split(",")
+        step = next((c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation), None)
+        if step is None or len(terms) != len(self.values):
+            raise Declined(f"{self.label}: no letter left for the step axis")
+        lifted = ",".join(step + t if self.per_step(i) else t for i, t in enumerate(terms)) + "->" + step + result
+
+        def emit(e: LiftEmitter, ins):
+            return e.same(self.node, ins, equation=lifted)
+
+        return emit, self.outputs(len(result))
 
     def gemm(self):
         for i in (0, 1):
@@ -501,6 +520,21 @@ def to_processing_order(e: LiftEmitter, x: gs.Tensor, view, j: int) -> gs.Tensor
         rank = view.input_ranks[j]
         x = e.op("Transpose", [x], perm=[axis] + [a for a in range(rank) if a != axis])
     return e.reverse(x, 0) if view.input_directions[j] else x
+
+
+def from_processing_order(e: LiftEmitter, y: gs.Tensor, view, k: int, rank) -> gs.Tensor:
+    """Stacked values (processing order, axis 0) as scan output ``k``: reversed when it prepends,
+    its axis moved into place."""
+    if view.output_directions[k]:
+        y = e.reverse(y, 0)
+    axis = view.output_axes[k]
+    if axis < 0:
+        axis += rank + 1
+    if axis != 0:
+        perm = list(range(1, rank + 1))
+        perm.insert(axis, 0)
+        y = e.op("Transpose", [y], perm=perm)
+    return y
 
 
 def largest_intermediate(plan: LiftPlan, trip: int | None, shapes) -> tuple[str, int]:

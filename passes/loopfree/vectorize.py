@@ -27,7 +27,7 @@ from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, largest_intermediate,
-    needed_nodes, plan_nodes, through_identity, to_processing_order,
+    needed_nodes, plan_nodes, through_identity, to_processing_order, from_processing_order,
 )
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
@@ -132,7 +132,7 @@ class Vectorize(ScanPass):
         for k in range(view.num_scan_outputs):
             parts = [p[k] for p in pieces]
             stacked = parts[0] if len(parts) == 1 else e.op("Concat", parts, axis=0)
-            outputs.append(_from_processing_order(e, stacked, view, k, match.out_ranks[k]))
+            outputs.append(from_processing_order(e, stacked, view, k, match.out_ranks[k]))
         rebind_outputs(node, list(node.inputs[:n]) + outputs, graph)
         added = place_appended(graph, position, start - 1)
         chunked = f" in {match.chunks} chunks" if match.chunks > 1 else ""
@@ -147,21 +147,6 @@ def _stacked(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, rank, ctx) -
     if plan.value(t, ctx.shapes.shape).per_step:
         return value
     return e.over_steps(value, rank)
-
-
-def _from_processing_order(e: LiftEmitter, y: gs.Tensor, view: ScanView, k: int, rank) -> gs.Tensor:
-    """Stacked values (processing order, axis 0) as scan output ``k``: reversed when it prepends,
-    its axis moved into place."""
-    if view.output_directions[k]:
-        y = e.reverse(y, 0)
-    axis = view.output_axes[k]
-    if axis < 0:
-        axis += rank + 1
-    if axis != 0:
-        perm = list(range(1, rank + 1))
-        perm.insert(axis, 0)
-        y = e.op("Transpose", [y], perm=perm)
-    return y
 
 
 def _chunk_bounds(trip: int, chunks: int) -> list[tuple[int, int]]:

@@ -1,0 +1,333 @@
+"""linrec: a Scan whose states follow linear recurrences h' = a ⊙ h + b becomes a loop-free graph.
+
+Recognized (:mod:`linear_form`): every state that changes is updated as a ⊙ h + b where a and b
+depend only on scan elements, outer values and pass-through states (never on a state), and every
+scan output reads states only after their update (h', not h). States of any rank; a and b
+broadcast to it (a scalar or diagonal decay of a matrix state included).
+
+Forms (:mod:`prefix_scan`), all over the whole sequence at once:
+- a = 1 (running sums, counters): ``h0 + CumSum(B)``.
+- otherwise (products b = 0 included): a chunked parallel scan, doubling within chunks of
+  ``linrec_chunk`` steps and across chunks, no division, no log/exp.
+The a's and b's and the scan outputs y_t = f(h_t, x_t) are the body lifted over all steps (the
+rules of :mod:`lift`). Final states are the last row (static lengths) or h0 + the sum (sums).
+
+Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
+state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
+state to 16 bits every step; another association order would round differently), a symbolic
+length for the chunked form, opset < 11 (CumSum, Pad with input pads), and lengths below
+``linrec_min_steps`` for the chunked form (measured: it loses to the loop on short sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.graph import GraphLevel
+from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
+from scanopt.passes.loopfree.lift import (
+    Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
+    through_identity, to_processing_order, value_dtype,
+)
+from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
+from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_sum
+from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.scan_view import ScanView
+
+DEFAULT_CHUNK = 16  # benchmarks/bench_linrec.py --chunks 8,16,32,64: 16 best or within noise of it
+DEFAULT_MIN_STEPS = 16
+# Per-step state elements above which the chunked form loses to the loop (bench_linrec: Mamba
+# [1, 64, 16] = 1,024 elements ~1.0x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
+DEFAULT_MAX_STATE = 512
+DEFAULT_FORM = "auto"
+FORMS = {"positions": chunk_loop_scan, "doubling": chunked_scan}
+# "auto": doubling below this length, the positions loop from it (bench_linrec, EMA H=128 and
+# minGRU H=64: doubling 1.4-2.9x at T=16..64 where the positions loop is 0.7-2.0x; at T=1024-2048
+# the positions loop 2.3-4.4x, doubling 1.9-3.1x).
+POSITIONS_FROM = 512
+STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
+
+
+@dataclass
+class LinrecMatch(Match):
+    view: ScanView
+    updates: dict[int, LinearUpdate]  # state index -> its update (changing states only)
+    ranks: dict[int, int]  # state index -> state rank
+    dtypes: dict[int, np.dtype]
+    plan: LiftPlan
+    early: list  # plan steps that do not read an updated state (a, b and what they need)
+    late: list  # plan steps reading updated states (the scan outputs' rest)
+    out_ranks: list[int | None]
+    chunk: int
+    form: str
+
+
+@register_pass
+class Linrec(ScanPass):
+    name = "linrec"
+    summary = "linear recurrences h' = a*h + b -> CumSum or a chunked parallel scan (no loop)"
+    tunables = {
+        "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default {DEFAULT_CHUNK})"),
+        "linrec_min_steps": (int, f"shortest static length rewritten (default {DEFAULT_MIN_STEPS}; shorter loops are "
+                                  "left to unroll)"),
+        "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
+                                  f"form (default {DEFAULT_MAX_STATE}; sums are not limited)"),
+        "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
+                             f"'doubling' (log-depth, no loop) or 'auto' (doubling below T={POSITIONS_FROM}; "
+                             f"default {DEFAULT_FORM})"),
+    }
+
+    def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if view.batched:
+            return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
+        if ctx.opset < 11:
+            return Skip(f"CumSum and Pad with run-time pads need opset 11+, the model is at opset {ctx.opset}")
+        body = node.attrs["body"]
+        n = view.num_states
+        changing = [i for i in range(n) if through_identity(body.outputs[i]) is not body.inputs[i]]
+        if not changing:
+            return Skip("no state changes across steps: a map (vectorize's case)")
+        depends = _dependence(body, [body.inputs[i] for i in changing])
+        updates: dict[int, LinearUpdate] = {}
+        ranks: dict[int, int] = {}
+        dtypes: dict[int, np.dtype] = {}
+        for i in changing:
+            label = f"state '{view.initial_states[i] or i}'"
+            h_in, h_out = body.inputs[i], through_identity(body.outputs[i])
+            try:
+                update = linear_update(h_in, h_out, lambda t, i=i: i in depends.get(id(t), ()))
+            except NotLinear as exc:
+                return Skip(f"{label} is not a linear recurrence: {exc}")
+            for term in (update.a, update.b):
+                for leaf in term.leaves() if term is not None else ():
+                    if depends.get(id(leaf)):
+                        return Skip(f"{label}: its coefficient '{leaf.name}' depends on a state, so a "
+                                    "and b are not known before the loop")
+            rank = ctx.shapes.rank(h_in) if ctx.shapes.rank(h_in) is not None else ctx.shapes.rank(node.inputs[i])
+            if rank is None:
+                return Skip(f"{label} has an unknown rank")
+            dtype = value_dtype(h_in, ctx.shapes)
+            if dtype is None or dtype.type not in STATE_DTYPES:
+                return Skip(f"{label} is {dtype}: the loop rounds such a state every step and a parallel form "
+                            "rounds in another order (float32, float64, int32, int64 states only)")
+            updates[i], ranks[i], dtypes[i] = update, rank, dtype
+        general = [i for i in changing if not updates[i].is_sum]
+        trip = view.trip_count
+        if general and trip is None:
+            return Skip("the length is symbolic: the chunked form needs a static length (sums excepted)")
+        minimum = ctx.options.get("linrec_min_steps", DEFAULT_MIN_STEPS)
+        if trip is not None and trip < minimum:
+            return Skip(f"{trip} steps is below linrec_min_steps={minimum}: short loops are left to unroll")
+        largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
+        for i in general:
+            size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
+            if size is None or size > largest:
+                what = "an unknown shape" if size is None else f"{size:,} elements per step"
+                return Skip(f"state '{view.initial_states[i] or i}' has {what}, over linrec_max_state={largest}: "
+                            "the loop is as fast or faster than the chunked form on wide states")
+        form = ctx.options.get("linrec_form", DEFAULT_FORM)
+        if form == "auto":
+            form = "positions" if trip is not None and trip >= POSITIONS_FROM else "doubling"
+        if form not in FORMS:
+            return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}")
+        found = self._plan(node, view, body, changing, updates, ranks, ctx)
+        if isinstance(found, Skip):
+            return found
+        plan, early, late, out_ranks = found
+        chunk = max(1, int(ctx.options.get("linrec_chunk", DEFAULT_CHUNK)))
+        return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
+
+    def _plan(self, node, view, body, changing, updates, ranks, ctx):
+        n = view.num_states
+        roots: dict[int, Value] = {}
+        for i in range(n):
+            if i not in changing:
+                roots[id(body.inputs[i])] = Value(False, ctx.shapes.rank(body.inputs[i]))
+        for j in range(view.num_scan_inputs):
+            if view.input_axes[j] != 0 and view.input_ranks[j] is None:
+                return Skip(f"scan input '{view.scan_inputs[j]}' on axis {view.input_axes[j]} has an unknown rank")
+            roots[id(body.inputs[n + j])] = element_value(view, j, body.inputs[n + j], ctx.shapes)
+        updated = {id(t): i for i in changing for t in _identity_chain(body.outputs[i])}
+        for t, i in updated.items():
+            roots[t] = Value(True, ranks[i])
+        chain = set().union(*(updates[i].chain for i in changing))
+        old = {id(body.inputs[i]) for i in changing}
+        leaves = [t for i in changing for term in (updates[i].a, updates[i].b) if term is not None for t in term.leaves()]
+        outputs = list(body.outputs[n:])
+        nodes = _needed_until(body, leaves + outputs, set(updated))
+        for nd in nodes:
+            if id(nd) in chain:
+                return Skip(f"a scan output reads '{nd.outputs[0].name}', part of a state update, not the new state")
+            if any(id(t) in old for t in nd.inputs):
+                return Skip(f"{nd.op} '{nd.name}' reads a state before its update (h, not h')")
+        if any(id(t) in old for t in outputs):
+            return Skip("a scan output is a state before its update (h, not h')")
+        try:
+            plan = plan_nodes(nodes, roots, ctx.opset, ctx.shapes.shape)
+        except Declined as exc:
+            return Skip(f"not lifted: {exc}")
+        reads_new: set[int] = set(updated)
+        early, late = [], []
+        for step in plan.steps:
+            nd = step[0]
+            if any(id(t) in reads_new for t in nd.inputs):
+                reads_new.update(id(t) for t in nd.outputs)
+                late.append(step)
+            else:
+                early.append(step)
+        out_ranks = []
+        for k, t in enumerate(outputs):
+            value = plan.value(t, ctx.shapes.shape)
+            if (not value.per_step or view.output_axes[k] != 0) and value.rank is None:
+                return Skip(f"scan output '{view.scan_outputs[k]}': the rank of body output '{t.name}' is unknown")
+            out_ranks.append(value.rank)
+        for leaf in leaves:
+            if plan.value(leaf, ctx.shapes.shape).rank is None:
+                return Skip(f"the rank of coefficient '{leaf.name}' is unknown")
+        return plan, early, late, out_ranks
+
+    def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
+        assert isinstance(match, LinrecMatch)
+        graph, view, plan = level.graph, match.view, match.plan
+        position = next(i for i, x in enumerate(graph.nodes) if x is node)
+        start = len(graph.nodes)
+        body = node.attrs["body"]
+        n = view.num_states
+        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
+        scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
+        mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
+        mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
+        emit_nodes(match.early, e, mapping)
+        finals: dict[int, gs.Tensor] = {}
+        forms = []
+        for i, update in match.updates.items():
+            rank, dtype, h0 = match.ranks[i], match.dtypes[i], node.inputs[i]
+            b = _per_step(e, update.b, mapping, plan, rank, dtype, ctx) if update.b is not None else None
+            if update.is_sum:
+                h = cumulative_sum(e, h0, b)
+                finals[i] = _last_or_initial(e, h, h0, b, view.trip_count)
+                forms.append("CumSum")
+            else:
+                value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
+                if not per_step and match.form == "positions" and b is not None:  # a learned decay
+                    h, finals[i] = chunk_loop_scan(e, h0, value, b, rank, view.trip_count, match.chunk, dtype,
+                                                   steady_rank=a_rank)
+                else:
+                    a = _stacked(e, value, per_step, a_rank, rank)
+                    h, finals[i] = FORMS[match.form](e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
+                what = "chunked scan" if update.b is not None else "chunked product"
+                forms.append(f"{what} (C={min(match.chunk, view.trip_count)}, {match.form})")
+            mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
+        _emit_aliasing_identities(match.late, e, mapping)
+        outputs = []
+        for k, t in enumerate(body.outputs[n:]):
+            value = mapping.get(id(t), t)
+            if not plan.value(t, ctx.shapes.shape).per_step:
+                value = e.over_steps(value, match.out_ranks[k])
+            outputs.append(from_processing_order(e, value, view, k, match.out_ranks[k]))
+        states = [finals.get(i, node.inputs[i]) for i in range(n)]
+        rebind_outputs(node, states + outputs, graph)
+        added = place_appended(graph, position, start - 1)
+        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no loop)"
+
+
+def _per_step(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, rank: int, dtype, ctx) -> gs.Tensor:
+    """``term`` over all steps as [T, ...] of rank ``rank`` + 1 (an invariant term repeated)."""
+    return _stacked(e, *_evaluate(e, term, mapping, plan, dtype, ctx), rank)
+
+
+def _stacked(e: LiftEmitter, value: gs.Tensor, per_step: bool, r: int, rank: int) -> gs.Tensor:
+    if not per_step:
+        value = e.over_steps(value, r)
+    return e.pad(value, rank - r)
+
+
+def _evaluate(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, dtype, ctx):
+    """(tensor, per_step, per-step rank) of an h-free term, lifted."""
+    if term.op == "one":
+        return e.const("one", np.ones([], dtype)), False, 0
+    if term.op == "leaf":
+        t = term.tensor
+        value = plan.value(t, ctx.shapes.shape)
+        return mapping.get(id(t), t), value.per_step, value.rank
+    parts = [_evaluate(e, arg, mapping, plan, dtype, ctx) for arg in term.args]
+    if term.op == "neg":
+        x, per_step, r = parts[0]
+        return e.op("Neg", [x]), per_step, r
+    (x, px, rx), (y, py, ry) = parts
+    r = max(rx, ry)
+    x = e.pad(x, r - rx) if px else x
+    y = e.pad(y, r - ry) if py else y
+    op = {"mul": "Mul", "add": "Add", "sub": "Sub", "div": "Div"}[term.op]
+    return e.op(op, [x, y]), px or py, r
+
+
+def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None) -> gs.Tensor:
+    """The final state of a sum: the last row for a static length >= 1, else h0 + the total
+    (which is h0 for zero steps)."""
+    if trip is not None and trip >= 1:
+        return e.squeeze(e.slice(h, [trip - 1], [trip], [0]), [0])
+    total = e.op("ReduceSum", [b, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
+        e.op("ReduceSum", [b], axes=[0], keepdims=0)
+    return e.op("Add", [h0, total])
+
+
+def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:
+    """emit_nodes, but an Identity maps its output to its input instead of copying T steps."""
+    for step in steps:
+        nd = step[0]
+        if nd.op == "Identity" and nd.inputs[0].name:
+            mapping[id(nd.outputs[0])] = mapping.get(id(nd.inputs[0]), nd.inputs[0])
+        else:
+            emit_nodes([step], e, mapping)
+
+
+def _state_elements(shape) -> int | None:
+    if shape is None:
+        return None
+    return int(np.prod([d if isinstance(d, int) and d > 0 else 1 for d in shape], dtype=np.int64))
+
+
+def _identity_chain(t: gs.Tensor) -> list[gs.Tensor]:
+    """``t`` and the values it copies through Identity nodes (all the new state)."""
+    chain = [t]
+    while chain[-1] is not through_identity(chain[-1]):
+        chain.append(chain[-1].inputs[0].inputs[0])
+    return chain
+
+
+def _dependence(body: gs.Graph, states: list[gs.Tensor]) -> dict[int, set[int]]:
+    """id(body value) -> indices (into ``states``' Scan numbering) of the states it depends on."""
+    index = {id(t): i for i, t in zip(_state_indices(body, states), states)}
+    deps: dict[int, set[int]] = {id(t): {i} for t, i in ((t, index[id(t)]) for t in states)}
+    for nd in body.nodes:
+        found: set[int] = set()
+        for t in nd.inputs:
+            found |= deps.get(id(t), set())
+        if found:
+            for t in nd.outputs:
+                deps[id(t)] = found
+    return deps
+
+
+def _state_indices(body: gs.Graph, states: list[gs.Tensor]) -> list[int]:
+    position = {id(t): k for k, t in enumerate(body.inputs)}
+    return [position[id(t)] for t in states]
+
+
+def _needed_until(body: gs.Graph, wanted, stop: set[int]) -> list:
+    """The body nodes ``wanted`` depend on, in body order, not looking past values in ``stop``."""
+    producer = {id(t): nd for nd in body.nodes for t in nd.outputs}
+    keep: set[int] = set()
+    stack = [producer[id(t)] for t in wanted if id(t) in producer and id(t) not in stop]
+    while stack:
+        nd = stack.pop()
+        if id(nd) in keep:
+            continue
+        keep.add(id(nd))
+        stack.extend(producer[id(t)] for t in nd.inputs if id(t) in producer and id(t) not in stop)
+    return [nd for nd in body.nodes if id(nd) in keep]

@@ -1,0 +1,134 @@
+"""Hand-written ONNX Scans computing linear recurrences, the shapes people write them in.
+
+Shared by the tests and by ``models/linrec/generate.py`` (the committed samples). Each builder
+returns a Scan-9+ model; sizes are arguments so benchmarks can scale them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+import builders as b
+
+
+def _scan_model(nodes, body_in, body_out, outer_in, outer_out, inits, opset=17, **attrs):
+    body = h.make_graph(nodes, "body", body_in, body_out)
+    scan = h.make_node("Scan", attrs.pop("scan_inputs"), [o.name for o in outer_out], body=body, **attrs)
+    graph = h.make_graph([scan], "g", list(outer_in), outer_out, initializer=inits)
+    return b.model(graph, opset=opset)
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def running_sum(T=64, H=8, B=None, reverse=False, opset=17):
+    """h' = h + x (a = 1): the states is the running sum; outputs h' each step."""
+    shape = [H] if B is None else [B, H]
+    nodes = [h.make_node("Add", ["h", "x"], ["h_new"]), h.make_node("Identity", ["h_new"], ["y"])]
+    return _scan_model(nodes, [b.vi("h", shape), b.vi("x", shape)], [b.vi("h_new", shape), b.vi("y", shape)],
+                       [b.vi("h0", shape), b.vi("X", [T] + shape)], [b.vi("hT", shape), b.vi("Y", [T] + shape)], [],
+                       opset=opset, num_scan_inputs=1, scan_inputs=["h0", "X"],
+                       **({"scan_input_directions": [1], "scan_output_directions": [1]} if reverse else {}))
+
+
+def ema(T=64, H=8, seed=0, opset=17):
+    """Learned decay: a = Sigmoid(w) per channel, h' = a ⊙ h + (1 - a) ⊙ x."""
+    w = _rng(seed).normal(size=[H]).astype(np.float32)
+    nodes = [
+        h.make_node("Sigmoid", ["w"], ["a"]),
+        h.make_node("Sub", ["one", "a"], ["one_minus_a"]),
+        h.make_node("Mul", ["a", "h"], ["ah"]),
+        h.make_node("Mul", ["one_minus_a", "x"], ["bx"]),
+        h.make_node("Add", ["ah", "bx"], ["h_new"]),
+        h.make_node("Identity", ["h_new"], ["y"]),
+    ]
+    return _scan_model(nodes, [b.vi("h", [H]), b.vi("x", [H])], [b.vi("h_new", [H]), b.vi("y", [H])],
+                       [b.vi("h0", [H]), b.vi("X", [T, H])], [b.vi("hT", [H]), b.vi("Y", [T, H])],
+                       [b.init("w", w), b.init("one", np.ones([], np.float32))], opset=opset,
+                       num_scan_inputs=1, scan_inputs=["h0", "X"])
+
+
+def mingru(T=64, I=16, H=16, B=1, seed=0, opset=17):
+    """minGRU: z = σ(x W_z), h̃ = x W_h, h' = (1 - z) ⊙ h + z ⊙ h̃; outputs h'."""
+    r = _rng(seed)
+    wz = (r.normal(size=[I, H]) / np.sqrt(I)).astype(np.float32)
+    wh = (r.normal(size=[I, H]) / np.sqrt(I)).astype(np.float32)
+    nodes = [
+        h.make_node("MatMul", ["x", "Wz"], ["zl"]), h.make_node("Sigmoid", ["zl"], ["z"]),
+        h.make_node("MatMul", ["x", "Wh"], ["ht"]),
+        h.make_node("Sub", ["one", "z"], ["keep"]),
+        h.make_node("Mul", ["keep", "h"], ["kh"]), h.make_node("Mul", ["z", "ht"], ["zh"]),
+        h.make_node("Add", ["kh", "zh"], ["h_new"]), h.make_node("Identity", ["h_new"], ["y"]),
+    ]
+    return _scan_model(nodes, [b.vi("h", [B, H]), b.vi("x", [B, I])], [b.vi("h_new", [B, H]), b.vi("y", [B, H])],
+                       [b.vi("h0", [B, H]), b.vi("X", [T, B, I])], [b.vi("hT", [B, H]), b.vi("Y", [T, B, H])],
+                       [b.init("Wz", wz), b.init("Wh", wh), b.init("one", np.ones([], np.float32))], opset=opset,
+                       num_scan_inputs=1, scan_inputs=["h0", "X"])
+
+
+def mamba(T=64, B=1, D=8, N=4, seed=0, opset=17):
+    """Selective scan, state [B, D, N]: a = Exp(Δ ⊗ A) with A = -Exp(A_log) < 0,
+    b = (Δ ⊙ x) ⊗ B_t, h' = a ⊙ h + b, y = Σ_n h' ⊙ C_t. Per step x, Δ [B, D], B_t, C_t [B, N]."""
+    a_log = np.log(np.arange(1, N + 1, dtype=np.float32))[None, :].repeat(D, 0)
+    nodes = [
+        h.make_node("Exp", ["A_log"], ["A_pos"]), h.make_node("Neg", ["A_pos"], ["A"]),
+        h.make_node("Softplus", ["dl"], ["delta"]),
+        h.make_node("Unsqueeze", ["delta", "ax_last"], ["delta3"]),
+        h.make_node("Mul", ["delta3", "A"], ["dA"]), h.make_node("Exp", ["dA"], ["a"]),
+        h.make_node("Mul", ["delta", "x"], ["dx"]), h.make_node("Unsqueeze", ["dx", "ax_last"], ["dx3"]),
+        h.make_node("Unsqueeze", ["bt", "ax_mid"], ["bt3"]), h.make_node("Mul", ["dx3", "bt3"], ["bx"]),
+        h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bx"], ["h_new"]),
+        h.make_node("Unsqueeze", ["ct", "ax_mid"], ["ct3"]), h.make_node("Mul", ["h_new", "ct3"], ["hc"]),
+        h.make_node("ReduceSum", ["hc", "ax_last"], ["y"], keepdims=0),
+    ]
+    body_in = [b.vi("h", [B, D, N]), b.vi("x", [B, D]), b.vi("dl", [B, D]), b.vi("bt", [B, N]), b.vi("ct", [B, N])]
+    outer_in = [b.vi("h0", [B, D, N]), b.vi("X", [T, B, D]), b.vi("DL", [T, B, D]), b.vi("BT", [T, B, N]),
+                b.vi("CT", [T, B, N])]
+    inits = [b.init("A_log", a_log), b.init("ax_last", np.array([-1], np.int64)), b.init("ax_mid", np.array([1], np.int64))]
+    return _scan_model(nodes, body_in, [b.vi("h_new", [B, D, N]), b.vi("y", [B, D])], outer_in,
+                       [b.vi("hT", [B, D, N]), b.vi("Y", [T, B, D])], inits, opset=opset, num_scan_inputs=4,
+                       scan_inputs=["h0", "X", "DL", "BT", "CT"])
+
+
+def linear_attention(T=64, DK=8, DV=8, gamma=0.95, opset=17, einsum=True):
+    """Decayed linear attention, matrix state S [DK, DV]: S' = γ S + k ⊗ v, y = q S'."""
+    if einsum:
+        outer = [h.make_node("Einsum", ["k", "v"], ["kv"], equation="i,j->ij")]
+        read = [h.make_node("Einsum", ["q", "S_new"], ["y"], equation="i,ij->j")]
+    else:
+        outer = [h.make_node("Unsqueeze", ["k", "ax1"], ["kc"]), h.make_node("Unsqueeze", ["v", "ax0"], ["vr"]),
+                 h.make_node("MatMul", ["kc", "vr"], ["kv"])]
+        read = [h.make_node("MatMul", ["q", "S_new"], ["y"])]
+    nodes = outer + [h.make_node("Mul", ["S", "gamma"], ["gs"]), h.make_node("Add", ["gs", "kv"], ["S_new"])] + read
+    inits = [b.init("gamma", np.array(gamma, np.float32)), b.init("ax0", np.array([0], np.int64)),
+             b.init("ax1", np.array([1], np.int64))]
+    return _scan_model(nodes, [b.vi("S", [DK, DV]), b.vi("q", [DK]), b.vi("k", [DK]), b.vi("v", [DV])],
+                       [b.vi("S_new", [DK, DV]), b.vi("y", [DV])],
+                       [b.vi("S0", [DK, DV]), b.vi("Q", [T, DK]), b.vi("K", [T, DK]), b.vi("V", [T, DV])],
+                       [b.vi("ST", [DK, DV]), b.vi("Y", [T, DV])], inits, opset=opset, num_scan_inputs=3,
+                       scan_inputs=["S0", "Q", "K", "V"])
+
+
+def cumulative_product(T=64, H=8, opset=17):
+    """h' = h ⊙ x (b = 0)."""
+    nodes = [h.make_node("Mul", ["x", "h"], ["h_new"]), h.make_node("Identity", ["h_new"], ["y"])]
+    return _scan_model(nodes, [b.vi("h", [H]), b.vi("x", [H])], [b.vi("h_new", [H]), b.vi("y", [H])],
+                       [b.vi("h0", [H]), b.vi("X", [T, H])], [b.vi("hT", [H]), b.vi("Y", [T, H])], [],
+                       opset=opset, num_scan_inputs=1, scan_inputs=["h0", "X"])
+
+
+def body_model(update_nodes, T=16, H=4, extra_inputs=(), opset=17, state="h_new", outputs=("h_new",), dtype=TP.FLOAT,
+               inits=()):
+    """A one-state Scan over X [T, H] whose body is ``update_nodes`` (reading h, x, and the
+    ``extra_inputs`` initializers); the new state is ``state``, scan outputs ``outputs``.
+    For negative tests: the shapes people write that are not linear."""
+    nodes = list(update_nodes) + [h.make_node("Identity", [o], [f"out{k}"]) for k, o in enumerate(outputs)]
+    body_out = [b.vi(state, [H], dtype)] + [b.vi(f"out{k}", [H], dtype) for k in range(len(outputs))]
+    return _scan_model(nodes, [b.vi("h", [H], dtype), b.vi("x", [H], dtype)], body_out,
+                       [b.vi("h0", [H], dtype), b.vi("X", [T, H], dtype)],
+                       [b.vi("hT", [H], dtype)] + [b.vi(f"Y{k}", [T, H], dtype) for k in range(len(outputs))],
+                       list(inits), opset=opset, num_scan_inputs=1, scan_inputs=["h0", "X"])

@@ -1,0 +1,131 @@
+"""distances: skl2onnx's pairwise squared-distance Scans become one GEMM (clamped at 0).
+
+Checked against the loop (onnxruntime and the reference executor) within the form's stated
+rounding, against sklearn's own outputs, for ties in TopK consumers, and for each decline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper as h
+
+import builders as b
+from equivalence import assert_equivalent, ops
+from scanopt.engines import run
+from scanopt.pipeline import optimize
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+SKL = sorted(p.stem for p in (MODELS / "skl").glob("*.onnx"))
+NO_PRODUCT_FORM = ("knn_regressor_manhattan", "knn_regressor_minkowski3")  # |.| and |.|^3 bodies
+
+
+def distances(model, **options):
+    out, report = optimize(model, passes=["canonicalize", "distances"], verify=False, options=options)
+    return out, [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "distances"]
+
+
+def knn_model(rows: np.ndarray, k: int = 3, body_sub=("next_in", "next"), opset: int = 17) -> onnx.ModelProto:
+    """skl2onnx's KNN shape: Scan(state Q pass-through, scan rows) -> [rows, q] squared
+    distances, Transpose, Sqrt, TopK(k, smallest)."""
+    features = rows.shape[1]
+    axes = {"axes": [1]} if opset < 18 else {}
+    reduce_inputs = ["d"] if opset < 18 else ["d", "ax"]
+    body_nodes = [h.make_node("Identity", ["next_in"], ["next_out"]), h.make_node("Sub", list(body_sub), ["d"]),
+                  h.make_node("ReduceSumSquare", reduce_inputs, ["dd"], keepdims=0, **axes),
+                  h.make_node("Identity", ["dd"], ["scan_out"])]
+    body_inits = [b.init("ax", np.array([1], np.int64))] if opset >= 18 else []
+    body = h.make_graph(body_nodes, "body", [b.vi("next_in", ["q", features]), b.vi("next", [features])],
+                        [b.vi("next_out", ["q", features]), b.vi("scan_out", ["q"])], initializer=body_inits)
+    nodes = [
+        h.make_node("Scan", ["X", "R"], ["Xf", "D"], body=body, num_scan_inputs=1),
+        h.make_node("Transpose", ["D"], ["Dt"], perm=[1, 0]),
+        h.make_node("Sqrt", ["Dt"], ["dist"]),
+        h.make_node("TopK", ["dist", "K"], ["values", "indices"], largest=0, sorted=1),
+    ]
+    graph = h.make_graph(nodes, "knn", [b.vi("X", ["q", features])],
+                         [b.vi("values", ["q", k]), h.make_tensor_value_info("indices", onnx.TensorProto.INT64, ["q", k])],
+                         initializer=[b.init("R", rows), b.init("K", np.array([k], np.int64))])
+    return b.model(graph, opset=opset)
+
+
+# ---------------------------------------------------------------- skl2onnx output
+@pytest.mark.parametrize("name", SKL)
+def test_skl2onnx_distance_scans(name):
+    m = onnx.load(MODELS / "skl" / f"{name}.onnx")
+    expected = dict(np.load(MODELS / "skl" / f"{name}.expected.npz"))
+    out, outcomes = distances(m)
+    if name in NO_PRODUCT_FORM:
+        assert outcomes and not outcomes[0][0] and "not ReduceSumSquare" in outcomes[0][1], outcomes
+        return
+    assert outcomes and outcomes[0][0], outcomes
+    assert "Scan" not in ops(out) and "Gemm" in ops(out)
+    feeds = {"X": expected["X"]}
+    before, after = run(m, feeds), run(out, feeds)
+    for key in before:
+        if before[key].dtype.kind != "f":  # labels, neighbour indices: the same
+            np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+            continue
+        # against sklearn's float64 result: no farther than the loop (plus float32 rounding)
+        scale = max(1.0, float(np.max(np.abs(expected[key]))))
+        loop_error, gemm_error = np.abs(before[key] - expected[key]), np.abs(after[key] - expected[key])
+        assert np.all(gemm_error <= 2 * loop_error + 1e-5 * scale), (key, loop_error.max(), gemm_error.max())
+
+
+def test_gaussian_process_std_falls_back_to_the_exact_broadcast_form():
+    """GP std cancels (sqrt(1 − k·K⁻¹·k)): the GEMM rounding fails verification's tolerance, the
+    rewrite is rolled back, and vectorize's bit-exact broadcast form takes the Scan."""
+    m = onnx.load(MODELS / "skl" / "gp_regressor_rbf_std.onnx")
+    out, report = optimize(m)
+    applied = {o.pass_name for o in report.outcomes if o.applied}
+    assert "vectorize" in applied and "Scan" not in ops(out)
+    assert "distances on Sc_Scan" in report.format()  # named as rolled back
+
+
+# ---------------------------------------------------------------- numerics and ties
+def test_exact_ties_keep_the_loops_order():
+    """Duplicate training rows give bit-equal GEMM distances, so TopK keeps the lower index
+    first, as the loop does."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((6, 5)).astype(np.float32)
+    rows = np.concatenate([base, base[::-1], base])  # every row three times
+    m = knn_model(rows, k=6)
+    out, outcomes = distances(m)
+    assert outcomes[0][0], outcomes
+    x = rng.standard_normal((9, 5)).astype(np.float32)
+    before, after = run(m, {"X": x}), run(out, {"X": x})
+    np.testing.assert_array_equal(after["indices"], before["indices"])
+    np.testing.assert_allclose(after["values"], before["values"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_query_on_a_training_row_is_zero_or_tiny_never_nan():
+    """The expansion cancels to about eps·2‖x‖² instead of 0; clamped at 0, the Sqrt after it
+    stays defined, and the nearest neighbour is still that row."""
+    rows = (np.random.default_rng(1).standard_normal((50, 8)) * 30).astype(np.float32)
+    m = knn_model(rows, k=1)
+    out, _ = distances(m)
+    got = run(out, {"X": rows[:20]})
+    assert np.isfinite(got["values"]).all() and (got["values"] >= 0).all()
+    np.testing.assert_array_equal(got["indices"][:, 0], np.arange(20))
+    bound = np.sqrt(4 * np.finfo(np.float32).eps * 2 * np.max(np.sum(rows.astype(np.float64) ** 2, axis=1)))
+    assert got["values"].max() <= bound
+
+
+@pytest.mark.parametrize("opset, sub", [(17, ("next_in", "next")), (17, ("next", "next_in")), (18, ("next_in", "next"))])
+def test_forms_match_the_loop(opset, sub):
+    rows = np.random.default_rng(2).standard_normal((40, 6)).astype(np.float32)
+    m = knn_model(rows, body_sub=sub, opset=opset)
+    out, outcomes = distances(m)
+    assert outcomes[0][0], outcomes
+    assert_equivalent(m, out)
+
+
+def test_declines():
+    rows = np.random.default_rng(3).standard_normal((10, 4)).astype(np.float64)
+    m = knn_model(rows.astype(np.float32))
+    m.graph.node[0].attribute.append(h.make_attribute("scan_input_directions", [1]))
+    _, outcomes = distances(m)
+    assert "reverse scan input" in outcomes[0][1]

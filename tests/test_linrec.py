@@ -1,0 +1,250 @@
+"""linrec: linear recurrences h' = a*h + b become CumSum or a chunked parallel scan.
+
+Every rewrite is checked for structure (no Scan left, the form named) and numbers (onnxruntime
+and the reference executor against the loop); every decline for its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+import builders as b
+import linrec_builders as lb
+from equivalence import assert_equivalent, ops
+from scanopt.engines import run
+from scanopt.pipeline import optimize
+
+
+def linrec(model, **options):
+    out, report = optimize(model, passes=["linrec"], verify=False, options=options)
+    return out, [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "linrec"]
+
+
+def rewritten(model, form: str, **options):
+    out, outcomes = linrec(model, **options)
+    assert len(outcomes) == 1 and outcomes[0][0], outcomes
+    assert form in outcomes[0][1], outcomes
+    assert "Scan" not in ops(out)
+    return out
+
+
+def reason(model, **options) -> str:
+    _, outcomes = linrec(model, **options)
+    assert len(outcomes) == 1 and not outcomes[0][0], outcomes
+    return outcomes[0][1]
+
+
+# ---------------------------------------------------------------- forms people write
+@pytest.mark.parametrize("model, form", [
+    (lb.running_sum(), "CumSum"),
+    (lb.running_sum(B=2, reverse=True), "CumSum"),
+    (lb.ema(T=37), "chunked scan"),  # 37 steps: a padded last chunk
+    (lb.mingru(T=40, B=2), "chunked scan"),
+    (lb.mamba(T=33, B=2), "chunked scan"),
+    (lb.linear_attention(T=20, einsum=False), "chunked scan"),
+    (lb.linear_attention(T=20, einsum=True), "chunked scan"),
+    (lb.cumulative_product(T=24), "chunked product"),
+], ids=["sum", "sum_reverse_batched", "ema", "mingru", "mamba", "linear_attention_matmul", "linear_attention_einsum",
+        "cumprod"])
+@pytest.mark.parametrize("within", ["positions", "doubling"])
+def test_forms_match_the_loop(model, form, within):
+    out = rewritten(model, form, linrec_chunk=8, linrec_form=within)
+    assert_equivalent(model, out)
+
+
+@pytest.mark.parametrize("within", ["positions", "doubling"])
+@pytest.mark.parametrize("chunk", [1, 3, 8, 64])
+def test_every_chunk_length_matches_the_loop(chunk, within):
+    m = lb.mingru(T=29, B=2, I=4, H=4)
+    assert_equivalent(m, rewritten(m, "chunked scan", linrec_chunk=chunk, linrec_form=within))
+
+
+def test_long_sequence_float32_within_tolerance():
+    """T=4096: the parallel form sums in another order; with a decay in (0, 1) the error
+    stays at float32 rounding (no division, nothing grows)."""
+    m = lb.ema(T=4096, H=16)
+    out = rewritten(m, "chunked scan")
+    x = np.random.default_rng(1).normal(size=[4096, 16]).astype(np.float32)
+    feeds = {"h0": np.ones([16], np.float32), "X": x}
+    want, got = run(m, feeds), run(out, feeds)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+def test_cumsum_at_4096_is_the_loops_sum():
+    m = lb.running_sum(T=4096, H=8)
+    out = rewritten(m, "CumSum")
+    feeds = {"h0": np.zeros([8], np.float32), "X": np.random.default_rng(2).normal(size=[4096, 8]).astype(np.float32)}
+    want, got = run(m, feeds), run(out, feeds)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-4)
+
+
+def test_product_underflow_gives_zeros_not_nan():
+    """Products underflowing to 0 stay 0 (no division by them, which would give nan/inf)."""
+    m = lb.cumulative_product(T=200, H=4)
+    out = rewritten(m, "chunked product")
+    feeds = {"h0": np.ones([4], np.float32), "X": np.full([200, 4], 0.5, np.float32)}
+    want, got = run(m, feeds), run(out, feeds)
+    assert np.isfinite(got["Y"]).all() and got["Y"][-1].max() == 0.0
+    np.testing.assert_allclose(got["Y"], want["Y"], rtol=1e-6)
+
+
+# ---------------------------------------------------------------- random linear recurrences
+def _random_update(draw):
+    """A random body: h' = combination of a*h, b terms built from x and constants."""
+    nodes, k = [], [0]
+
+    def fresh():
+        k[0] += 1
+        return f"t{k[0]}"
+
+    def free():
+        kind = draw(st.sampled_from(["x", "c", "sig", "mulx"]))
+        out = fresh()
+        if kind == "x":
+            nodes.append(h.make_node("Identity", ["x"], [out]))
+        elif kind == "c":
+            nodes.append(h.make_node("Identity", ["c"], [out]))
+        elif kind == "sig":
+            nodes.append(h.make_node("Sigmoid", ["x"], [out]))
+        else:
+            nodes.append(h.make_node("Mul", ["x", "c"], [out]))
+        return out
+
+    def linear(depth):
+        if depth == 0:
+            return "h"
+        kind = draw(st.sampled_from(["add", "sub", "mul", "div", "neg", "rsub"]))
+        inner, out = linear(depth - 1), fresh()
+        if kind == "add":
+            nodes.append(h.make_node("Add", [free(), inner], [out]))
+        elif kind == "sub":
+            nodes.append(h.make_node("Sub", [inner, free()], [out]))
+        elif kind == "rsub":
+            nodes.append(h.make_node("Sub", [free(), inner], [out]))
+        elif kind == "mul":
+            gate = fresh()
+            nodes.append(h.make_node("Sigmoid", [free()], [gate]))
+            nodes.append(h.make_node("Mul", [inner, gate], [out]))
+        elif kind == "div":
+            nodes.append(h.make_node("Div", [inner, "two"], [out]))
+        else:
+            nodes.append(h.make_node("Neg", [inner], [out]))
+        return out
+
+    top = linear(draw(st.integers(1, 4)))
+    nodes.append(h.make_node("Identity", [top], ["h_new"]))
+    return nodes
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_linear_recurrences_match_the_loop(data):
+    nodes = _random_update(data.draw)
+    T = data.draw(st.integers(1, 40))
+    chunk = data.draw(st.sampled_from([1, 2, 4, 16]))
+    within = data.draw(st.sampled_from(["positions", "doubling"]))
+    c = np.linspace(-1, 1, 4).astype(np.float32)
+    m = lb.body_model(nodes, T=T, H=4, inits=[b.init("c", c), b.init("two", np.array(2, np.float32))])
+    out, outcomes = linrec(m, linrec_chunk=chunk, linrec_min_steps=1, linrec_form=within)
+    assert outcomes and outcomes[0][0], outcomes
+    assert_equivalent(m, out, seeds=1)
+
+
+# ---------------------------------------------------------------- declines
+def test_state_read_nonlinearly_is_declined():
+    m = lb.body_model([h.make_node("Tanh", ["h"], ["t"]), h.make_node("Add", ["t", "x"], ["h_new"])])
+    assert "Tanh" in reason(m) and "nonlinearly" in reason(m)
+
+
+def test_quadratic_state_is_declined():
+    m = lb.body_model([h.make_node("Mul", ["h", "h"], ["hh"]), h.make_node("Add", ["hh", "x"], ["h_new"])])
+    assert "quadratic" in reason(m)
+
+
+def test_coefficient_depending_on_the_state_is_declined():
+    m = lb.body_model([h.make_node("Sigmoid", ["h"], ["g"]), h.make_node("Mul", ["g", "x"], ["gx"]),
+                       h.make_node("Add", ["h", "gx"], ["h_new"])])
+    assert "Sigmoid" in reason(m)
+    m = lb.body_model([h.make_node("Sigmoid", ["x"], ["g"]), h.make_node("Div", ["x", "h"], ["xh"]),
+                       h.make_node("Add", ["g", "xh"], ["h_new"])])
+    assert "divides by a value that depends on the state" in reason(m)
+
+
+def test_output_reading_the_old_state_is_declined():
+    m = lb.body_model([h.make_node("Add", ["h", "x"], ["h_new"])], outputs=("h",))
+    assert "before its update" in reason(m)
+
+
+def test_output_reading_part_of_the_update_is_declined():
+    m = lb.body_model([h.make_node("Mul", ["h", "x"], ["hx"]), h.make_node("Add", ["hx", "x"], ["h_new"])],
+                      outputs=("hx",))
+    assert "part of a state update" in reason(m)
+
+
+def test_float16_state_is_declined():
+    m = lb.body_model([h.make_node("Add", ["h", "x"], ["h_new"])], dtype=TP.FLOAT16)
+    assert "float16" in reason(m)
+
+
+def test_short_sequences_are_left_to_unroll():
+    for m in (lb.ema(T=4), lb.running_sum(T=4)):
+        assert "below linrec_min_steps=8" in reason(m, linrec_min_steps=8)
+    rewritten(lb.running_sum(T=4), "CumSum", linrec_min_steps=4)
+
+
+def test_unknown_form_is_a_reason():
+    assert "not one of auto, positions, doubling" in reason(lb.ema(T=20), linrec_form="magic")
+
+
+def test_map_is_left_to_vectorize():
+    m = lb.body_model([h.make_node("Add", ["h", "x"], ["y"]), h.make_node("Identity", ["h"], ["h_new"])],
+                      outputs=("y",))
+    assert "a map" in reason(m)
+
+
+def test_wide_states_keep_the_loop_but_sums_do_not():
+    """Measured: the chunked form loses to the loop on wide states (a 64x64 matrix state)."""
+    m = lb.linear_attention(T=20, DK=64, DV=64)
+    assert "4,096 elements per step, over linrec_max_state=512" in reason(m)
+    rewritten(lb.running_sum(T=20, H=4096), "CumSum")
+    rewritten(m, "chunked scan", linrec_max_state=4096)
+
+
+# ---------------------------------------------------------------- PyTorch exports (models/linrec)
+LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
+EXPORTS = {
+    "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
+    "torch_mingru": "chunked scan", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked scan",
+    "torch_cumprod": "chunked product",
+}
+
+
+def test_every_export_is_listed():
+    assert {p.stem for p in LINREC.glob("*.onnx")} == set(EXPORTS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_torch_scan_exports_match_torch(name):
+    """torch._higher_order_ops.scan exported by the dynamo exporter: the default pipeline takes
+    the Scan with linrec, and the result equals what torch computed and the loop."""
+    m = onnx.load(LINREC / f"{name}.onnx")
+    expected = dict(np.load(LINREC / f"{name}.expected.npz"))
+    out, report = optimize(m, verify=False)
+    done = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
+    assert len(done) == 1 and EXPORTS[name] in done[0], report.format()
+    assert "Scan" not in ops(out)
+    feeds = {i.name: expected[i.name] for i in m.graph.input}
+    got = run(out, feeds)
+    for key in got:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
+    assert_equivalent(m, out, inputs=[feeds])
