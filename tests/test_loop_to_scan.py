@@ -1,4 +1,5 @@
-"""Loops that exporters wrote (models/loops/, see models/generate_loops.py) become Scans,
+"""Loops that exporters wrote (models/loops/, see models/generate_loops.py and
+generate_loops_tf.py) become Scans,
 and the whole pipeline then fuses or vectorizes them; each result is verified by the
 pipeline and checked against the outputs PyTorch computed for the sample."""
 
@@ -28,6 +29,10 @@ EXPECTED = {
     "ts_gru_stack": None,  # chunk(3) is a Slice with computed bounds: fuse declines
     "ts_lstm_stack": None,
     "dyn_while_rnn_sum": None,  # a running sum besides h: no native cell
+    "tf_scan_rnn": "RNN",
+    "tf_map_fn": "vectorized",
+    "keras_simplernn": "RNN",
+    "keras_gru": None,  # fuse: a Slice that does not cut the last axis alone
 }
 DECLINED = {"ts_counter_arith": "the iteration counter is used in arithmetic"}
 

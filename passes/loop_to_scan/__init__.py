@@ -96,8 +96,6 @@ class LoopToScan(LoopPass):
         _drop_dead([h for r in match.reads for h in r.helpers], body)
 
         # The body: states, then the scan inputs; states, the Loop's scan outputs, the stacks.
-        for cond_node in match.cond_nodes:  # the condition, and a counter test's increment
-            detach(cond_node, body)
         stack_values = []
         for stack in match.stacks:
             grown = stack.grower.inputs[1]
@@ -109,6 +107,7 @@ class LoopToScan(LoopPass):
         body_outputs = state_outputs + list(body.outputs[1 + n_carried:]) + stack_values
         body.inputs[:] = [body.inputs[2 + k] for k in match.states] + elements
         body.outputs[:] = _distinct(body_outputs, inner)
+        _drop_dead(match.cond_nodes, body)  # the condition, and a counter test's increment
 
         # The Scan, in the Loop's place.
         stack_results = []
@@ -141,7 +140,7 @@ def _element(read: Read, inner: Builder, ctx: PassContext) -> gs.Tensor:
     axis (its name, type and shape stay known), else a new value."""
     shape = ctx.shapes.shape(read.source)
     sliced = None if shape is None else [d for i, d in enumerate(shape) if i != read.axis]
-    dtype = read.source.dtype or read.node.outputs[0].dtype
+    dtype = _typed(read.source, ctx).dtype or _typed(read.node.outputs[0], ctx).dtype
     if read.keeps_axis:
         return inner.variable(f"{read.source.name}_step", dtype=dtype, shape=sliced)
     element = read.node.outputs[0]

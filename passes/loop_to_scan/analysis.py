@@ -81,18 +81,21 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
             return Skip("the body reads both its iteration number and a counter of its own")
         counter = body.inputs[2 + slot]
     else:
-        slot, cond_nodes = None, []
+        slot = None
         if not trip.name:
             return Skip("no trip count: the Loop runs until its condition turns false (a while loop)")
-        if cond.name and not _is_true(cond, folder):
-            return Skip("the initial condition is not constant true")
-        if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity"):
-            cond_nodes = [cond_out.inputs[0]]
+        bounded = _bounded_by_trip(node, body, trip, folder)
+        if isinstance(bounded, Skip):
+            return bounded
+        cond_nodes, aliases = bounded
     if any(not _among(n, cond_nodes) for n in list(cond_in.outputs) + list(cond_out.outputs)):
         return Skip("the body reads its condition")
-    reads = _reads(counter, body, trip, shapes, folder, ignore=cond_nodes)
-    if isinstance(reads, Skip):
-        return reads
+    reads = []
+    for index in [counter] + (aliases if counted is None else []):
+        found = _reads(index, body, trip, shapes, folder, ignore=cond_nodes + _increments(index, body))
+        if isinstance(found, Skip):
+            return found
+        reads += found
     if not reads:
         return Skip("it reads no outer tensor per iteration: nothing to scan, the trip count is its only input")
     stacks, states = [], []
@@ -113,6 +116,109 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
 
 def _among(node: gs.Node, nodes: list[gs.Node]) -> bool:
     return any(node is n for n in nodes)
+
+
+def _increments(counter: gs.Tensor, body: gs.Graph) -> list[gs.Node]:
+    """The ``c + 1`` of a carried counter c (it stays: c stays a state)."""
+    return [n for n in counter.outputs if is_op(n, "Add") and any(n.outputs[0] is o for o in body.outputs)]
+
+
+def _bounded_by_trip(loop: gs.Node, body: gs.Graph, trip: gs.Tensor, folder) -> tuple[list, list] | Skip:
+    """(condition nodes, counters) when the condition never ends the loop before its trip
+    count M does: constant true, passed through, or a conjunction of ``k < M``, ``c < M``
+    and ``c + 1 < M`` for the iteration number k and carried counters c that start at 0
+    and step by 1 (tf2onnx writes TF2 while loops so, through float Casts; comparing the
+    floats is comparing the integers below 2**24 steps). The initial condition must be
+    true, or ``0 < M`` (false only when M = 0, where the Loop runs zero times anyway)."""
+    cond, cond_in, cond_out = loop.inputs[1], body.inputs[1], body.outputs[0]
+    counters = _counters(loop, body, folder)
+    if cond.name and not _is_true(cond, folder):
+        terms = _terms(cond, None, folder)
+        if terms is None or not all(_is_zero(a, folder) and same_value(_resolve(b, loop, body), trip, folder) for a, b in terms[0]):
+            return Skip("the initial condition is not constant true (nor 0 < the trip count)")
+    passed = cond_out.inputs and is_op(cond_out.inputs[0], "Identity") and cond_out.inputs[0].inputs[0] is cond_in
+    if cond_out is cond_in or passed or _is_true(cond_out, folder):
+        nodes = [cond_out.inputs[0]] if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity") else []
+        return nodes, [c for c, _ in counters]
+    terms = _terms(cond_out, body, folder)
+    if terms is None:
+        return Skip("the condition is computed from data each step (a while loop with an early exit)")
+    ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
+    for a, b in terms[0]:
+        if id(_strip_casts(a)) not in ok or not same_value(_resolve(b, loop, body), trip, folder):
+            return Skip("the condition tests more than the iteration number against the trip count (an early exit)")
+    return terms[1], [c for c, _ in counters]
+
+
+def _counters(loop: gs.Node, body: gs.Graph, folder) -> list[tuple[gs.Tensor, int]]:
+    """Carried counters (body input, slot): values starting at 0 and stepping by 1."""
+    found = []
+    for k, c_in in enumerate(body.inputs[2:]):
+        start = folder.value(loop.inputs[2 + k])
+        step = body.outputs[1 + k]
+        add = step.inputs[0] if len(step.inputs) == 1 else None
+        if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0 or add is None or not is_op(add, "Add"):
+            continue
+        other = add.inputs[1] if add.inputs[0] is c_in else add.inputs[0] if add.inputs[1] is c_in else None
+        one = folder.value(other) if other is not None else None
+        if one is not None and one.size == 1 and one.reshape(-1)[0] == 1:
+            found.append((c_in, k))
+    return found
+
+
+def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
+    """([(a, b)] for a conjunction of ``a < b`` tests, [its nodes]) or None. Inside a body,
+    every value of the tree must be read only by the tree (so removing it loses nothing)."""
+    pairs, nodes, stack = [], [], [t]
+    while stack:
+        value = stack.pop()
+        node = value.inputs[0] if len(value.inputs) == 1 else None
+        if node is None or (body is not None and not _in_graph(node, body)):
+            return None
+        nodes.append(node)
+        if node.op == "And":
+            stack.extend(node.inputs)
+        elif node.op == "Identity":
+            stack.append(node.inputs[0])
+        elif node.op in ("Less", "Greater"):
+            a, b = node.inputs if node.op == "Less" else node.inputs[::-1]
+            pairs.append((a, b))
+        else:
+            return None
+    if body is not None:
+        inner = [x for n in nodes for x in n.outputs if x is not t]
+        if any(not _among(r, nodes) for x in inner for r in x.outputs):
+            return None
+        nodes += [c for a, b in pairs for x in (a, b) for c in _cast_chain(x, body)]
+    return pairs, nodes
+
+
+def _cast_chain(t: gs.Tensor, body: gs.Graph) -> list[gs.Node]:
+    chain = []
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast" and _in_graph(t.inputs[0], body) and len(t.outputs) <= 1:
+        chain.append(t.inputs[0])
+        t = t.inputs[0].inputs[0]
+    return chain
+
+
+def _strip_casts(t: gs.Tensor) -> gs.Tensor:
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast":
+        t = t.inputs[0].inputs[0]
+    return t
+
+
+def _resolve(t: gs.Tensor, loop: gs.Node, body: gs.Graph) -> gs.Tensor:
+    """``t`` without Casts, a carried value passed through unchanged replaced by its initial value."""
+    t = _strip_casts(t)
+    for k, c_in in enumerate(body.inputs[2:]):
+        if c_in is t and body.outputs[1 + k] is c_in:
+            return _strip_casts(loop.inputs[2 + k])
+    return t
+
+
+def _is_zero(t: gs.Tensor, folder) -> bool:
+    value = folder.value(t)
+    return value is not None and value.size == 1 and value.reshape(-1)[0] == 0
 
 
 def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor, list[gs.Node]] | Skip | None:
@@ -352,11 +458,12 @@ def shape_dim(t: gs.Tensor, folder: ConstantFolder) -> tuple[gs.Tensor, int] | N
     node = t.inputs[0] if len(t.inputs) == 1 else None
     if node is None:
         return None
+    shape_value = _strip_casts(node.inputs[0]) if node.inputs else None
     if is_op(node, "Gather") and node.attrs.get("axis", 0) == 0:
-        shape_node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+        shape_node = shape_value.inputs[0] if len(shape_value.inputs) == 1 else None
         k = folder.value(node.inputs[1])
     elif is_op(node, "Slice") and len(node.inputs) >= 3:
-        shape_node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+        shape_node = shape_value.inputs[0] if len(shape_value.inputs) == 1 else None
         starts, ends = folder.value(node.inputs[1]), folder.value(node.inputs[2])
         if starts is None or ends is None or starts.size != 1 or ends.size != 1:
             return None
