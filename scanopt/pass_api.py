@@ -1,7 +1,8 @@
 """The pass interface: what a pass is, what it returns, and how passes register.
 
 A pass takes the model's top gs.Graph, rewrites what it can prove equivalent at every
-nesting level, and returns a PassResult saying per Scan node what it did or why not.
+nesting level, and returns a PassResult saying per Scan node (per Loop node for a
+LoopPass) what it did or why not.
 Most passes are ScanPasses: ``match`` inspects one Scan and returns a Match or a
 Skip(reason) without touching the graph; ``rewrite`` runs only on a Match. A declined
 match therefore leaves the graph exactly as it was.
@@ -138,12 +139,49 @@ class ScanPass(Pass):
         return result
 
 
-def scan_nodes(graph: gs.Graph):
-    """(GraphLevel, node) for every default-domain Scan node, outermost first."""
+class LoopPass(Pass):
+    """A pass that considers each Loop node on its own, deepest first, like ScanPass does
+    Scans (no ScanView, no cost policy: a Loop pass changes the form, not the work)."""
+
+    def match(self, node: gs.Node, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        raise NotImplementedError
+
+    def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
+        raise NotImplementedError
+
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+        with editing(graph) as session:
+            result = PassResult(graph, modified=False)
+            for level, node in sorted(op_nodes(graph, "Loop"), key=lambda pair: -pair[0].depth):
+                if is_removed(node):
+                    continue
+                label = node_label(node)
+                if (self.name, label) in ctx.denied:
+                    result.outcomes.append(NodeOutcome(self.name, label, level.path, False, "rolled back: failed verification"))
+                    continue
+                found = self.match(node, level, ctx)
+                if isinstance(found, Skip):
+                    result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
+                    continue
+                detail = self.rewrite(node, found, level, ctx)
+                ctx.edits += 1
+                result.modified = True
+                result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail))
+            session.changed = result.modified
+        return result
+
+
+def op_nodes(graph: gs.Graph, op_type: str):
+    """(GraphLevel, node) for every default-domain ``op_type`` node, outermost first."""
     for level in walk_graphs(graph):
         for node in level.graph.nodes:
-            if is_op(node, "Scan"):
+            if is_op(node, op_type):
                 yield level, node
+
+
+def scan_nodes(graph: gs.Graph):
+    """(GraphLevel, node) for every default-domain Scan node, outermost first."""
+    return op_nodes(graph, "Scan")
 
 
 _REGISTRY: dict[str, type[Pass]] = {}

@@ -1,7 +1,7 @@
 """The pipeline: runs passes in order over every graph level, to a fixed point, then
 verifies the result numerically and rolls back rewrites that fail.
 
-Order (DESIGN.md): upgrade -> canonicalize -> fuse -> vectorize -> hoist -> unroll ->
+Order (DESIGN.md): loop_to_scan -> upgrade -> canonicalize -> fuse -> vectorize -> hoist -> unroll ->
 cleanup. Fusion runs before unrolling because unrolling destroys the patterns fusion
 needs. Passes not yet built are simply absent from the registry.
 """
@@ -21,12 +21,12 @@ from scanopt.errors import ScanoptError
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
-from scanopt.pass_api import Pass, PassContext, registered_passes, scan_nodes
+from scanopt.pass_api import Pass, PassContext, op_nodes, registered_passes, scan_nodes
 from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
 
-PIPELINE_ORDER = ("upgrade", "canonicalize", "fuse", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
+PIPELINE_ORDER = ("loop_to_scan", "upgrade", "canonicalize", "fuse", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
 MAX_ROUNDS = 8
 
 
@@ -192,7 +192,7 @@ def _run_passes(model, chosen: list[Pass], options: dict, denied: frozenset, pro
                 shapes: ShapeTable | None = None) -> tuple[onnx.ModelProto, Report]:
     """``shapes``: a ShapeTable of this very ``model`` (read-only), to skip inferring it again."""
     report = Report(passes=[p.name for p in chosen], ops_before=count_ops(model))
-    if not report.ops_before["Scan"]:  # nothing to do: skip the import and shape inference
+    if not report.ops_before["Scan"] + report.ops_before["Loop"]:  # nothing to do: skip the import and inference
         report.ops_after = report.ops_before
         return model, report
     graph = import_model(model)
@@ -228,7 +228,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         selected=tuple(p.name for p in chosen),
         cost=CostPolicy.from_options(options),
     )
-    has_scan = any(True for _ in scan_nodes(graph))
+    has_scan = any(True for _ in scan_nodes(graph)) or any(True for _ in op_nodes(graph, "Loop"))
     report.scans = describe_scans(graph, ctx) if has_scan else []
     if not has_scan:
         report.ops_after = report.ops_before

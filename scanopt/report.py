@@ -73,7 +73,7 @@ class Report:
     def format(self, *, verbose: bool = False) -> str:
         """Human-readable report: one block per Scan node, then op-count changes."""
         lines = []
-        if not self.scans:
+        if not self.scans and not self.outcomes:  # Loop outcomes (loop_to_scan) come without a Scan
             lines.append("no Scan nodes in the graph or its bodies; nothing to do")
         for scan in self.scans:
             lines.append(f"{scan['node']}  [{scan_summary(scan)}]")

@@ -1,0 +1,242 @@
+"""loop_to_scan: Loops that are scans in disguise become Scans, so every Scan pass applies.
+
+Exporters write recurrences as Loops: TorchScript's scripted for-loops (``Gather(X, i)``
+per step, outputs through SequenceInsert + ConcatFromSequence or a Concat that grows each
+step), tf2onnx for TF2 control flow, ``torch.while_loop``. Such a Loop iterates a known
+number of times and reads the i-th slice of outer tensors: a Scan over them. The analysis
+(:mod:`.analysis`) proves it; the rewrite here moves the body into a Scan:
+
+- each read ``Gather(X, i, axis=a)`` becomes a scan input over X along a (``T-1-i``:
+  scan_input_directions=1); X is cut to the trip count first unless its length provably
+  is the trip count (where it is shorter the Loop fails on its Gather, so nothing that
+  runs changes);
+- loop-carried values stay states; a carried stack becomes a scan output along its axis;
+- the Loop's own scan outputs stay scan outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from scanopt.constexpr import ConstantFolder
+from scanopt.emit import Emitter
+from scanopt.graph import HUGE, GraphLevel, is_op, node_label, remove_node
+from scanopt.pass_api import LoopPass, Match, PassContext, Skip, register_pass
+from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
+
+from scanopt.passes.loop_to_scan.analysis import LoopMatch, Read, analyse, shape_dim
+
+
+@register_pass
+class LoopToScan(LoopPass):
+    name = "loop_to_scan"
+    summary = "Loops that index outer tensors at the iteration number and stack their results -> Scans"
+
+    def match(self, node: gs.Node, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        folder = ctx.memo.setdefault(("loop_to_scan", "folder", ctx.edits), ConstantFolder(ctx.opset))
+        found = analyse(node, level.graph, ctx.opset, ctx.shapes, folder)
+        if isinstance(found, LoopMatch) and ctx.opset < 10:
+            if any(not _proven_length(found.trip, r, ctx, folder) for r in found.reads):
+                return Skip("opset 9: a scanned tensor's length is not provably the trip count, and Slice "
+                            "takes a computed end only from opset 10")
+        return found
+
+    def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
+        assert isinstance(match, LoopMatch)
+        folder = ConstantFolder(ctx.opset)
+        graph, body = level.graph, node.attrs["body"]
+        trip = match.trip
+        n_carried = len(node.inputs) - 2
+        position = next(i for i, x in enumerate(graph.nodes) if x is node)
+        start = len(graph.nodes)
+        outer = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        inner = Builder(body, ctx.names)
+        emit = Emitter(outer, ctx.opset)
+
+        # Scan inputs: one per (tensor, axis, direction); the first read's output names the step's slice.
+        groups: dict[tuple, list[Read]] = {}
+        for read in match.reads:
+            groups.setdefault((id(_unsliced(read.source, folder)), read.axis, read.reverse), []).append(read)
+        elements, sources, axes, directions = [], [], [], []
+        cut = 0
+        for read in match.reads:  # loop-invariant sources move out, before the Scan
+            for moved in read.invariant:
+                if any(moved is n for n in body.nodes):
+                    remove_node(body, moved)
+                    graph.nodes.append(moved)
+                    for t in moved.outputs:
+                        _typed(t, ctx)
+        for reads in groups.values():
+            first = reads[0]
+            element = _element(first, inner, ctx)
+            for read in reads:
+                out = read.node.outputs[0]
+                detach(read.node, body)
+                if read.keeps_axis:
+                    replace_all_uses(out, Emitter(inner, ctx.opset).unsqueeze(element, [read.axis]), body)
+                elif out is not element:
+                    replace_all_uses(out, element, body)
+            source = _unsliced(first.source, folder)
+            if not _proven_length(trip, first, ctx, folder):
+                _typed(trip, ctx)
+                ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
+                ends = outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
+                source = outer.op("Slice", [_typed(source, ctx), emit.ints("zero", [0]), ends, emit.ints("axis", [first.axis])],
+                                  dtype=source.dtype)
+                rank = ctx.shapes.rank(first.source)
+                source.shape = None if rank is None else [d if k != first.axis else None for k, d in enumerate(ctx.shapes.shape(first.source))]
+                cut += 1
+            elements.append(element)
+            sources.append(source)
+            axes.append(first.axis)
+            directions.append(1 if first.reverse else 0)
+
+        _drop_dead([h for r in match.reads for h in r.helpers], body)
+
+        # The body: states, then the scan inputs; states, the Loop's scan outputs, the stacks.
+        stack_values = []
+        for stack in match.stacks:
+            grown = stack.grower.inputs[1]
+            detach(stack.grower, body)
+            if stack.finisher is None and not grown.outputs and grown.inputs:  # the row's Unsqueeze
+                detach(grown.inputs[0], body)
+            stack_values.append(stack.value)
+        state_outputs = [body.outputs[1 + k] for k in match.states]
+        body_outputs = state_outputs + list(body.outputs[1 + n_carried:]) + stack_values
+        body.inputs[:] = [body.inputs[2 + k] for k in match.states] + elements
+        body.outputs[:] = _distinct(body_outputs, inner)
+        _drop_dead(match.cond_nodes, body)  # the condition, and a counter test's increment
+
+        # The Scan, in the Loop's place.
+        stack_results = []
+        for stack in match.stacks:
+            if stack.finisher is not None:
+                detach(stack.finisher, graph)
+            stack_results.append(stack.result)
+        inputs = [node.inputs[2 + k] for k in match.states] + sources
+        outputs = [node.outputs[k] for k in match.states] + list(node.outputs[n_carried:]) + stack_results
+        n_loop_outs = len(node.outputs) - n_carried
+        attrs = {"body": body, "num_scan_inputs": len(sources)}
+        if any(axes):
+            attrs["scan_input_axes"] = axes
+        if any(directions):
+            attrs["scan_input_directions"] = directions
+        out_axes = [0] * n_loop_outs + [s.axis for s in match.stacks]
+        if any(out_axes):
+            attrs["scan_output_axes"] = out_axes
+        for t in outputs + [o for n in body.nodes for o in n.outputs]:  # later passes read types off tensors
+            _typed(t, ctx)
+        label = node_label(node)
+        detach(node, graph)
+        graph.nodes.append(gs.Node("Scan", name=node.name, attrs=attrs, inputs=inputs, outputs=outputs))
+        place_appended(graph, position, start - 1)
+        return _describe(label, match, len(sources), cut)
+
+
+def _element(read: Read, inner: Builder, ctx: PassContext) -> gs.Tensor:
+    """The body input holding the step's slice: the read's own output when it drops the
+    axis (its name, type and shape stay known), else a new value."""
+    shape = ctx.shapes.shape(read.source)
+    sliced = None if shape is None else [d for i, d in enumerate(shape) if i != read.axis]
+    dtype = _typed(read.source, ctx).dtype or _typed(read.node.outputs[0], ctx).dtype
+    if read.keeps_axis:
+        return inner.variable(f"{read.source.name}_step", dtype=dtype, shape=sliced)
+    element = read.node.outputs[0]
+    element.dtype = element.dtype or dtype
+    if element.shape is None and sliced is not None:
+        element.shape = sliced
+    return element
+
+
+def _proven_length(trip: gs.Tensor, read: Read, ctx: PassContext, folder: ConstantFolder) -> bool:
+    """True when the trip count is the length of ``read.source`` along its axis."""
+    dim = shape_dim(trip, folder)
+    if dim is not None and (dim[0], dim[1]) == _dim_origin(read.source, read.axis, ctx, folder):
+        return True
+    value = folder.value(trip)
+    shape = ctx.shapes.shape(read.source)
+    if value is None or value.size != 1 or shape is None or read.axis >= len(shape):
+        return False
+    return isinstance(shape[read.axis], (int, np.integer)) and int(shape[read.axis]) == int(value.reshape(-1)[0])
+
+
+def _drop_dead(nodes: list[gs.Node], body: gs.Graph) -> None:
+    """Detach the index arithmetic nobody reads any more (it read the counter, now gone)."""
+    pending = list(nodes)
+    while pending:
+        dead = [n for n in pending if n.outputs and not any(len(t.outputs) for t in n.outputs)]
+        if not dead:
+            break
+        for n in dead:
+            detach(n, body)
+        pending = [n for n in pending if n.outputs]
+
+
+def _dim_origin(t: gs.Tensor, axis: int, ctx: PassContext, folder: ConstantFolder) -> tuple:
+    """(X, k): the axis of an earlier tensor that ``t``'s ``axis`` has the length of, through
+    whole-tensor Slices and Gathers at a scalar index (``x[i]`` keeps the other axes)."""
+    while True:
+        base = _unsliced(t, folder)
+        node = base.inputs[0] if len(base.inputs) == 1 else None
+        if node is None or not is_op(node, "Gather") or ctx.shapes.rank(node.inputs[1]) != 0:
+            return base, axis
+        gathered = int(node.attrs.get("axis", 0))
+        if gathered < 0:
+            rank = ctx.shapes.rank(node.inputs[0])
+            if rank is None:
+                return base, axis
+            gathered += rank
+        t, axis = node.inputs[0], axis + (axis >= gathered)
+
+
+def _unsliced(t: gs.Tensor, folder: ConstantFolder) -> gs.Tensor:
+    """``t`` seen through Identity and whole-tensor Slices (start 0, end past the end, step 1),
+    which keep every length: TorchScript writes ``x[:, i]`` as such a Slice, then a Gather."""
+    while len(t.inputs) == 1 and t.inputs[0].op in ("Identity", "Slice"):
+        node = t.inputs[0]
+        if node.op == "Slice":
+            bounds = [folder.value(x) for x in node.inputs[1:3]] + [folder.value(x) for x in node.inputs[4:5]]
+            if len(node.inputs) < 3 or any(b is None for b in bounds):
+                break
+            starts, ends = bounds[0].reshape(-1), bounds[1].reshape(-1)
+            steps = bounds[2].reshape(-1) if len(bounds) > 2 else np.ones_like(starts)
+            if not ((starts == 0).all() and (ends >= HUGE).all() and (steps == 1).all()):
+                break
+        t = node.inputs[0]
+    return t
+
+
+def _typed(t: gs.Tensor, ctx: PassContext) -> gs.Tensor:
+    """Give ``t`` the element type and shape inference found, where gs has none (passes
+    after this one read them from the tensor)."""
+    elem, shape = ctx.shapes.type_of(t.name)
+    if t.dtype is None and elem:
+        t.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    if t.shape is None and shape is not None:
+        t.shape = shape
+    return t
+
+
+def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
+    """Body outputs with a repeated value written through an Identity (one value, one slot)."""
+    seen, result = set(), []
+    for t in outputs:
+        if id(t) in seen:
+            t = inner.op("Identity", [t], dtype=t.dtype, shape=t.shape)
+        seen.add(id(t))
+        result.append(t)
+    return result
+
+
+def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int) -> str:
+    parts = [f"{n_inputs} scan input(s)", f"{len(match.states)} state(s)"]
+    if match.stacks:
+        kinds = sorted({"SequenceInsert" if s.finisher is not None else "growing Concat" for s in match.stacks})
+        parts.append(f"{len(match.stacks)} stacked output(s) from {' and '.join(kinds)}")
+    if any(r.reverse for r in match.reads):
+        parts.append("reversed reads")
+    if cut:
+        parts.append(f"{cut} input(s) cut to the trip count")
+    return "Loop -> Scan: " + ", ".join(parts)

@@ -1,0 +1,573 @@
+"""What makes a Loop a Scan in disguise: the proofs the loop_to_scan pass needs, read
+from the graph without changing it.
+
+A Loop qualifies when every iteration runs (its condition is constant true), its
+iteration counter is read only to index outer tensors at the iteration number (or at
+``T-1-i`` for a reversed read), and each loop-carried value is either a state or a stack
+of per-step values (SequenceInsert then ConcatFromSequence, or a Concat that grows by one
+Unsqueezed row per step from an empty start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.constexpr import ConstantFolder
+from scanopt.graph import is_op, subgraphs_of, walk_graphs
+from scanopt.pass_api import Match, Skip
+from scanopt.shapes import ShapeTable
+
+# Ops that pass an integer index through unchanged (a scalar stays a scalar).
+_INDEX_PASSTHROUGH = ("Identity", "Cast")
+
+
+@dataclass
+class Read:
+    """One per-iteration read ``node`` of outer ``source`` along ``axis``."""
+
+    node: gs.Node
+    source: gs.Tensor
+    axis: int
+    reverse: bool
+    keeps_axis: bool  # Slice(i, i+1) / Gather([i]): the step's row keeps its axis (length 1)
+    helpers: list[gs.Node]  # index arithmetic read only by this read (removed with it)
+    invariant: list[gs.Node] = field(default_factory=list)  # body nodes computing ``source`` from outer values
+
+
+@dataclass
+class Stack:
+    """A loop-carried value that only collects one value per step."""
+
+    slot: int  # position among the carried values
+    value: gs.Tensor  # the step's value in the body
+    axis: int  # the stacking axis of the result
+    grower: gs.Node  # the SequenceInsert / Concat in the body
+    result: gs.Tensor  # the outer tensor holding the stacked result
+    finisher: gs.Node | None  # the ConcatFromSequence after the Loop (None for a Concat)
+
+
+@dataclass
+class LoopMatch(Match):
+    reads: list[Read]
+    stacks: list[Stack]
+    states: list[int]  # carried slots that stay states
+    cond_nodes: list[gs.Node] = field(default_factory=list)  # body nodes computing the condition
+    trip: gs.Tensor | None = None  # the trip count: M, or the bound of a counter test
+    counter_slot: int | None = None  # the carried counter a counter test increments
+
+
+def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, folder: ConstantFolder) -> LoopMatch | Skip:
+    """A LoopMatch when ``node`` (in ``graph``) is a scan in disguise, else Skip with the reason."""
+    if opset < 9:
+        return Skip(f"opset {opset}: the Scan a Loop becomes needs opset 9 (scan axes)")
+    body = node.attrs.get("body")
+    if not isinstance(body, gs.Graph) or len(node.inputs) < 2:
+        return Skip("malformed Loop")
+    trip, cond = node.inputs[0], node.inputs[1]
+    counter, cond_in, cond_out = body.inputs[0], body.inputs[1], body.outputs[0]
+    counted = _counter_test(node, body, folder) if cond_out is not cond_in and not _is_true(cond_out, folder) else None
+    if isinstance(counted, Skip):
+        return counted
+    if counted is not None:
+        if trip.name:
+            return Skip("both a trip count and a counter test bound the Loop")
+        slot, trip, cond_nodes = counted
+        if any(o is node.outputs[slot] for o in graph.outputs):
+            return Skip("the counter tested in the condition is a graph output")
+        if counter.outputs:
+            return Skip("the body reads both its iteration number and a counter of its own")
+        counter = body.inputs[2 + slot]
+    else:
+        slot = None
+        if not trip.name:
+            return Skip("no trip count: the Loop runs until its condition turns false (a while loop)")
+        bounded = _bounded_by_trip(node, body, trip, folder)
+        if isinstance(bounded, Skip):
+            return bounded
+        cond_nodes, aliases = bounded
+    if any(not _among(n, cond_nodes) for n in list(cond_in.outputs) + list(cond_out.outputs)):
+        return Skip("the body reads its condition")
+    reads = []
+    for index in [counter] + (aliases if counted is None else []):
+        found = _reads(index, body, trip, shapes, folder, ignore=cond_nodes + _increments(index, body))
+        if isinstance(found, Skip):
+            return found
+        reads += found
+    if not reads:
+        return Skip("it reads no outer tensor per iteration: nothing to scan, the trip count is its only input")
+    stacks, states = [], []
+    for k in range(len(node.inputs) - 2):
+        if k == slot:
+            continue
+        found = _stack(node, body, k, graph, shapes, folder)
+        if isinstance(found, Skip):
+            return found
+        if found is None:
+            if _is_sequence(body.inputs[2 + k]) or _is_sequence(node.inputs[2 + k]):
+                return Skip(f"carried value {k} is a sequence used other than by appending to it")
+            states.append(k)
+        else:
+            stacks.append(found)
+    return LoopMatch(reads, stacks, states, cond_nodes, trip, slot)
+
+
+def _among(node: gs.Node, nodes: list[gs.Node]) -> bool:
+    return any(node is n for n in nodes)
+
+
+def _increments(counter: gs.Tensor, body: gs.Graph) -> list[gs.Node]:
+    """The ``c + 1`` of a carried counter c (it stays: c stays a state)."""
+    return [n for n in counter.outputs if is_op(n, "Add") and any(n.outputs[0] is o for o in body.outputs)]
+
+
+def _bounded_by_trip(loop: gs.Node, body: gs.Graph, trip: gs.Tensor, folder) -> tuple[list, list] | Skip:
+    """(condition nodes, counters) when the condition never ends the loop before its trip
+    count M does: constant true, passed through, or a conjunction of ``k < M``, ``c < M``
+    and ``c + 1 < M`` for the iteration number k and carried counters c that start at 0
+    and step by 1 (tf2onnx writes TF2 while loops so, through float Casts; comparing the
+    floats is comparing the integers below 2**24 steps). The initial condition must be
+    true, or ``0 < M`` (false only when M = 0, where the Loop runs zero times anyway)."""
+    cond, cond_in, cond_out = loop.inputs[1], body.inputs[1], body.outputs[0]
+    counters = _counters(loop, body, folder)
+    if cond.name and not _is_true(cond, folder):
+        terms = _terms(cond, None, folder)
+        if terms is None or not all(_is_zero(a, folder) and same_value(_resolve(b, loop, body), trip, folder) for a, b in terms[0]):
+            return Skip("the initial condition is not constant true (nor 0 < the trip count)")
+    passed = cond_out.inputs and is_op(cond_out.inputs[0], "Identity") and cond_out.inputs[0].inputs[0] is cond_in
+    if cond_out is cond_in or passed or _is_true(cond_out, folder):
+        nodes = [cond_out.inputs[0]] if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity") else []
+        return nodes, [c for c, _ in counters]
+    terms = _terms(cond_out, body, folder)
+    if terms is None:
+        return Skip("the condition is computed from data each step (a while loop with an early exit)")
+    ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
+    for a, b in terms[0]:
+        if id(_strip_casts(a)) not in ok or not same_value(_resolve(b, loop, body), trip, folder):
+            return Skip("the condition tests more than the iteration number against the trip count (an early exit)")
+    return terms[1], [c for c, _ in counters]
+
+
+def _counters(loop: gs.Node, body: gs.Graph, folder) -> list[tuple[gs.Tensor, int]]:
+    """Carried counters (body input, slot): values starting at 0 and stepping by 1."""
+    found = []
+    for k, c_in in enumerate(body.inputs[2:]):
+        start = folder.value(loop.inputs[2 + k])
+        step = body.outputs[1 + k]
+        add = step.inputs[0] if len(step.inputs) == 1 else None
+        if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0 or add is None or not is_op(add, "Add"):
+            continue
+        other = add.inputs[1] if add.inputs[0] is c_in else add.inputs[0] if add.inputs[1] is c_in else None
+        one = folder.value(other) if other is not None else None
+        if one is not None and one.size == 1 and one.reshape(-1)[0] == 1:
+            found.append((c_in, k))
+    return found
+
+
+def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
+    """([(a, b)] for a conjunction of ``a < b`` tests, [its nodes]) or None. Inside a body,
+    every value of the tree must be read only by the tree (so removing it loses nothing)."""
+    pairs, nodes, stack = [], [], [t]
+    while stack:
+        value = stack.pop()
+        node = value.inputs[0] if len(value.inputs) == 1 else None
+        if node is None or (body is not None and not _in_graph(node, body)):
+            return None
+        nodes.append(node)
+        if node.op == "And":
+            stack.extend(node.inputs)
+        elif node.op == "Identity":
+            stack.append(node.inputs[0])
+        elif node.op in ("Less", "Greater"):
+            a, b = node.inputs if node.op == "Less" else node.inputs[::-1]
+            pairs.append((a, b))
+        else:
+            return None
+    if body is not None:
+        inner = [x for n in nodes for x in n.outputs if x is not t]
+        if any(not _among(r, nodes) for x in inner for r in x.outputs):
+            return None
+        nodes += [c for a, b in pairs for x in (a, b) for c in _cast_chain(x, body)]
+    return pairs, nodes
+
+
+def _cast_chain(t: gs.Tensor, body: gs.Graph) -> list[gs.Node]:
+    chain = []
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast" and _in_graph(t.inputs[0], body) and len(t.outputs) <= 1:
+        chain.append(t.inputs[0])
+        t = t.inputs[0].inputs[0]
+    return chain
+
+
+def _strip_casts(t: gs.Tensor) -> gs.Tensor:
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast":
+        t = t.inputs[0].inputs[0]
+    return t
+
+
+def _resolve(t: gs.Tensor, loop: gs.Node, body: gs.Graph) -> gs.Tensor:
+    """``t`` without Casts, a carried value passed through unchanged replaced by its initial value."""
+    t = _strip_casts(t)
+    for k, c_in in enumerate(body.inputs[2:]):
+        if c_in is t and body.outputs[1 + k] is c_in:
+            return _strip_casts(loop.inputs[2 + k])
+    return t
+
+
+def _is_zero(t: gs.Tensor, folder) -> bool:
+    value = folder.value(t)
+    return value is not None and value.size == 1 and value.reshape(-1)[0] == 0
+
+
+def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor, list[gs.Node]] | Skip | None:
+    """(slot, T, nodes) when the condition is ``c + 1 < T`` for a carried counter c that
+    starts at 0 and T an outer value: then c is the iteration number and T the trip count.
+    None when the condition is not of that form at all."""
+    cond_out = body.outputs[0]
+    test = cond_out.inputs[0] if len(cond_out.inputs) == 1 else None
+    if test is None or test.op not in ("Less", "Greater") or not _in_graph(test, body):
+        return None
+    step, bound = test.inputs if test.op == "Less" else test.inputs[::-1]
+    increment = step.inputs[0] if len(step.inputs) == 1 else None
+    if increment is None or not is_op(increment, "Add") or not _in_graph(increment, body):
+        return Skip("the condition is computed from data each step (a while loop with an early exit)")
+    c_in, one = increment.inputs
+    if not any(c_in is t for t in body.inputs[2:]):
+        c_in, one = one, c_in
+    slot = next((k for k, t in enumerate(body.inputs[2:]) if t is c_in), None)
+    one_value = folder.value(one)
+    if slot is None or one_value is None or one_value.size != 1 or one_value.reshape(-1)[0] != 1:
+        return Skip("the condition tests a value other than a counter incremented by 1")
+    if body.outputs[1 + slot] is not step or sum(t is step for t in body.outputs) != 1:
+        return Skip("the tested counter is not the carried value it increments")
+    start = folder.value(loop.inputs[2 + slot])
+    if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0:
+        return Skip("the counter tested in the condition does not start at 0")
+    if any(bound is t for t in body.inputs) or any(bound is o for n in body.nodes for o in n.outputs):
+        return Skip("the condition's bound is computed inside the body")
+    if len(step.outputs) != 1 or len(c_in.outputs) < 1 or loop.outputs[slot].outputs or len(loop.outputs[slot].inputs) != 1:
+        return Skip("the counter tested in the condition is read elsewhere")
+    cond = loop.inputs[1]
+    bound_value = folder.value(bound)
+    first = cond.inputs[0] if len(cond.inputs) == 1 else None
+    runs_once = bound_value is not None and bound_value.size == 1 and bound_value.reshape(-1)[0] >= 1
+    if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, loop.inputs[2 + slot], bound, folder)):
+        return Skip("the initial condition is not the counter test at 0 (nor true with a bound of at least 1)")
+    return slot, bound, [test, increment]
+
+
+def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folder) -> bool:
+    if test is None or test.op not in ("Less", "Greater"):
+        return False
+    left, right = test.inputs if test.op == "Less" else test.inputs[::-1]
+    value = folder.value(left)
+    return value is not None and value.size == 1 and value.reshape(-1)[0] == 0 and same_value(right, bound, folder)
+
+
+def _is_true(t: gs.Tensor, folder: ConstantFolder) -> bool:
+    value = folder.value(t)
+    return value is not None and value.size == 1 and bool(value.reshape(-1)[0])
+
+
+def _is_sequence(t: gs.Tensor) -> bool:
+    return t.inputs and t.inputs[0].op in ("SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SplitToSequence")
+
+
+def _local_ids(body: gs.Graph) -> set[int]:
+    ids = {id(t) for t in body.inputs}
+    for level in walk_graphs(body):
+        for n in level.graph.nodes:
+            ids.update(id(t) for t in n.outputs)
+    return ids
+
+
+def _in_graph(node: gs.Node, graph: gs.Graph) -> bool:
+    return any(n is node for n in graph.nodes)
+
+
+def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=()) -> list[Read] | Skip:
+    """Every use of the counter, each an indexing read of an outer tensor, else Skip.
+
+    Follows the counter through value-preserving steps (Identity, an integer Cast, a
+    scalar made 1-D), ``T-1-i`` and, for a Slice's end only, ``i+1``."""
+    local = _local_ids(body)
+    reads: list[Read] = []
+    slices: dict[int, list] = {}  # id(Slice) -> [node, start chain or None, end chain or None]
+    frontier = [(counter, [], False, 0)]  # (index value, helper nodes, reversed, offset)
+    while frontier:
+        index, helpers, reverse, offset = frontier.pop()
+        if _captured_in_nested(index, body):
+            return Skip(f"the iteration counter ('{index.name}') is read inside a nested graph")
+        for user in list(index.outputs):
+            if _among(user, ignore):
+                continue
+            if not _in_graph(user, body):
+                return Skip(f"the iteration counter is read outside the body by {user.op}")
+            if is_op(user, "Slice") and not reverse and any(user.inputs[p] is index for p in (1, 2)):
+                entry = slices.setdefault(id(user), [user, None, None])
+                entry[1 if user.inputs[1] is index else 2] = (offset, helpers)
+                continue
+            found = _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local, body)
+            if isinstance(found, Skip):
+                return found
+            if isinstance(found, Read):
+                reads.append(found)
+            else:
+                frontier.append(found)
+    for node, start, end in slices.values():
+        found = _slice_read(node, start, end, shapes, folder, local, body)
+        if isinstance(found, Skip):
+            return found
+        reads.append(found)
+    return reads
+
+
+def _slice_read(node, start, end, shapes, folder, local, body) -> Read | Skip:
+    """``Slice(X, [i], [i+1], [a])``: the step's row of X along a, axis kept."""
+    if start is None or end is None or start[0] != 0 or end[0] != 1:
+        return Skip(f"Slice '{node.name}' is not [i, i+1) at the iteration number")
+    axes = folder.value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else np.zeros(1, np.int64)
+    steps = folder.value(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4].name else np.ones(1, np.int64)
+    if axes is None or steps is None or axes.size != 1 or steps.size != 1 or steps.reshape(-1)[0] != 1:
+        return Skip(f"Slice '{node.name}' at the iteration number has no constant single axis and step 1")
+    source = node.inputs[0]
+    invariant = invariant_nodes(source, body, local) if id(source) in local else []
+    if invariant is None:
+        return Skip(f"the iteration counter slices '{source.name}', computed inside the body from its inputs")
+    axis = _axis(int(axes.reshape(-1)[0]), source, shapes)
+    if axis is None:
+        return Skip(f"the rank of '{source.name}' is unknown: the Slice axis cannot be placed")
+    return Read(node, source, axis, False, True, start[1] + end[1], invariant)
+
+
+def invariant_nodes(t: gs.Tensor, body: gs.Graph, local: set[int]) -> list[gs.Node] | None:
+    """The body nodes computing ``t`` from outer values and constants alone (the same in
+    every iteration, so they can move out of the loop), in order; None when ``t`` depends
+    on a body input or on a node with a body of its own or side effects."""
+    order, seen, stack = [], set(), [t]
+    inputs = {id(x) for x in body.inputs}
+    while stack:
+        value = stack.pop()
+        if id(value) not in local or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if id(value) in inputs or len(value.inputs) != 1:
+            return None
+        node = value.inputs[0]
+        if not _in_graph(node, body) or any(True for _ in subgraphs_of(node)) or node.op.startswith("Random"):
+            return None
+        if any(node is n for n in order):
+            continue
+        order.append(node)
+        stack.extend(x for x in node.inputs if x.name)
+    positions = {id(n): k for k, n in enumerate(body.nodes)}
+    return sorted(order, key=lambda n: positions[id(n)])
+
+
+def _captured_in_nested(t: gs.Tensor, body: gs.Graph) -> bool:
+    for n in body.nodes:
+        for _, sub in subgraphs_of(n):
+            for level in walk_graphs(sub):
+                if any(x is t for m in level.graph.nodes for x in m.inputs):
+                    return True
+    return False
+
+
+def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local, body):
+    """A Read, a (value, helpers, reversed, offset) step of index arithmetic to follow, or Skip."""
+    if is_op(user, "Gather") and len(user.inputs) == 2 and user.inputs[1] is index:
+        source = user.inputs[0]
+        if offset:
+            return Skip(f"'{source.name}' is read at the iteration number plus one, not at it")
+        invariant = invariant_nodes(source, body, local) if id(source) in local else []
+        if invariant is None:
+            return Skip(f"the iteration counter indexes '{source.name}', computed inside the body from its inputs")
+        axis = _axis(user.attrs.get("axis", 0), source, shapes)
+        if axis is None:
+            return Skip(f"the rank of '{source.name}' is unknown: the Gather axis cannot be placed")
+        index_rank = 0 if not helpers else shapes.rank(index)  # the counter itself is a scalar
+        if index_rank not in (0, 1):
+            return Skip(f"the counter read of '{source.name}' has an index of unknown rank")
+        return Read(user, source, axis, reverse, index_rank == 1, helpers, invariant)
+    if user.op in _INDEX_PASSTHROUGH and len(user.outputs) == 1:
+        if user.op == "Cast" and user.attrs.get("to") not in (6, 7):  # int32, int64
+            return Skip(f"the iteration counter is used in arithmetic (Cast '{user.name}' to a non-integer type)")
+        return (user.outputs[0], helpers + [user], reverse, offset)
+    if user.op in ("Unsqueeze", "Reshape") and shapes.rank(index) == 0 and shapes.rank(user.outputs[0]) == 1:
+        if user.inputs[0] is index:
+            return (user.outputs[0], helpers + [user], reverse, offset)
+    if is_op(user, "Sub") and user.inputs[1] is index and not reverse and not offset and _is_last_index(user.inputs[0], trip, folder):
+        # T-1-i: T-1 may be shared with other readers, so it stays (cleanup removes it if dead)
+        return (user.outputs[0], helpers + [user], True, offset)
+    if is_op(user, "Add") and not reverse and not offset:
+        other = user.inputs[1] if user.inputs[0] is index else user.inputs[0]
+        one = folder.value(other)
+        if one is not None and one.size == 1 and one.reshape(-1)[0] == 1:
+            return (user.outputs[0], helpers + [user], reverse, 1)  # i+1: only a Slice's end may take it
+    return Skip(f"the iteration counter is used in arithmetic ({user.op} '{user.name}'), not only to index")
+
+
+def _axis(axis: int, source: gs.Tensor, shapes: ShapeTable) -> int | None:
+    if axis >= 0:
+        return axis
+    rank = shapes.rank(source)
+    return None if rank is None else axis + rank
+
+
+def _is_last_index(t: gs.Tensor, trip: gs.Tensor, folder) -> bool:
+    """True when ``t`` is ``trip - 1`` (the last iteration number)."""
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is None:
+        return False
+    if is_op(node, "Sub"):
+        one = folder.value(node.inputs[1])
+        return one is not None and one.size == 1 and one.reshape(-1)[0] == 1 and same_value(node.inputs[0], trip, folder)
+    if is_op(node, "Add"):
+        minus = folder.value(node.inputs[1])
+        return minus is not None and minus.size == 1 and minus.reshape(-1)[0] == -1 and same_value(node.inputs[0], trip, folder)
+    return False
+
+
+def same_value(a: gs.Tensor, b: gs.Tensor, folder: ConstantFolder) -> bool:
+    """True when ``a`` and ``b`` provably hold the same integer: one tensor, equal
+    constants, or both ``Shape(X)[k]`` of one X (through casts and reshapes of scalars)."""
+    a, b = _through_scalar_ops(a), _through_scalar_ops(b)
+    if a is b:
+        return True
+    va, vb = folder.value(a), folder.value(b)
+    if va is not None and vb is not None:
+        return va.size == 1 and vb.size == 1 and int(va.reshape(-1)[0]) == int(vb.reshape(-1)[0])
+    da, db = shape_dim(a, folder), shape_dim(b, folder)
+    return da is not None and db is not None and da[0] is db[0] and da[1] == db[1]
+
+
+def _through_scalar_ops(t: gs.Tensor) -> gs.Tensor:
+    while len(t.inputs) == 1 and t.inputs[0].op in ("Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"):
+        node = t.inputs[0]
+        if node.op == "Cast" and node.attrs.get("to") not in (6, 7):
+            break
+        t = node.inputs[0]
+    return t
+
+
+def shape_dim(t: gs.Tensor, folder: ConstantFolder) -> tuple[gs.Tensor, int] | None:
+    """(X, k) when ``t`` is ``Shape(X)[k]`` (k >= 0 counted on X), else None."""
+    t = _through_scalar_ops(t)
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is None:
+        return None
+    shape_value = _strip_casts(node.inputs[0]) if node.inputs else None
+    if is_op(node, "Gather") and node.attrs.get("axis", 0) == 0:
+        shape_node = shape_value.inputs[0] if len(shape_value.inputs) == 1 else None
+        k = folder.value(node.inputs[1])
+    elif is_op(node, "Slice") and len(node.inputs) >= 3:
+        shape_node = shape_value.inputs[0] if len(shape_value.inputs) == 1 else None
+        starts, ends = folder.value(node.inputs[1]), folder.value(node.inputs[2])
+        if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+            return None
+        if int(ends.reshape(-1)[0]) != int(starts.reshape(-1)[0]) + 1 or len(node.inputs) > 4:
+            return None
+        k = starts
+    else:
+        return None
+    if shape_node is None or not is_op(shape_node, "Shape") or k is None or k.size != 1:
+        return None
+    k = int(k.reshape(-1)[0])
+    start = int(shape_node.attrs.get("start", 0))
+    if k < 0 or start < 0:
+        return None
+    return shape_node.inputs[0], k + start
+
+
+def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, shapes: ShapeTable, folder) -> Stack | Skip | None:
+    """Stack when carried value ``k`` only collects one value per step, None for a state."""
+    initial, inside, out = loop.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k]
+    grower = out.inputs[0] if len(out.inputs) == 1 else None
+    result = loop.outputs[k]
+    if grower is None or len(inside.outputs) != 1 or inside.outputs[0] is not grower or not _in_graph(grower, body):
+        return None
+    if len(out.outputs) or sum(o is out for o in body.outputs) != 1:
+        return None  # the grown value is read in the step: a state
+    if is_op(grower, "SequenceInsert"):
+        if len(grower.inputs) != 2 or grower.inputs[0] is not inside:
+            return Skip(f"carried sequence {k} is inserted into at a position")
+        if not (len(initial.inputs) == 1 and is_op(initial.inputs[0], "SequenceEmpty")):
+            return Skip(f"carried sequence {k} does not start empty (SequenceEmpty)")
+        finishers = list(result.outputs)
+        if len(finishers) != 1 or not is_op(finishers[0], "ConcatFromSequence") or any(o is result for o in graph.outputs):
+            return Skip(f"the sequence built in carried value {k} is read other than by one ConcatFromSequence")
+        finisher = finishers[0]
+        if int(finisher.attrs.get("new_axis", 0)) != 1:
+            return Skip("ConcatFromSequence concatenates (new_axis=0): the steps are not stacked")
+        value = grower.inputs[1]
+        axis = int(finisher.attrs["axis"])
+        if axis < 0:
+            rank = shapes.rank(value)
+            if rank is None:
+                return Skip(f"the rank of '{value.name}' is unknown: the stacking axis cannot be placed")
+            axis += rank + 1
+        return Stack(k, value, axis, grower, finisher.outputs[0], finisher)
+    if is_op(grower, "Concat") and len(grower.inputs) == 2 and grower.inputs[0] is inside:
+        row = grower.inputs[1]
+        unsqueeze = row.inputs[0] if len(row.inputs) == 1 else None
+        axis = _axis(int(grower.attrs["axis"]), out, shapes)
+        if axis is None:
+            return Skip(f"the rank of '{out.name}' is unknown: the growing Concat's axis cannot be placed")
+        if unsqueeze is None or not is_op(unsqueeze, "Unsqueeze") or len(row.outputs) != 1:
+            return Skip(f"carried value {k} grows by a block, not by one Unsqueezed row per step")
+        axes = unsqueeze.attrs.get("axes")
+        if axes is None and len(unsqueeze.inputs) > 1:
+            axes = folder.value(unsqueeze.inputs[1])
+        axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+        rank = shapes.rank(row)
+        if axes is None or len(axes) != 1 or rank is None or axes[0] % rank != axis:
+            return Skip(f"carried value {k} grows by a row not unsqueezed at the Concat's axis")
+        if not _empty_along(initial, axis, folder):
+            return Skip(f"carried value {k} grows by Concat from a start not provably empty along axis {axis}")
+        return Stack(k, unsqueeze.inputs[0], axis, grower, result, None)
+    return None
+
+
+def _empty_along(t: gs.Tensor, axis: int, folder) -> bool:
+    """True when ``t`` has length 0 along ``axis``: a constant, or ConstantOfShape of a
+    shape whose entry ``axis`` is a constant 0."""
+    value = folder.value(t)
+    if value is not None:
+        return value.ndim > axis and value.shape[axis] == 0
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is None or not is_op(node, "ConstantOfShape"):
+        return False
+    entry = shape_entry(node.inputs[0], axis, folder)
+    return entry == 0
+
+
+def shape_entry(t: gs.Tensor, position: int, folder) -> int | None:
+    """Entry ``position`` of a 1-D int tensor when constant, through Concat of pieces."""
+    value = folder.value(t)
+    if value is not None:
+        flat = value.reshape(-1)
+        return int(flat[position]) if position < flat.size else None
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is None or not is_op(node, "Concat"):
+        return None
+    offset = 0
+    for piece in node.inputs:
+        known = folder.value(piece)
+        length = known.size if known is not None else _static_length(piece)
+        if length is None:
+            return None
+        if position < offset + length:
+            return None if known is None else int(known.reshape(-1)[position - offset])
+        offset += length
+    return None
+
+
+def _static_length(t: gs.Tensor) -> int | None:
+    if t.shape is not None and len(t.shape) == 1 and isinstance(t.shape[0], int):
+        return t.shape[0]
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is not None and node.op == "Unsqueeze":  # a scalar made 1-D
+        return 1
+    return None
