@@ -23,6 +23,7 @@ from scanopt.errors import (
     VerificationError,
 )
 from scanopt.model_io import load_model, save_model
+from scanopt.onnx_ir_pass import ir_pass
 from scanopt.pass_api import NodeOutcome, Pass, PassContext, ScanPass, ScanPassResult, Skip, register_pass
 from scanopt.pipeline import PIPELINE_ORDER, select_passes
 from scanopt.report import Report
@@ -43,6 +44,7 @@ __all__ = [
     "Skip",
     "UnsupportedModelError",
     "VerificationError",
+    "ir_pass",
     "load_model",
     "optimize",
     "register_pass",

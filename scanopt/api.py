@@ -60,24 +60,12 @@ def optimize(
     """
     from scanopt.pipeline import optimize as run_pipeline
 
-    chosen_passes, skipped = _pass_names(passes, "passes"), _pass_names(skip, "skip") or ()
-    checked = check_options(options)
-    if input_shapes is not None:
-        checked["input_shapes"] = _input_shapes(input_shapes)
-    feeds = _feeds(inputs)
-    if not isinstance(verify, bool):
-        raise InvalidArgumentError(f"verify must be True or False, not {verify!r}")
-    if progress is not None and not callable(progress):
-        raise InvalidArgumentError(f"progress must be callable, not {type(progress).__name__}")
-    engine = _engine(engine)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise InvalidArgumentError(f"seeds must be a whole number of at least 1, not {seeds!r}")
+    arguments = check_arguments(passes=passes, skip=skip, verify=verify, input_shapes=input_shapes, inputs=inputs,
+                                engine=engine, seeds=seeds, options=options, progress=progress)
     model, warnings, from_file = _model(model_or_path)
-    if "input_shapes" in checked:
-        _known_inputs(model, checked["input_shapes"])
-    result, report = run_pipeline(model, passes=chosen_passes, skip=skipped, verify=verify, inputs=feeds,
-                                  engine=engine, seeds=seeds, options=checked, progress=progress,
-                                  validated=warnings)
+    if arguments["options"].get("input_shapes") is not None:
+        _known_inputs(model, arguments["options"]["input_shapes"])
+    result, report = run_pipeline(model, **arguments, validated=warnings)
     if from_file:
         from scanopt.external_data import has_marks, inlined
 
@@ -88,6 +76,26 @@ def optimize(
 
 # the run options only: listing the passes' tunables here would import every pass with scanopt
 optimize.__doc__ = optimize.__doc__.replace("{options}", describe_options(RUN_OPTIONS).replace("\n", "\n    "))
+
+
+def check_arguments(*, passes=None, skip=(), verify=True, input_shapes=None, inputs=None, engine="auto", seeds=2,
+                    options=None, progress=None) -> dict:
+    """:func:`optimize`'s keyword arguments checked and normalized for the pipeline (all but
+    the model: input_shapes names are checked against it later)."""
+    checked = check_options(options)
+    if input_shapes is not None:
+        checked["input_shapes"] = input_shapes
+    if checked.get("input_shapes") is not None:
+        checked["input_shapes"] = _input_shapes(checked["input_shapes"])
+    if not isinstance(verify, bool):
+        raise InvalidArgumentError(f"verify must be True or False, not {verify!r}")
+    if progress is not None and not callable(progress):
+        raise InvalidArgumentError(f"progress must be callable, not {type(progress).__name__}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise InvalidArgumentError(f"seeds must be a whole number of at least 1, not {seeds!r}")
+    return {"passes": _pass_names(passes, "passes"), "skip": _pass_names(skip, "skip") or (), "verify": verify,
+            "inputs": _feeds(inputs), "engine": _engine(engine), "seeds": seeds, "options": checked,
+            "progress": progress}
 
 
 def _model(model_or_path) -> tuple[onnx.ModelProto, list[str] | None, bool]:
