@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import cleanup, node_label, walk_graphs
-from scanopt.pass_api import NodeOutcome, Pass, PassContext, PassResult, register_pass, scan_nodes
+from scanopt.pass_api import NodeOutcome, Pass, PassContext, ScanPassResult, register_pass, scan_nodes
 
 
 @register_pass
@@ -19,7 +19,7 @@ class Cleanup(Pass):
     name = "cleanup"
     summary = "remove dead nodes (including Scans whose outputs nobody reads) and sort"
 
-    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
         before = _snapshot(graph)
         scans_before = [(level.path, node) for level, node in scan_nodes(graph)]
         cleanup(graph)
@@ -30,7 +30,7 @@ class Cleanup(Pass):
             for path, node in scans_before
             if id(node) not in alive
         ]
-        return PassResult(graph, modified=before != after, outcomes=outcomes)
+        return ScanPassResult(graph, modified=before != after, outcomes=outcomes)
 
 
 def _snapshot(graph: gs.Graph) -> list[tuple[int, ...]]:

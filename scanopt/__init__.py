@@ -2,11 +2,14 @@
 
 Library use::
 
-    import onnx, scanopt
-    model = scanopt.load_model("model.onnx")
-    optimized, report = scanopt.optimize(model, passes=["upgrade", "canonicalize"])
+    import scanopt
+    optimized, report = scanopt.optimize("model.onnx")          # or a ModelProto
     print(report.format())
     scanopt.save_model(optimized, "model.opt.onnx")
+
+``scanopt.optimize`` checks every argument (an unknown option, pass or engine raises
+:class:`InvalidArgumentError`) and never modifies a proto it is given; ``scanopt.ir_pass``
+runs the same pipeline as an onnx_ir pass.
 """
 
 __version__ = "0.1.0"
@@ -14,25 +17,17 @@ __version__ = "0.1.0"
 # The names below load on first use (PEP 562), so `import scanopt.cli` stays light: the command
 # line installs its signal handlers before onnx, onnxruntime and graphsurgeon are imported.
 _EXPORTS = {
-    "scanopt.errors": ("InvalidModelError", "ScanoptError", "UnsupportedModelError", "VerificationError"),
+    "scanopt.api": ("optimize",),
+    "scanopt.errors": ("InvalidArgumentError", "InvalidModelError", "ScanoptError", "UnsupportedModelError",
+                       "VerificationError"),
     "scanopt.model_io": ("load_model", "save_model"),
-    "scanopt.pass_api": ("NodeOutcome", "Pass", "PassContext", "PassResult", "ScanPass", "Skip", "register_pass"),
-    "scanopt.pipeline": ("PIPELINE_ORDER", "optimize", "select_passes"),
+    "scanopt.onnx_ir_pass": ("ir_pass",),
+    "scanopt.pass_api": ("NodeOutcome", "Pass", "PassContext", "ScanPass", "ScanPassResult", "Skip", "register_pass"),
+    "scanopt.pipeline": ("PIPELINE_ORDER", "select_passes"),
     "scanopt.report": ("Report",),
     "scanopt.scan_view": ("ScanView",),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name: str):
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'scanopt' has no attribute '{name}'")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
 
 
 def __dir__() -> list[str]:
@@ -40,22 +35,39 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "InvalidArgumentError",
     "InvalidModelError",
     "NodeOutcome",
     "PIPELINE_ORDER",
     "Pass",
     "PassContext",
-    "PassResult",
     "Report",
     "ScanPass",
+    "ScanPassResult",
     "ScanView",
     "ScanoptError",
     "Skip",
     "UnsupportedModelError",
     "VerificationError",
+    "ir_pass",
     "load_model",
     "optimize",
     "register_pass",
     "save_model",
     "select_passes",
 ]
+
+
+def __getattr__(name: str):
+    if name == "PassResult":  # deprecated alias, with its warning (scanopt.pass_api)
+        from scanopt import pass_api
+
+        return pass_api.__getattr__(name)
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scanopt' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -62,3 +62,16 @@ class VerificationError(ScanoptError):
     """A rewrite failed numeric verification and --strict was given."""
 
     exit_code = 1
+
+
+class InvalidArgumentError(ScanoptError, ValueError):
+    """A library call got an argument it cannot use: an unknown option, pass or engine, a
+    wrong type, seeds below 1. Raised before any work, instead of a silent no-op."""
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelled ``word``, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -62,6 +62,10 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
     order: dict[str, int] = {}
     value_metadata: dict[str, list] = {}
     for proto_graph, gs_graph, _ in pairs:
+        # gs keeps the model's own opset_import list and appends the domains of new nodes to it
+        # on export: give it copies, or the caller's proto gains them (ai.scanopt.hold).
+        if gs_graph.import_domains is not None:
+            gs_graph.import_domains = [onnx.helper.make_opsetid(o.domain, o.version) for o in gs_graph.import_domains]
         setattr(gs_graph, GRAPH_METADATA, list(proto_graph.metadata_props))
         setattr(gs_graph, VALUE_INFO, list(proto_graph.value_info))
         for value in list(proto_graph.input) + list(proto_graph.output) + list(proto_graph.value_info):

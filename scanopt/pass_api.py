@@ -1,7 +1,7 @@
 """The pass interface: what a pass is, what it returns, and how passes register.
 
 A pass takes the model's top gs.Graph, rewrites what it can prove equivalent at every
-nesting level, and returns a PassResult saying per Scan node (per Loop node for a
+nesting level, and returns a ScanPassResult saying per Scan node (per Loop node for a
 LoopPass) what it did or why not.
 Most passes are ScanPasses: ``match`` inspects one Scan and returns a Match or a
 Skip(reason) without touching the graph; ``rewrite`` runs only on a Match. A declined
@@ -43,10 +43,25 @@ class NodeOutcome:
 
 
 @dataclass
-class PassResult:
+class ScanPassResult:
+    """What one scanopt pass returns: the (edited) graph, whether anything changed, and per
+    Scan what was done or why not. Not onnx_ir's PassResult(model, modified): see
+    :func:`scanopt.ir_pass` for an onnx_ir pass."""
+
     graph: gs.Graph
     modified: bool
     outcomes: list[NodeOutcome] = field(default_factory=list)
+
+
+def __getattr__(name: str):
+    """``PassResult``: the old name of ScanPassResult, kept for a while with a warning."""
+    if name == "PassResult":
+        import warnings
+
+        warnings.warn("scanopt PassResult is renamed ScanPassResult (onnx_ir's PassResult is a different "
+                      "type)", DeprecationWarning, stacklevel=2)
+        return ScanPassResult
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -89,7 +104,7 @@ class Pass:
     # --pass-option KEY=VALUE): key -> (type, one line of help)
     tunables: ClassVar[dict[str, tuple[type, str]]] = {}
 
-    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
         raise NotImplementedError
 
 
@@ -103,14 +118,14 @@ class ScanPass(Pass):
         """Apply the rewrite; return a one-line description of what was done."""
         raise NotImplementedError
 
-    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
         with editing(graph) as session:
             result = self._run(graph, ctx)
             session.changed = result.modified  # a declined match leaves the graph as it was
         return result
 
-    def _run(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
-        result = PassResult(graph, modified=False)
+    def _run(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
+        result = ScanPassResult(graph, modified=False)
         # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
         # everything nested in it is settled before.
         for level, node in sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth):
@@ -149,9 +164,9 @@ class LoopPass(Pass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         raise NotImplementedError
 
-    def __call__(self, graph: gs.Graph, ctx: PassContext) -> PassResult:
+    def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
         with editing(graph) as session:
-            result = PassResult(graph, modified=False)
+            result = ScanPassResult(graph, modified=False)
             for level, node in sorted(op_nodes(graph, "Loop"), key=lambda pair: -pair[0].depth):
                 if is_removed(node):
                     continue

@@ -170,7 +170,9 @@ def test_correct_rewrite_is_verified(test_passes):
 
 
 def test_library_api_is_exported():
-    assert scanopt.optimize is optimize
+    from scanopt.api import optimize as checked_optimize
+
+    assert scanopt.optimize is checked_optimize
     model = b.scan9_sum(weight=np.ones(2))
     out, report = scanopt.optimize(model)
     assert isinstance(report, scanopt.Report)
