@@ -138,16 +138,17 @@ def test_pass_option_sets_a_pass_tunable_and_unknown_keys_are_usage_errors(cli, 
 def test_inspect_verdicts_follow_the_cost_policy(cli):
     """inspect says "would apply" only where optimize's policy would; a match the policy
     declines says so with the prediction (models/scan_rnn, I=3 H=4, dynamic T and B: the
-    native RNN is modelled faster over the whole assumed range, so hoisting is declined for it)."""
+    native RNN is modelled faster on average but not at every point of the assumed range;
+    with shapes declared, the measured verdicts are tests/test_tune.py's)."""
     import os
 
     model = os.path.join(os.path.dirname(__file__), "..", "models", "scan_rnn.onnx")
     default = cli("inspect", model, "--json")
     assert default.code == 0, default.err
     (scan,) = json.loads(default.out)["scans"]
-    assert scan["passes"]["fuse"].startswith("would apply: expected")
-    assert "T, B unknown" in scan["passes"]["fuse"]
-    assert scan["passes"]["hoist"].startswith("matches, not applied: predicted slower than native")
+    assert scan["passes"]["fuse"].startswith("matches, not applied: predicted")
+    assert "T, B unknown" in scan["passes"]["fuse"] and "more than 5% slower there" in scan["passes"]["fuse"]
+    assert scan["passes"]["hoist"].startswith("matches, not applied: predicted")
     portable = cli("inspect", model, "--json", "--target", "portable")
     (scan,) = json.loads(portable.out)["scans"]
     assert scan["passes"]["fuse"] == "would apply: target portable: applied whatever onnxruntime's speed"
