@@ -71,6 +71,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
+            notes.append(_line(label, measured[label]))
             continue
         if time.perf_counter() > deadline:
             notes.append(f"{label}: not measured (time budget of {budget:g} s per model spent); modelled instead")
@@ -104,7 +105,16 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         tune_cache.store(directory, entry, choice)
         by_key[entry] = choice
         measured[label] = dict(choice, cached=False)
+        notes.append(_line(label, measured[label]))
     return measured, notes
+
+
+def _line(label: str, choice: dict) -> str:
+    """The report's line for a measured Scan: every form's time and the one kept."""
+    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in choice["times"].items())
+    return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
+            + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
+            + ")")
 
 
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:
