@@ -72,6 +72,10 @@ def optimize(
 def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated):
     warnings = validate_model(model) if validated is None else list(validated)
     chosen = select_passes(passes, skip)
+    from scanopt.deploy import check_input_shapes, check_threads
+
+    check_input_shapes(model, (options or {}).get("input_shapes"))  # before any work (a migration)
+    check_threads((options or {}).get("threads"))
     # options["target_opset"] (issue 4): the whole model moves to that opset first
     # (scanopt.migrate: the upgrade pass rewrites every Scan-8, onnx.version_converter the
     # rest). A migration is all or nothing, so it is verified on its own and raises when it

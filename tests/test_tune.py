@@ -191,3 +191,28 @@ def test_cli_flags(cli, tmp_path, timer):
     inspected = cli("inspect", RNN, "--input-shape", "X:20,2,3", "--input-shape", "h_0:2,4", "--threads", "1", "--tune")
     assert inspected.code == 0 and "native applied" in inspected.out
     assert len(timer.calls) == 1  # inspect read the cache optimize filled
+
+
+def test_library_checks_the_deployment_options_before_any_work():
+    from scanopt.errors import ScanoptError
+
+    model = onnx.load(RNN)
+    for options, why in (({"input_shapes": {"nope": [1]}}, "no such input"),
+                         ({"input_shapes": {"X": [4, -1, 3]}}, "0 or more"),
+                         ({"input_shapes": {"X": "4,1,3"}}, "not a list of whole numbers"),
+                         ({"threads": 0}, "at least 1"), ({"threads": 1.5}, "at least 1")):
+        with pytest.raises(ScanoptError, match=why):
+            scanopt.optimize(model, options=options)
+
+
+def test_upgrade_and_inspect_take_the_deployment_flags(cli, tmp_path):
+    scan8 = os.path.join(MODELS, "scan8_sum.onnx")  # inputs initial [batch, 2], x [batch, seq, 2]
+    out = tmp_path / "u.onnx"
+    good = cli("upgrade", scan8, out, "--target-opset", "17", "--input-shape", "x:3,40,2", "--report", tmp_path / "r.json")
+    assert good.code == 0, good.err
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["verification"]["passed"] is True
+    bad = cli("upgrade", scan8, tmp_path / "v.onnx", "--target-opset", "17", "--input-shape", "x:3,40,5")
+    assert bad.code == 2 and "dim 2 is 2 in the model, 5 given" in bad.err and not (tmp_path / "v.onnx").exists()
+    assert cli("inspect", RNN, "--input-shape", "Q:1").code == 2
