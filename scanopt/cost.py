@@ -95,7 +95,7 @@ class CostPolicy:
     """Decides per proposed rewrite; see the module docstring."""
 
     def __init__(self, target: str = "onnxruntime", measured: dict | None = None, deployment: Any = None,
-                 declared: bool = False, constants: dict | None = None):
+                 declared: bool = False, constants: dict | None = None, scales: dict | None = None):
         if target not in TARGETS:
             raise ValueError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
         self.target = target
@@ -103,11 +103,12 @@ class CostPolicy:
         self.deployment = deployment  # ShapeTable at the deployment shapes, or None
         self.declared = declared
         self.constants = dict(DEFAULT_CONSTANTS, **(constants or {}))
+        self.scales = dict(scales or {})  # per form, this machine against the constants (scanopt.calibrate)
 
     @classmethod
     def from_options(cls, options: dict) -> "CostPolicy":
         return cls(options.get("target", "onnxruntime"), options.get("measured"), options.get("deployment"),
-                   bool(options.get("input_shapes")), options.get("cost_constants"))
+                   bool(options.get("input_shapes")), options.get("cost_constants"), options.get("cost_scales"))
 
     def decide(self, pass_name: str, label: str, node: Any, view: Any, match: Any, ctx: Any, level: Any = None) -> Estimate | None:
         """None for a pass that does not change speed (canonicalize, cleanup)."""
@@ -138,7 +139,10 @@ class CostPolicy:
         for k in unknown:
             points = [dict(p, **{k: v}) for p in points for v in UNKNOWN_RANGE[k]]
         lifted = _lifted(pass_name, match, node, view, level, ctx)
-        ratios = {f: [MODEL_MARGIN[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted)
+        from scanopt.calibrate import scale_key
+
+        scale = {f: self.scales.get(scale_key(f, kind), 1.0) for f in forms}
+        ratios = {f: [MODEL_MARGIN[f] * scale[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted)
                       / model_seconds("loop", kind, p, body_nodes, self.constants) for p in points] for f in forms}
         geo = {f: math.exp(sum(math.log(r) for r in rs) / len(rs)) for f, rs in ratios.items()}
         fit = [f for f in forms if max(ratios[f]) <= SLOWER_BOUND and geo[f] < 1]
@@ -148,13 +152,16 @@ class CostPolicy:
             where += (f"; {', '.join(unknown)} unknown: assumed {', '.join(k + ' in {' + ', '.join(map(str, UNKNOWN_RANGE[k])) + '}' for k in unknown)}, "
                       "chosen as never >5% slower than the loop there and best in geometric mean")
         listing = ", ".join(f"{form_name((f,))} {geo[f] / MODEL_MARGIN[f]:.2f}x of the loop's time" for f in forms)
+        calibrated = (f"calibrated on this machine ({', '.join(f'{form_name((f,))} x{scale[f]:g}' for f in forms)})"
+                      if self.scales else "committed constants")
         if unknown:
             listing += " (geometric mean)"
         else:
             p = points[0]
             loop = model_seconds("loop", kind, p, body_nodes, self.constants)
-            listing = ", ".join(f"{form_name((f,))} {model_seconds(f, kind, p, body_nodes, self.constants, lifted) * 1e3:.3g} ms"
+            listing = ", ".join(f"{form_name((f,))} {scale[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted) * 1e3:.3g} ms"
                                 for f in forms) + f" vs loop {loop * 1e3:.3g} ms"
+        listing += f"; {calibrated}"
         speedup = MODEL_MARGIN[pass_name] / geo[pass_name]
         if best == pass_name:
             return Estimate(True, speedup, f"expected {speedup:.2f}x faster (modelled: {listing}; {where})")

@@ -170,7 +170,19 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
     if progress:
         progress("timing the candidate forms of each Scan at the deployment shapes")
     measured, notes = tune(model, _run_passes, chosen, options, deployment or ShapeTable(model), bool(declared))
-    return dict(options, measured=measured), notes
+    options = dict(options, measured=measured)
+    if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
+        import scanopt.tune
+        from scanopt.calibrate import scales
+
+        options["cost_scales"] = scales(options, _run_passes, chosen, scanopt.tune.measure)
+    return options, notes
+
+
+def _scans_in(model) -> int:
+    from scanopt.protos import walk_proto_graphs
+
+    return sum(1 for g in walk_proto_graphs(model.graph) for n in g.node if n.op_type == "Scan")
 
 
 def _fuse_before_migration(model, options, chosen, verify, inputs, engine, seeds, progress):

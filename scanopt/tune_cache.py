@@ -84,6 +84,11 @@ def signature(model: onnx.ModelProto) -> str:
     return digest.hexdigest()
 
 
+def digest(value) -> str:
+    """A short stable hash of a JSON-able value."""
+    return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:32]
+
+
 def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int | None) -> str:
     import onnxruntime as ort
 
@@ -91,7 +96,7 @@ def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int
                 ("tune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
     parts = [FORMAT, signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__, cpu_model(),
              threads or "default"]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+    return digest(parts)
 
 
 def load(directory: str | None, entry: str) -> dict | None:

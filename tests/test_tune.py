@@ -24,7 +24,7 @@ class FakeTimer:
     def __init__(self, factors=None, noise=0.02):
         self.factors, self.noise, self.calls = dict(factors or {}), noise, []
 
-    def __call__(self, forms, feeds, *, threads, seconds):
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True):
         self.calls.append((list(forms), {k: v.shape for k, v in feeds.items()}, threads))
         return Timings({name: FormTime(1e-3 * self.factors.get(name, 1.0), self.factors.get(name, 1.0), 0.0)
                         for name in forms}, self.noise, 9, "thread CPU")
@@ -103,12 +103,19 @@ def test_identical_scans_are_measured_once(timer):
     assert len(timer.calls) == 1 and ops(out).count("RNN") == 2
 
 
-def test_unknown_deployment_dims_are_modelled_not_measured(timer):
+def test_unknown_deployment_dims_are_modelled_with_the_model_calibrated_once_on_the_machine(timer):
     out, report = run()
-    assert timer.calls == []
     assert any("deployment shape of 'h_0' unknown: [?,4]" in line for line in report.tuning), report.tuning
+    # no form of this Scan was timed: only the calibration cells (scanopt.calibrate), 4 points
+    assert len(timer.calls) == 4 and all(forms[:1] == ["loop"] and "native" not in forms for forms, _, _ in timer.calls)
     fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
     assert "T, B unknown" in (fuse.expected or fuse.detail)
+    assert "calibrated on this machine (native x" in (fuse.expected or fuse.detail)
+    run()
+    assert len(timer.calls) == 4  # cached
+    out, report = run(tune=False)  # --no-tune: the committed constants, no calibration
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
+    assert "committed constants" in (fuse.expected or fuse.detail) and len(timer.calls) == 4
 
 
 def test_user_feeds_imply_the_shapes(timer, tmp_path):
