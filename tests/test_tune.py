@@ -223,3 +223,15 @@ def test_upgrade_and_inspect_take_the_deployment_flags(cli, tmp_path):
     bad = cli("upgrade", scan8, tmp_path / "v.onnx", "--target-opset", "17", "--input-shape", "x:3,40,5")
     assert bad.code == 2 and "dim 2 is 2 in the model, 5 given" in bad.err and not (tmp_path / "v.onnx").exists()
     assert cli("inspect", RNN, "--input-shape", "Q:1").code == 2
+
+
+def test_every_pass_that_rewrites_the_scan_is_a_candidate_form(timer):
+    """Static and short: the unrolled form is timed against the loop, and chosen when fastest."""
+    import builders
+
+    timer.factors = {"unrolled": 0.5}
+    out, report = run(builders.scan9_sum(steps=3))
+    (forms, feeds, _), = timer.calls
+    assert forms == ["loop", "unrolled"] and feeds == {"s0": (2,), "X": (3, 2)}
+    assert "Scan" not in ops(out)
+    assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (T=3 B=1 (static)")
