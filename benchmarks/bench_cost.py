@@ -1,117 +1,163 @@
-"""The measurements behind scanopt/cost.py: onnxruntime CPU latency of each Scan form.
+"""Fit the analytic cost model of scanopt/cost.py to this machine's onnxruntime.
 
-    python benchmarks/bench_cost.py [--seconds 0.3] [--only fuse,unroll] [--emit]
+    python benchmarks/bench_cost.py [--seconds 0.3] [--threads 1] [--emit]
 
-fuse: RNN/GRU/LSTM cells written as PyTorch's exporter writes them (benchmarks/bench_fuse.py
-builds them) at sizes (T, B, I, H) spanning the crossovers: the Scan, the fuse pass's output
-and a hand-written native op, one interleaved run per size; ratio = scan / fused (> 1: the
-fused form is faster). unroll: a Scan with K scan outputs and a non-cell body at T steps;
-ratio = looped / unrolled. ``--emit`` prints the Python tables to paste into cost.py.
+The model (cost.model_seconds) prices each form as per-step overhead plus FLOPs and is linear
+in its constants (seconds per Scan step, per kernel launch, per FLOP of a one-row, a
+several-row and a whole-sequence MatMul, per native step and per recurrent FLOP of the native
+kernels). This times the loop, the native op and the hoisted loop of the RNN, GRU
+(linear_before_reset 0 and 1) and LSTM cells of benchmarks/bench_policy.py over a grid of
+sizes (scanopt.timing: thread CPU time, interleaved, medians, A/A pair), fits the constants by
+non-negative least squares on relative error, and prints per form how far the fitted model is
+from the measurements. ``--emit`` prints the dict to paste into cost.DEFAULT_CONSTANTS (what a
+run without measurements uses on every machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto as TP
-from onnx import helper as h
-from onnx import numpy_helper
-
-import scanopt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fuse import latencies, native_model, scan_model, session, torch_weights  # noqa: E402
+from bench_policy import cell_model, feeds_of, form, shapes_of  # noqa: E402
 
-FUSE_SIZES = [  # T, B, I, H
-    (16, 1, 16, 16), (64, 1, 64, 64), (100, 1, 128, 128),
-    (32, 2, 64, 64), (50, 2, 256, 256), (32, 4, 64, 64), (32, 8, 64, 64),
-    (50, 8, 256, 256), (32, 16, 64, 64), (32, 32, 128, 256),
-]
-UNROLL_CASES = [(t, k, hd) for hd in (16, 256) for k in (1, 4) for t in (1, 2, 4, 8)]
-PORTABLE = {"target": "portable"}  # apply every rewrite: we are measuring them
+from scanopt import cost  # noqa: E402
+from scanopt.timing import measure  # noqa: E402
+
+KINDS = ("RNN", "GRU0", "GRU1", "LSTM")
+WIDTHS = ((4, 4), (32, 32), (64, 128), (256, 256))  # I, H
+BATCHES = (1, 8, 32)
+LENGTHS = (16, 128)
+FORMS = {"loop": [], "native": ["fuse"], "hoisted": ["hoist"]}
+MODEL_FORM = {"loop": "loop", "native": "fuse", "hoisted": "hoist"}
 
 
-def bench_fuse(seconds: float):
-    rows = []
-    for kind in ("RNN", "GRU", "LSTM"):
-        for t, b, i, hd in FUSE_SIZES:
-            wts = torch_weights(kind, i, hd)
-            scan = scan_model(kind, i, hd, wts)
-            fused, report = scanopt.optimize(scan, passes=["fuse", "cleanup"], verify=False, options=PORTABLE)
-            if not report.modified:
-                raise SystemExit(f"{kind} {t}x{b}x{i}x{hd}: not fused")
-            native = native_model(kind, i, hd, wts)
-            rng = np.random.default_rng(1)
-            feeds = {"X": rng.standard_normal((t, b, i)).astype(np.float32)}
-            feeds.update({f"{s}0": rng.standard_normal((b, hd)).astype(np.float32) for s in ["h", "c"][:1 + (kind == "LSTM")]})
-            sessions = [session(m, 1) for m in (scan, fused, native)]
-            scan_s, fused_s, native_s = latencies(sessions, feeds, seconds)
-            rows.append((kind, t, b, i, hd, scan_s * 1e3, fused_s * 1e3, native_s * 1e3))
-            print(f"| {kind} | {t} | {b} | {i} | {hd} | {scan_s * 1e3:.3f} | {fused_s * 1e3:.3f} | {native_s * 1e3:.3f} "
-                  f"| {scan_s / fused_s:.2f} | {fused_s / native_s:.2f} |", flush=True)
+def body_nodes(model) -> int:
+    scan = next(n for n in model.graph.node if n.op_type == "Scan")
+    return len(next(a.g for a in scan.attribute if a.name == "body").node)
+
+
+def collect(seconds: float, threads: int):
+    rows = []  # (form, kind, sizes, body nodes, lifted, measured seconds)
+    for kind in KINDS:
+        for i, hd in WIDTHS:
+            dynamic, states = cell_model(kind, i, hd)
+            models = {name: form(dynamic, passes) for name, passes in FORMS.items()}
+            nodes = body_nodes(models["loop"])
+            lifted = nodes - body_nodes(models["hoisted"]) + 1 if "Scan" in [n.op_type for n in models["hoisted"].graph.node] else 2
+            for b in BATCHES:
+                for t in LENGTHS:
+                    result = measure(models, feeds_of(shapes_of(states, t, b, i, hd)), threads=threads, seconds=seconds, check_budget=False)
+                    if isinstance(result, str):
+                        continue
+                    for name, timing in result.forms.items():
+                        rows.append((MODEL_FORM[name], kind.rstrip("01"), dict(T=t, B=b, I=i, H=hd, K=1), nodes, lifted,
+                                     timing.seconds))
+                    print(f"{kind:5} T={t:<4} B={b:<3} I={i:<4} H={hd:<4} " + " ".join(
+                        f"{n} {v.seconds * 1e3:.3f} ms" for n, v in result.forms.items()) + f" (A/A noise {result.noise:.2f})",
+                        flush=True)
     return rows
 
 
-def unroll_model(steps: int, outputs: int, hidden: int):
-    """h = relu(x W + h R): not a cell fuse recognizes; K scan outputs of h (Identity, Neg, ...)."""
-    rng = np.random.default_rng(hidden)
-    vi = h.make_tensor_value_info
-    ops = ["Identity", "Neg", "Abs", "Sigmoid"][:outputs]
-    nodes = [h.make_node("MatMul", ["x_t", "W"], ["xw"]), h.make_node("MatMul", ["h_in", "R"], ["hr"]),
-             h.make_node("Add", ["xw", "hr"], ["pre"]), h.make_node("Relu", ["pre"], ["h_out"])]
-    nodes += [h.make_node(op, ["h_out"], [f"y{k}_t"]) for k, op in enumerate(ops)]
-    body = h.make_graph(nodes, "body", [vi("h_in", TP.FLOAT, [1, hidden]), vi("x_t", TP.FLOAT, [1, hidden])],
-                        [vi("h_out", TP.FLOAT, [1, hidden])] + [vi(f"y{k}_t", TP.FLOAT, [1, hidden]) for k in range(outputs)])
-    scan = h.make_node("Scan", ["h0", "X"], ["h_n"] + [f"Y{k}" for k in range(outputs)], num_scan_inputs=1, body=body)
-    inits = [numpy_helper.from_array((rng.standard_normal((hidden, hidden)) * 0.1).astype(np.float32), n) for n in ("W", "R")]
-    graph = h.make_graph([scan], "unroll", [vi("X", TP.FLOAT, [steps, 1, hidden]), vi("h0", TP.FLOAT, [1, hidden])],
-                         [vi("h_n", TP.FLOAT, [1, hidden])] + [vi(f"Y{k}", TP.FLOAT, [steps, 1, hidden]) for k in range(outputs)],
-                         initializer=inits)
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+def reread(path):
+    """The rows of an earlier run, from its printed lines (body sizes rebuilt, not re-timed)."""
+    import re
 
-
-def bench_unroll(seconds: float):
-    rows = []
-    for t, k, hd in UNROLL_CASES:
-        looped = unroll_model(t, k, hd)
-        unrolled, report = scanopt.optimize(looped, passes=["unroll", "cleanup"], verify=False,
-                                            options=dict(PORTABLE, unroll_max=8))
-        if not report.modified:
-            raise SystemExit(f"unroll T={t} K={k} H={hd}: not unrolled")
-        rng = np.random.default_rng(2)
-        feeds = {"X": rng.standard_normal((t, 1, hd)).astype(np.float32), "h0": rng.standard_normal((1, hd)).astype(np.float32)}
-        loop_s, unrolled_s = latencies([session(looped, 1), session(unrolled, 1)], feeds, seconds)
-        rows.append((t, k, hd, loop_s * 1e3, unrolled_s * 1e3))
-        print(f"| {t} | {k} | {hd} | {loop_s * 1e3:.4f} | {unrolled_s * 1e3:.4f} | {loop_s / unrolled_s:.2f} |", flush=True)
+    rows, shapes = [], {}
+    pattern = re.compile(r"^(\w+)\s+T=(\d+)\s+B=(\d+)\s+I=(\d+)\s+H=(\d+)\s+loop ([\d.]+) ms native ([\d.]+) ms hoisted ([\d.]+) ms")
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            found = pattern.match(line)
+            if not found:
+                continue
+            kind, t, b, i, hd = found.group(1), *(int(v) for v in found.groups()[1:5])
+            if (kind, i, hd) not in shapes:
+                dynamic, _ = cell_model(kind, i, hd)
+                loop, hoisted = form(dynamic, []), form(dynamic, ["hoist"])
+                shapes[(kind, i, hd)] = (body_nodes(loop), body_nodes(loop) - body_nodes(hoisted) + 1)
+            nodes, lifted = shapes[(kind, i, hd)]
+            for name, value in zip(("loop", "fuse", "hoist"), found.groups()[5:]):
+                rows.append((name, kind.rstrip("01"), dict(T=t, B=b, I=i, H=hd, K=1), nodes, lifted, float(value) / 1e3))
     return rows
+
+
+def fit(rows):
+    keys = list(cost.DEFAULT_CONSTANTS)
+    unit = {k: {j: float(j == k) for j in keys} for k in keys}
+    a = np.array([[cost.model_seconds(f, kind, p, n, unit[k], lifted) / secs for k in keys]
+                  for f, kind, p, n, lifted, secs in rows])
+    try:
+        from scipy.optimize import nnls
+
+        x, _ = nnls(a, np.ones(len(rows)))
+    except ImportError:
+        x = np.clip(np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)[0], 0, None)
+    return dict(zip(keys, (float(v) for v in x)))
+
+
+def safe_margins(rows, constants) -> dict:
+    """Per form, the smallest margin (cost.MODEL_MARGIN) for which the policy's rule over
+    unknown T and B (never modelled >5% slower than the loop at any point of the range, best in
+    geometric mean) picks that form only for cells where it measured at most 5% slower than
+    the loop at every measured point."""
+    groups: dict = {}
+    for f, kind, p, n, lifted, secs in rows:
+        groups.setdefault((kind, p["I"], p["H"], n, lifted), {}).setdefault((p["T"], p["B"]), {})[f] = secs
+    margins = {}
+    for form_ in ("fuse", "hoist"):
+        margin = 1.0
+        while margin < 4:
+            bad = False
+            for (kind, i, hd, n, lifted), points in groups.items():
+                if _chosen(form_, kind, i, hd, n, lifted, constants, margin) and any(
+                        t[form_] > 1.05 * t["loop"] for t in points.values() if form_ in t):
+                    bad = True
+                    break
+            if not bad:
+                break
+            margin += 0.05
+        margins[form_] = round(margin, 2)
+    return margins
+
+
+def _chosen(form_, kind, i, hd, n, lifted, constants, margin) -> bool:
+    ratios = [margin * cost.model_seconds(form_, kind, dict(T=t, B=b, I=i, H=hd, K=1), n, constants, lifted)
+              / cost.model_seconds("loop", kind, dict(T=t, B=b, I=i, H=hd, K=1), n, constants)
+              for b in cost.UNKNOWN_RANGE["B"] for t in cost.UNKNOWN_RANGE["T"]]
+    return max(ratios) <= cost.SLOWER_BOUND and statistics.geometric_mean(ratios) < 1
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=0.3, help="measuring time per model and case")
-    parser.add_argument("--only", default="fuse,unroll")
-    parser.add_argument("--emit", action="store_true", help="print the tables for scanopt/cost.py")
-    args = parser.parse_args(argv)
-    print(f"onnxruntime {ort.__version__}, 1 intra-op thread; median ms per run, models interleaved")
-    fuse_rows = unroll_rows = []
-    if "fuse" in args.only:
-        print("\n| cell | T | B | I | H | scan ms | fused ms | native ms | scan/fused | fused/native |\n|---|---|---|---|---|---|---|---|---|---|")
-        fuse_rows = bench_fuse(args.seconds)
-    if "unroll" in args.only:
-        print("\n| T | scan outputs | H | looped ms | unrolled ms | looped/unrolled |\n|---|---|---|---|---|---|")
-        unroll_rows = bench_unroll(args.seconds)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=0.3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--emit", action="store_true")
+    p.add_argument("--from", dest="previous", metavar="FILE", help="refit from the printed output of an earlier run")
+    args = p.parse_args(argv)
+    print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}, thread CPU time")
+    rows = reread(args.previous) if args.previous else collect(args.seconds, args.threads)
+    fitted = fit(rows)
+    for name, constants in (("committed", cost.DEFAULT_CONSTANTS), ("fitted", fitted)):
+        print(f"{name} constants: model / measured per form (median, worst low, worst high)")
+        for f in MODEL_FORM.values():
+            errs = [cost.model_seconds(f, kind, p, n, constants, lifted) / secs
+                    for g, kind, p, n, lifted, secs in rows if g == f]
+            print(f"  {f:6} {statistics.median(errs):.2f} {min(errs):.2f} {max(errs):.2f}")
+    margins = safe_margins(rows, fitted)
+    print("MODEL_MARGIN (smallest factor with no modelled choice >5% slower than the loop at a measured point): "
+          + ", ".join(f"{f} {m:.2f}" for f, m in margins.items()))
     if args.emit:
-        print("\nFUSE_MEASURED = (  # kind, T, B, I, H, scan/fused")
-        for kind, t, b, i, hd, scan_ms, fused_ms, _ in fuse_rows:
-            print(f'    ("{kind}", {t}, {b}, {i}, {hd}, {scan_ms / fused_ms:.2f}),')
-        print(")\nUNROLL_MEASURED = (  # T, scan outputs, H, looped/unrolled")
-        for t, k, hd, loop_ms, unrolled_ms in unroll_rows:
-            print(f"    ({t}, {k}, {hd}, {loop_ms / unrolled_ms:.2f}),")
-        print(")")
+        print(f"MODEL_MARGIN = {{{', '.join(f'{chr(34)}{f}{chr(34)}: {m:.2f}' for f, m in margins.items())}}}")
+        print("DEFAULT_CONSTANTS = {")
+        for k, v in fitted.items():
+            print(f'    "{k}": {v:.3g},')
+        print("}")
+    return fitted
 
 
 if __name__ == "__main__":

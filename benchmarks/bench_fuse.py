@@ -12,10 +12,12 @@ verification) at one T x B, and the optimizer's own time per model.
 Cells are written as PyTorch's dynamo exporter writes nn.RNNCell / GRUCell / LSTMCell bodies
 (Gemm transB=1 per source against outer-scope weights, one Split into r, z, n or i, f, g, o).
 For each kind and size (T, B, I, H) three models run on the same inputs (checked equal
-first): the Scan, the fuse pass's output (scanopt.optimize with passes fuse + cleanup), and
-a native RNN/GRU/LSTM written by hand from the same weights. Each latency is the median over
-blocks of interleaved runs (~``--seconds`` per model and size), so machine noise hits all
-three alike. Ratios from the same run: scan/fused (speed-up) and fused/native (should be ~1).
+first): the Scan, the fuse pass's output (scanopt.optimize with passes fuse + cleanup and
+``--target portable``: the fused form whatever the cost policy would choose, which
+bench_policy.py checks), and a native RNN/GRU/LSTM written by hand from the same weights.
+Timing is scanopt.timing's (thread CPU time, runs interleaved one by one, ~``--seconds`` per
+model and size, medians, paired ratios, an A/A pair of two sessions of the Scan). Ratios from
+the same run: scan/fused (speed-up) and fused/native (should be ~1).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import scanopt
+from scanopt.timing import measure
 
 F = TP.FLOAT
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -115,20 +118,22 @@ def session(model, threads):
 
 
 def latencies(sessions, feeds, seconds):
-    """Median seconds per run for each session, runs interleaved in blocks."""
+    """Median seconds per run for each session: runs interleaved one by one (rotating order),
+    thread CPU time of this thread (one intra-op thread: all the work runs here, and other
+    processes' load does not count)."""
     for s in sessions:
         s.run(None, feeds)
-    start = time.perf_counter()
-    sessions[0].run(None, feeds)
-    block = max(1, min(200, int(0.02 / max(time.perf_counter() - start, 1e-6))))
     samples = [[] for _ in sessions]
     deadline = time.perf_counter() + seconds * len(sessions)
-    while time.perf_counter() < deadline or len(samples[0]) < 5:
-        for s, acc in zip(sessions, samples):
-            t0 = time.perf_counter()
-            for _ in range(block):
-                s.run(None, feeds)
-            acc.append((time.perf_counter() - t0) / block)
+    rounds = 0
+    while time.perf_counter() < deadline or rounds < 5:
+        order = list(range(len(sessions)))
+        order = order[rounds % len(order):] + order[:rounds % len(order)]
+        for k in order:
+            t0 = time.thread_time()
+            sessions[k].run(None, feeds)
+            samples[k].append(time.thread_time() - t0)
+        rounds += 1
     return [statistics.median(acc) for acc in samples]
 
 
@@ -205,29 +210,38 @@ def main(argv=None):
     if args.forms:
         print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}")
         return forms(args.form_size, args.seconds, args.threads, tuple(args.form_dirs.split(",")))
-    print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}; latency = median ms per run")
+    print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}; thread CPU time, median ms per run; "
+          "scan/fused: median of paired ratios ± half their interquartile range; A/A: noise of two sessions of the scan")
     print(f"{'cell':5} {'T':>4} {'B':>3} {'I':>4} {'H':>4} | {'scan ms':>9} {'fused ms':>9} {'native ms':>9} |"
-          f" {'scan/fused':>10} {'fused/native':>12}")
+          f" {'scan/fused':>11} {'fused/native':>12} | {'A/A':>4}")
     for kind in args.kinds.split(","):
         for size in args.sizes.split(","):
             t, b, i, hd = (int(v) for v in size.split("x"))
             wts = torch_weights(kind, i, hd)
             scan = scan_model(kind, i, hd, wts)
-            fused, report = scanopt.optimize(scan, passes=["fuse", "cleanup"], verify=False)
+            # target portable: this times the fused form; whether the default picks it is bench_policy.py's
+            fused, report = scanopt.optimize(scan, passes=["fuse", "cleanup"], verify=False, options={"target": "portable"})
             if not any(o.applied for o in report.outcomes if o.pass_name == "fuse"):
                 raise SystemExit(f"{kind} {size}: not fused: {[o.detail for o in report.outcomes]}")
             native = native_model(kind, i, hd, wts)
             rng = np.random.default_rng(1)
             feeds = {"X": rng.standard_normal((t, b, i)).astype(np.float32)}
             feeds.update({f"{s}0": rng.standard_normal((b, hd)).astype(np.float32) for s in ["h", "c"][:1 + (kind == "LSTM")]})
-            sessions = [session(m, args.threads) for m in (scan, fused, native)]
-            results = [s.run(None, feeds) for s in sessions]
+            models = {"scan": scan, "fused": fused, "native": native}
+            results = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                       for m in models.values()]
             for other in results[1:]:
                 for want, got in zip(results[0], other):
                     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-            ms = [v * 1e3 for v in latencies(sessions, feeds, args.seconds)]
+            timed = measure(models, feeds, threads=args.threads, seconds=args.seconds * len(models), check_budget=False)
+            if isinstance(timed, str):
+                print(f"{kind:5} {t:>4} {b:>3} {i:>4} {hd:>4} | {timed}")
+                continue
+            ms = [timed.forms[k].seconds * 1e3 for k in models]
+            fused_t, native_t = timed.forms["fused"], timed.forms["native"]
             print(f"{kind:5} {t:>4} {b:>3} {i:>4} {hd:>4} | {ms[0]:>9.3f} {ms[1]:>9.3f} {ms[2]:>9.3f} |"
-                  f" {ms[0] / ms[1]:>10.2f} {ms[1] / ms[2]:>12.2f}", flush=True)
+                  f" {1 / fused_t.ratio:>6.2f} ±{fused_t.spread / fused_t.ratio ** 2:<4.2f}"
+                  f" {fused_t.ratio / native_t.ratio:>12.2f} | {timed.noise:>4.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@ Two cells over X [T, B, I] with state h [B, H], weights as outer initializers:
   residual: h' = tanh(x W + b + h R) + 0.5 h   (not fusable: the residual is outside the activation)
   tanh-rnn: h' = tanh(x W + b + h R)           (fusable: the native RNN op is timed too)
 ``hoist`` moves ``x W + b`` out of the loop as one MatMul over the whole sequence (a new scan
-input). Latencies are medians over about ``--seconds`` of interleaved runs; outputs are checked
-equal first. ratio = Scan / hoisted; native = the fused model (scanopt's fuse pass).
+input). Timing is scanopt.timing's: thread CPU time, runs interleaved one by one, about
+``--seconds`` per model, medians, Scan/hoisted the median of paired ratios, A/A the noise of
+two sessions of the Scan; outputs are checked equal first. native = the fused model
+(scanopt's fuse pass; both built with --target portable: this times the forms, whether the
+default picks them is bench_policy.py's).
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_unroll import latencies, session  # noqa: E402 - the one interleaved timer
 
 import scanopt  # noqa: E402
+from scanopt.timing import measure  # noqa: E402 - thread CPU time, interleaved, A/A pair
 
 CONFIGS = [(16, 1, 32, 32), (100, 1, 128, 128), (100, 8, 64, 128), (32, 32, 64, 64), (64, 4, 256, 256)]
 
@@ -67,34 +70,34 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=0.3)
     args = parser.parse_args(argv)
     print(f"onnxruntime {ort.__version__}, {args.threads} intra-op thread(s)")
-    print("| cell | T | B | I | H | Scan ms | hoisted ms | native ms | Scan/hoisted | native/hoisted |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| cell | T | B | I | H | Scan ms | hoisted ms | native ms | Scan/hoisted | native/hoisted | A/A |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in ("residual", "tanh-rnn"):
         for steps, batch, inputs, hidden in CONFIGS:
             model = cell(kind, steps, batch, inputs, hidden)
-            hoisted, report = scanopt.optimize(model, passes=["hoist", "canonicalize"], verify=False)
+            hoisted, report = scanopt.optimize(model, passes=["hoist", "canonicalize"], verify=False,
+                                               options={"target": "portable"})
             assert any(o.pass_name == "hoist" and o.applied for o in report.outcomes), report.format()
             models = [model, hoisted]
             if kind == "tanh-rnn":
-                fused, report = scanopt.optimize(model, passes=["fuse"], verify=False)
+                fused, report = scanopt.optimize(model, passes=["fuse"], verify=False, options={"target": "portable"})
                 assert report.modified, report.format()
                 models.append(fused)
-            sessions = [session(m, args.threads) for m in models]
             rng = np.random.default_rng(steps)
             feeds = {"H0": rng.standard_normal((batch, hidden)).astype(np.float32),
                      "X": rng.standard_normal((steps, batch, inputs)).astype(np.float32)}
-            results = [s.run(None, feeds) for s in sessions]
+            results = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                       for m in models]
             for other in results[1:]:  # batched and native kernels sum in another order
                 for a, b in zip(results[0], other):
                     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
-            start = time.perf_counter()
-            sessions[0].run(None, feeds)
-            runs = int(min(2000, max(20, args.seconds / max(time.perf_counter() - start, 1e-6))))
-            times = latencies(sessions, feeds, runs)
+            named = dict(zip(("scan", "hoisted", "native"), models))
+            timed = measure(named, feeds, threads=args.threads, seconds=args.seconds * len(named), check_budget=False)
+            times = [timed.forms[k].seconds for k in named]
             native = f"{times[2] * 1e3:.3f}" if len(times) > 2 else "–"
             versus = f"{times[2] / times[1]:.2f}x" if len(times) > 2 else "–"
             print(f"| {kind} | {steps} | {batch} | {inputs} | {hidden} | {times[0] * 1e3:.3f} | {times[1] * 1e3:.3f} | "
-                  f"{native} | {times[0] / times[1]:.2f}x | {versus} |", flush=True)
+                  f"{native} | {1 / timed.forms['hoisted'].ratio:.2f}x | {versus} | {timed.noise:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

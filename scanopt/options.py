@@ -56,6 +56,12 @@ RUN_OPTIONS = (
     Option("tune_seconds", (float, int), None,
            "time budget of tuning for all Scans together, in seconds (None: the tuner's default)",
            minimum=0, owner="cost"),
+    Option("tune_scan_seconds", (float, int), None,
+           "time budget of tuning for one distinct Scan, in seconds (None: the tuner's default)",
+           minimum=0, owner="cost"),
+    Option("tune_cache", (str,), None,
+           "directory of the on-disk cache of measured forms, or 'off' (None: $SCANOPT_CACHE_DIR, "
+           "else the user cache directory)", owner="cost"),
 )
 
 

@@ -72,6 +72,10 @@ def optimize(
 def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated):
     warnings = validate_model(model) if validated is None else list(validated)
     chosen = select_passes(passes, skip)
+    from scanopt.deploy import check_input_shapes, check_threads
+
+    check_input_shapes(model, (options or {}).get("input_shapes"))  # before any work (a migration)
+    check_threads((options or {}).get("threads"))
     # options["target_opset"] (issue 4): the whole model moves to that opset first
     # (scanopt.migrate: the upgrade pass rewrites every Scan-8, onnx.version_converter the
     # rest). A migration is all or nothing, so it is verified on its own and raises when it
@@ -94,7 +98,10 @@ def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progr
             from scanopt.verify import runnable_feeds
 
             inputs = runnable_feeds(original, seeds=seeds, engine=engine)
-    options, tuning = _tuned(model, chosen, options or {}, progress)
+    options = _implied_shapes(options or {}, inputs, model)
+    options, tuning = deploy_decisions(model, chosen, options, progress)
+    if verify and inputs is None and options["input_shapes"]:
+        inputs = declared_feeds(model, options["input_shapes"], seeds, engine)
     candidate, report = _run_passes(model, chosen, options, frozenset(), progress)
     report.tuning = tuning
     report.warnings = warnings + report.warnings
@@ -119,19 +126,63 @@ def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progr
     return result
 
 
-def _tuned(model, chosen, options: dict, progress) -> tuple[dict, list[str]]:
-    """Check the target; with options["tune"], measure each Scan's candidate forms and
-    hand the measurements to the cost policy (scanopt.tune)."""
+def _implied_shapes(options: dict, inputs, model) -> dict:
+    """User feeds imply the deployment shapes (of the first feed set) unless declared."""
+    if options.get("input_shapes") or not inputs:
+        return options
+    graph_inputs = {v.name for v in model.graph.input} - {t.name for t in model.graph.initializer}
+    shapes = {name: list(getattr(value, "shape", ())) for name, value in inputs[0].items() if name in graph_inputs}
+    return dict(options, input_shapes=shapes or None)
+
+
+def declared_feeds(model, shapes: dict, seeds: int, engine: str) -> list[dict] | None:
+    """Verification feeds: one set at the declared shapes, then the usual synthesized seeds
+    (None, i.e. synthesize as usual, when no input set runs at the declared shapes)."""
+    from scanopt.deploy import shaped_model
+    from scanopt.verify import runnable_feeds
+
+    try:
+        declared = runnable_feeds(shaped_model(model, shapes), seeds=1, engine=engine)
+        return declared + runnable_feeds(model, seeds=seeds, engine=engine)
+    except ScanoptError:
+        return None
+
+
+def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list[str]]:
+    """Check the target and the deployment (``input_shapes``, ``threads``); measure each
+    Scan's candidate forms at those shapes unless ``tune`` is False (scanopt.tune), and hand
+    the choices and the deployment shapes to the cost policy (scanopt.cost)."""
     if options.get("target", "onnxruntime") not in TARGETS:
         raise ScanoptError(f"unknown target '{options['target']}' (choose from {', '.join(TARGETS)})")
-    if not options.get("tune"):
+    from scanopt.deploy import check_input_shapes, check_threads, shaped_model, tune_default
+
+    declared = check_input_shapes(model, options.get("input_shapes"))
+    options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")))
+    deployment = ShapeTable(shaped_model(model, declared)) if declared else None
+    options["deployment"] = deployment
+    tune_on = options.get("tune")
+    if tune_on is None:
+        tune_on = tune_default()
+    if not tune_on or options.get("target", "onnxruntime") == "portable":
         return options, []
-    from scanopt.tune import DEFAULT_SECONDS, tune
+    from scanopt.tune import tune
 
     if progress:
-        progress("timing the candidate forms of each Scan (--tune)")
-    measured, notes = tune(model, _run_passes, chosen, options, float(options.get("tune_seconds", DEFAULT_SECONDS)))
-    return dict(options, measured=measured), notes
+        progress("timing the candidate forms of each Scan at the deployment shapes")
+    measured, notes = tune(model, _run_passes, chosen, options, deployment or ShapeTable(model), bool(declared))
+    options = dict(options, measured=measured)
+    if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
+        import scanopt.tune
+        from scanopt.calibrate import scales
+
+        options["cost_scales"] = scales(options, _run_passes, chosen, scanopt.tune.measure)
+    return options, notes
+
+
+def _scans_in(model) -> int:
+    from scanopt.protos import walk_proto_graphs
+
+    return sum(1 for g in walk_proto_graphs(model.graph) for n in g.node if n.op_type == "Scan")
 
 
 def _fuse_before_migration(model, options, chosen, verify, inputs, engine, seeds, progress):

@@ -1,84 +1,162 @@
-"""``--tune``: time the candidate forms of each Scan on synthesized inputs, keep the fastest.
+"""Measure each Scan's candidate forms where the model runs, and keep the fastest.
 
-Each top-level Scan that some pass proposes to rewrite is cut out into a model of its
-own (its inputs, the outer values its body reads, its outputs), and onnxruntime times the
-Scan as it is and each candidate form (the pipeline run with only that pass allowed on
-it), interleaved, within a time budget shared by all nodes. The result is a measured
-speed-up per (pass, node) that :class:`scanopt.cost.CostPolicy` uses instead of its
-prediction. Nested Scans and Scans whose values have no known type keep the prediction.
+A candidate is the pipeline run on the Scan's own subgraph (the Scan, the outer values
+its body reads as inputs or weights) with a chosen set of passes allowed: none (the
+original loop), each rewriting pass alone (native op, hoisted, vectorized, unrolled, and
+any pass registered later), and each pair of passes that apply alone (in pipeline order:
+fuse then hoist of what is left is "hoisted+native"; a pair that builds the same model as
+one of its passes is that form, and the report says so). The forms are built from the
+subgraph as the model declares it (symbolic dims stay symbolic, so a form is one the real
+model can take) and timed on inputs at the deployment shapes (static, declared with
+``input_shapes`` or implied by user feeds) with :mod:`scanopt.timing`.
+
+Bounds: ``tune_scan_seconds`` (default :data:`SCAN_SECONDS`) per distinct Scan,
+``tune_seconds`` (default :data:`MODEL_SECONDS`) per model; a Scan over the budget, nested
+in another node, or with a deployment dim unknown is decided by the analytic model
+(:mod:`scanopt.cost`). Choices are cached on disk (:mod:`scanopt.tune_cache`): identical
+Scans and re-runs cost one measurement, and a re-run gives byte-identical output.
 """
 
 from __future__ import annotations
 
-import statistics
+import itertools
 import time
-from typing import Callable
 
+import numpy as np
 import onnx
 
-from scanopt.cost import NEUTRAL_PASSES, NOISE
+from scanopt import timing, tune_cache
+from scanopt.cost import NEUTRAL_PASSES, form_name
 from scanopt.protos import attribute_graphs, outer_names, proto_node_label
 from scanopt.shapes import ShapeTable
 
-DEFAULT_SECONDS = 10.0
+MODEL_SECONDS = 30.0
+SCAN_SECONDS = 2.0
+NOT_CANDIDATES = NEUTRAL_PASSES + ("upgrade",)  # upgrade is what a migration needs, never a speed choice
+
+# The measuring function (tests inject timings through it): (forms, feeds, threads, seconds) -> Timings | str
+measure = timing.measure
 
 
-def tune(model: onnx.ModelProto, run_passes: Callable, chosen, options: dict, seconds: float = DEFAULT_SECONDS):
-    """(measured speed-ups {(pass, label): x}, one report line per tuned or skipped node)."""
-    portable = dict(options, target="portable")
-    portable.pop("measured", None)
-    _, proposed = run_passes(model, chosen, portable, frozenset(), None)
-    candidates: dict[str, list[str]] = {}
-    notes = []
-    for o in proposed.outcomes:
-        if o.applied and o.pass_name not in NEUTRAL_PASSES:
-            if o.path:
-                notes.append(f"{o.node}: not tuned (nested in {o.path}); predicted cost used")
-            elif o.pass_name not in candidates.setdefault(o.node, []):
-                candidates[o.node].append(o.pass_name)
-    measured: dict[tuple[str, str], float] = {}
-    if not candidates:
-        return measured, notes
-    shapes = ShapeTable(model)
-    nodes = {proto_node_label(n): n for n in model.graph.node}
-    deadline = time.perf_counter() + seconds
-    for k, (label, passes) in enumerate(candidates.items()):
-        share = (deadline - time.perf_counter()) / (len(candidates) - k)
-        if share < 0.05 or label not in nodes:
-            notes.append(f"{label}: not tuned (time budget of {seconds:g} s spent); predicted cost used")
+def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable, declared: bool):
+    """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known.
+
+    A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
+    ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
+    threads = options.get("threads")
+    budget = float(options.get("tune_seconds", MODEL_SECONDS))
+    per_scan = float(options.get("tune_scan_seconds", SCAN_SECONDS))
+    directory = tune_cache.cache_dir(options)
+    names = [p.name for p in chosen if p.name not in NOT_CANDIDATES]
+    neutral = [p for p in chosen if p.name in NEUTRAL_PASSES]
+    base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment")}
+    base_options["target"] = "portable"
+    original_shapes = ShapeTable(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    measured: dict[str, dict] = {}
+    notes: list[str] = []
+    by_key: dict[str, dict] = {}
+    deadline = time.perf_counter() + budget
+    for node in model.graph.node:
+        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or not names:
             continue
-        sub = _extract(model, nodes[label], shapes)
-        if isinstance(sub, str):
-            notes.append(f"{label}: not tuned ({sub}); predicted cost used")
+        label = proto_node_label(node)
+        sub = _extract(node, inits, original_shapes, model)
+        feeds_shapes = _deployment_inputs(sub, deployment)
+        if isinstance(sub, str) or isinstance(feeds_shapes, str):
+            notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
             continue
-        forms = {"scan": sub}
-        for name in passes:
-            denied = frozenset((other, label) for other in passes if other != name)
-            form, report = run_passes(sub, chosen, portable, denied, None)
-            if any(o.applied and o.pass_name == name for o in report.outcomes):
-                forms[name] = form
+        entry = tune_cache.key(sub, names, base_options, threads) + _shape_key(feeds_shapes)
+        choice = by_key.get(entry) or tune_cache.load(directory, entry)
+        if choice is not None:
+            measured[label] = dict(choice, cached=True)
+            by_key[entry] = choice
+            notes.append(_line(label, measured[label]))
+            continue
+        if time.perf_counter() > deadline:
+            notes.append(f"{label}: not measured (time budget of {budget:g} s per model spent); modelled instead")
+            continue
+        forms, same = _forms(sub, run_passes, chosen, neutral, names, base_options)
+        if len(forms) == 1:
+            continue  # no pass rewrites it: nothing to choose
+        feeds = _feeds(sub, feeds_shapes)
         try:
-            times = _time(forms, share)
+            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads,
+                              seconds=min(per_scan, max(deadline - time.perf_counter(), 0.05)))
         except Exception as exc:  # noqa: BLE001 - a form onnxruntime cannot run is not a winner
-            notes.append(f"{label}: not tuned (onnxruntime: {str(exc).splitlines()[0][:120]}); predicted cost used")
+            notes.append(f"{label}: not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead")
             continue
-        speedups = {name: times["scan"] / t for name, t in times.items() if name != "scan"}
-        best = max(speedups, key=speedups.get) if speedups else None
-        for name, speedup in speedups.items():
-            measured[(name, label)] = speedup if name == best else min(speedup, 1 - 2 * NOISE)
-        listing = ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in times.items())
-        keep = best if best and speedups[best] >= 1 - NOISE else "scan"
-        notes.append(f"{label}: {listing} -> {keep}" + (f" ({speedups[best]:.2f}x)" if keep != "scan" else ""))
+        if isinstance(timings, str):
+            notes.append(f"{label}: not measured ({timings}); modelled instead")
+            continue
+        best = timing.best_form(timings)
+        choice = {
+            "form": best,
+            "passes": sorted(forms[best][1]),
+            "times": {name: t.seconds for name, t in timings.forms.items()},
+            "ratios": {name: t.ratio for name, t in timings.forms.items()},
+            "noise": timings.noise,
+            "rounds": timings.rounds,
+            "clock": timings.clock,
+            "where": _where(node, feeds_shapes) + (" (declared)" if declared else " (static)"),
+            "same": same,
+            "threads": threads,
+        }
+        tune_cache.store(directory, entry, choice)
+        by_key[entry] = choice
+        measured[label] = dict(choice, cached=False)
+        notes.append(_line(label, measured[label]))
     return measured, notes
 
 
-def _extract(model: onnx.ModelProto, node: onnx.NodeProto, shapes: ShapeTable):
-    """A model computing just ``node`` (its reads as inputs or initializers), or why not."""
+def _line(label: str, choice: dict) -> str:
+    """The report's line for a measured Scan: every form's time and the one kept."""
+    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in choice["times"].items())
+    return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
+            + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
+            + ")")
+
+
+def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:
+    """{form name: (model, passes)} built from ``sub``, the original first; and
+    {pair form: the form it turned out identical to}."""
+    def run(allowed: set[str]):
+        selected = [p for p in chosen if p in neutral or p.name in allowed]
+        result, report = run_passes(sub, selected, options, frozenset(), None)
+        applied = {o.pass_name for o in report.outcomes if o.applied and o.pass_name in allowed}
+        return result, applied
+
+    loop, _ = run(set())
+    forms = {form_name(()): (loop, frozenset())}
+    seen = {loop.SerializeToString(deterministic=True): form_name(())}
+    alone = []
+    for name in names:
+        result, applied = run({name})
+        if name in applied:
+            alone.append(name)
+            forms[form_name((name,))] = (result, frozenset({name}))
+            seen.setdefault(result.SerializeToString(deterministic=True), form_name((name,)))
+    same = {}
+    for pair in itertools.combinations(alone, 2):
+        result, applied = run(set(pair))
+        if applied != set(pair):
+            same[form_name(pair)] = form_name(tuple(applied))
+            continue
+        text = result.SerializeToString(deterministic=True)
+        if text in seen:
+            same[form_name(pair)] = seen[text]
+            continue
+        seen[text] = form_name(pair)
+        forms[form_name(pair)] = (result, frozenset(pair))
+    return forms, same
+
+
+def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto):
+    """A model computing just ``node`` (its reads as inputs or weights), or why not."""
     reads = [n for n in node.input if n]
     for attr in node.attribute:
         for g in attribute_graphs(attr):
             reads += [n for n in outer_names(g) if n not in reads]
-    inits = {t.name: t for t in model.graph.initializer}
     inputs, initializers = [], []
     for name in dict.fromkeys(reads):
         if name in inits:
@@ -96,45 +174,54 @@ def _extract(model: onnx.ModelProto, node: onnx.NodeProto, shapes: ShapeTable):
                 return f"type of '{name}' unknown"
             outputs.append(value)
     graph = onnx.helper.make_graph([node], "tune", inputs, outputs, initializer=initializers)
-    sub = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    return sub
+    return onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 
 
 def _typed(name: str, shapes: ShapeTable) -> onnx.ValueInfoProto | None:
     elem, shape = shapes.type_of(name)
-    if not elem or shape is None:
+    if not elem:
         return None
-    dims = [d if isinstance(d, int) else (d or f"{name}_d{i}") for i, d in enumerate(shape)]
+    dims = None if shape is None else [d if isinstance(d, int) else (d or f"{name}_d{i}") for i, d in enumerate(shape)]
     return onnx.helper.make_tensor_value_info(name, elem, dims)
 
 
-def _time(forms: dict, seconds: float) -> dict[str, float]:
-    """Median seconds per run of each model on the same synthesized feeds, interleaved."""
-    import onnxruntime as ort
+def _deployment_inputs(sub, deployment: ShapeTable):
+    """{input name: (elem type, concrete shape)} of the subgraph at the deployment shapes, or why not."""
+    if isinstance(sub, str):
+        return sub
+    found = {}
+    for value in sub.graph.input:
+        elem, shape = deployment.type_of(value.name)
+        if not elem or shape is None or not all(isinstance(d, int) for d in shape):
+            dims = "?" if shape is None else ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
+            return f"deployment shape of '{value.name}' unknown: [{dims}]; declare it with --input-shape"
+        found[value.name] = (elem, tuple(shape))
+    return found
 
-    from scanopt.inputs import synthesize_inputs
 
-    feeds = synthesize_inputs(forms["scan"], 0)
-    from scanopt.engines import ort_source
+def _shape_key(shapes: dict) -> str:
+    import hashlib
 
-    def session(m):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        model_bytes, kept = ort_source(m, options, prepack=True)
-        made = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
-        made.scanopt_weights = kept  # alive as long as the session
-        return made
+    return "-" + hashlib.sha256(repr(sorted((k, v[1]) for k, v in shapes.items())).encode()).hexdigest()[:12]
 
-    sessions = {name: session(m) for name, m in forms.items()}
-    for s in sessions.values():
-        s.run(None, feeds)
-    samples: dict[str, list[float]] = {name: [] for name in sessions}
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(samples["scan"]) < 3:
-        for name, s in sessions.items():
-            start = time.perf_counter()
-            s.run(None, feeds)
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(v) for name, v in samples.items()}
 
+def _feeds(sub, shapes: dict) -> dict:
+    from scanopt.inputs import numpy_dtype, random_array
+
+    rng = np.random.default_rng(0)
+    return {name: random_array(rng, numpy_dtype(elem, name), shape) for name, (elem, shape) in shapes.items()}
+
+
+def _where(node: onnx.NodeProto, shapes: dict) -> str:
+    """T and B of the Scan at the deployment shapes, e.g. ``T=100 B=8``."""
+    attrs = {a.name: a for a in node.attribute}
+    num_scan = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
+    scan_inputs = [n for n in node.input][len(node.input) - num_scan:] if num_scan else []
+    if not scan_inputs or scan_inputs[0] not in shapes:
+        return ", ".join(f"{k}[{','.join(map(str, v[1]))}]" for k, v in shapes.items())
+    shape = shapes[scan_inputs[0]][1]
+    axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * num_scan
+    axis = axes[0] % len(shape) if shape else 0
+    rest = [d for k, d in enumerate(shape) if k != axis]
+    batch = int(np.prod(rest[:-1])) if len(rest) > 1 else 1
+    return f"T={shape[axis] if shape else '?'} B={batch}"

@@ -21,6 +21,13 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+# Output must not depend on the machine running the suite: measuring candidate forms
+# (on by default where shapes are known) is off unless a test turns it on, and a test that
+# does measures into its own cache (tests/test_tune.py injects the timings).
+os.environ["SCANOPT_TUNE"] = "0"
+os.environ.setdefault("SCANOPT_CACHE_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), f"scanopt-test-cache-{os.getpid()}"))
+
+
 @dataclass
 class CliResult:
     code: int

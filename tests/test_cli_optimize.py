@@ -138,7 +138,9 @@ def test_pass_option_sets_a_pass_tunable_and_unknown_keys_are_usage_errors(cli, 
 
 def test_inspect_verdicts_follow_the_cost_policy(cli):
     """inspect says "would apply" only where optimize's policy would; a match the policy
-    declines says so with the prediction (models/scan_rnn: dynamic batch, fuse predicted slower)."""
+    declines says so with the prediction (models/scan_rnn, I=3 H=4, dynamic T and B: the
+    native RNN is modelled faster on average but not at every point of the assumed range;
+    with shapes declared, the measured verdicts are tests/test_tune.py's)."""
     import os
 
     model = os.path.join(os.path.dirname(__file__), "..", "models", "scan_rnn.onnx")
@@ -146,7 +148,8 @@ def test_inspect_verdicts_follow_the_cost_policy(cli):
     assert default.code == 0, default.err
     (scan,) = json.loads(default.out)["scans"]
     assert scan["passes"]["fuse"].startswith("matches, not applied: predicted")
-    assert scan["passes"]["hoist"].startswith("would apply: expected")
+    assert "T, B unknown" in scan["passes"]["fuse"] and "more than 5% slower there" in scan["passes"]["fuse"]
+    assert scan["passes"]["hoist"].startswith("matches, not applied: predicted")
     portable = cli("inspect", model, "--json", "--target", "portable")
     (scan,) = json.loads(portable.out)["scans"]
     assert scan["passes"]["fuse"] == "would apply: target portable: applied whatever onnxruntime's speed"

@@ -315,7 +315,8 @@ def test_cli_passes_vectorize_and_hoist(cli, tmp_path):
     assert "vectorize     applied" in result.out or "vectorize applied" in " ".join(result.out.split())
     assert "Scan" not in ops(onnx.load(out))
     out = tmp_path / "cell.opt.onnx"
-    result = cli("optimize", MODELS / "maps" / "cell_rnn_residual.onnx", out, "--passes", "vectorize,hoist")
+    result = cli("optimize", MODELS / "maps" / "cell_rnn_residual.onnx", out, "--passes", "vectorize,hoist",
+                 "--target", "portable")  # hoisting a tiny cell pays at some sizes only (the cost policy's question)
     assert result.code == 0, result.err
     assert "hoist" in result.out and "hoisted 2 body node(s)" in result.out
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from scanopt.cli.common import comma_list
+from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.cost import TARGETS, CostPolicy
 from scanopt.errors import printable
 from scanopt.graph import NameAllocator
@@ -13,8 +14,8 @@ from scanopt.inspect import describe_scans, format_scans
 from scanopt.ir import import_model
 from scanopt.model_io import load
 from scanopt.pass_api import PassContext, ScanPass
-from scanopt.pipeline import select_passes
-from scanopt.shapes import ShapeTable
+from scanopt.pipeline import deploy_decisions, select_passes
+from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset
 
 EPILOG = """\
@@ -22,6 +23,7 @@ examples:
   scanopt inspect model.onnx
   scanopt inspect model.onnx --json > scans.json
   scanopt inspect model.onnx --passes fuse
+  scanopt inspect model.onnx --input-shape X:100,8,64   # the verdicts at that shape (measured)
   scanopt inspect model.onnx --target portable   # what optimize --target portable would apply
 """
 
@@ -40,19 +42,18 @@ def register(subparsers) -> None:
     parser.add_argument("--passes", type=comma_list, metavar="A,B", help="passes to ask (default: all)")
     parser.add_argument("--target", choices=list(TARGETS), default="onnxruntime",
                         help="the cost policy that decides what would apply, as in optimize (default onnxruntime)")
+    add_deploy_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     loaded = load(args.model)
-    graph = import_model(loaded.model)
-    options = {"target": args.target}
-    ctx = PassContext(
-        opset=default_opset(loaded.model) or 0, names=NameAllocator(graph), shapes=ShapeTable(loaded.model),
-        options=options, cost=CostPolicy.from_options(options),
-    )
-    scan_passes = [p for p in select_passes(args.passes) if isinstance(p, ScanPass)]
-    scans = describe_scans(graph, ctx, scan_passes)
+    chosen = select_passes(args.passes)
+    options = dict(deploy_options(args, None), target=args.target)
+    with shared_inference():  # the measurements and the ShapeTable below infer the model once
+        options, _ = deploy_decisions(loaded.model, chosen, options, None)
+        graph = import_model(loaded.model)
+        scans = _described(loaded.model, graph, options, chosen)
     if args.json:
         print(json.dumps({"model": args.model, "scans": scans, "warnings": loaded.warnings}, indent=2))
     else:
@@ -61,3 +62,11 @@ def run(args) -> int:
         for warning in loaded.warnings:
             print(f"warning: {printable(warning)}")
     return 0
+
+
+def _described(model, graph, options: dict, chosen) -> list[dict]:
+    ctx = PassContext(
+        opset=default_opset(model) or 0, names=NameAllocator(graph), shapes=ShapeTable(model),
+        options=options, selected=tuple(p.name for p in chosen), cost=CostPolicy.from_options(options),
+    )
+    return describe_scans(graph, ctx, [p for p in chosen if isinstance(p, ScanPass)])

@@ -6,6 +6,7 @@ import argparse
 import textwrap
 
 from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, text_writer
+from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.errors import ScanoptError, VerificationError
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
 from scanopt.pipeline import optimize, select_passes
@@ -13,6 +14,8 @@ from scanopt.pipeline import optimize, select_passes
 EPILOG = """\
 examples:
   scanopt optimize model.onnx model.opt.onnx
+  scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 --threads 1
+  scanopt optimize model.onnx out.onnx --no-tune     # same output on every machine
   scanopt optimize model.onnx out.onnx --passes upgrade,canonicalize --report report.json
   scanopt optimize model.onnx out.onnx --skip unroll --inputs feeds.npz --strict
   scanopt optimize model.onnx model.onnx --in-place
@@ -38,9 +41,8 @@ def register(subparsers) -> None:
     parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
     parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
     parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
-    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): apply a rewrite only where the cost model does not predict it slower on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless")
-    parser.add_argument("--tune", action="store_true", help="time each Scan's candidate forms on synthesized inputs and keep the fastest")
-    parser.add_argument("--tune-seconds", type=float, default=10.0, metavar="S", help="time budget of --tune for all nodes (default 10)")
+    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): per Scan, the form measured (or, where it cannot be, modelled) fastest on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless")
+    add_deploy_arguments(parser)
     parser.add_argument("--pass-option", action="append", default=[], metavar="KEY=VALUE",
                         help="set a pass's tunable (repeatable): " + "; ".join(f"{k}: {h}" for k, (_, h) in tunables().items()))
     parser.add_argument("--strict", action="store_true", help="exit 1 and write nothing if any rewrite was rolled back")
@@ -93,7 +95,7 @@ def run(args) -> int:
         inputs=feeds,
         engine=args.engine,
         seeds=args.seeds,
-        options=_pass_options(args),
+        options=_pass_options(args, feeds),
         progress=progress,
         validated=loaded.warnings,  # load validated it already
     )
@@ -118,12 +120,11 @@ def run(args) -> int:
     return 0
 
 
-def _pass_options(args) -> dict:
+def _pass_options(args, feeds=None) -> dict:
     """Options passes read from PassContext.options; absent ones keep the pass defaults."""
     options = {"target": args.target}
     options.update(_pass_option(text) for text in args.pass_option)
-    if args.tune:
-        options.update(tune=True, tune_seconds=args.tune_seconds)
+    options.update(deploy_options(args, feeds))
     if args.target_opset is not None:
         options["target_opset"] = args.target_opset
     if args.unroll_max is not None:

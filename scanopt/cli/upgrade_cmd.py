@@ -6,10 +6,13 @@ import argparse
 import json
 
 from scanopt.cli.common import add_job_arguments, info, start_job, text_writer
+from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
+from scanopt.deploy import check_input_shapes
 from scanopt.errors import ScanoptError, printable_lines
 from scanopt.model_io import model_writer
 from scanopt.emit import MIN_TARGET
 from scanopt.migrate import migrate_verified
+from scanopt.pipeline import declared_feeds
 from scanopt.report import count_ops
 
 EPILOG = f"""\
@@ -42,6 +45,7 @@ def register(subparsers) -> None:
     )
     add_job_arguments(parser, verb="upgrade")
     parser.add_argument("--target-opset", type=int, required=True, metavar="N", help=f"the opset to move to ({MIN_TARGET} up to the newest onnxruntime loads)")
+    add_deploy_arguments(parser, tune=False)
     parser.add_argument("--strategy", choices=("auto", "a", "b", "c"), default="auto", help="force one strategy for every Scan-8 (default: the cheapest correct one)")
     parser.set_defaults(func=run)
 
@@ -51,6 +55,11 @@ def run(args) -> int:
     if args.verbose and not args.quiet:
         info(f"moving {args.input} to opset {args.target_opset}")
     options = {} if args.strategy == "auto" else {"upgrade_strategy": args.strategy}
+    deployment = deploy_options(args, feeds)
+    declared = check_input_shapes(loaded.model, deployment["input_shapes"])
+    options.update(deployment, input_shapes=declared)
+    if declared and feeds is None and not args.no_verify:  # one verification seed at the declared shapes
+        feeds = declared_feeds(loaded.model, declared, args.seeds, args.engine)
     try:
         migration = migrate_verified(
             loaded.model, args.target_opset, options=options, verify=not args.no_verify,

@@ -1,0 +1,124 @@
+"""The disk cache of measured choices: N identical Scans and every re-run cost one measurement.
+
+A key holds everything a measurement depends on: the Scan's extracted subgraph (its
+structure, attributes and input/weight shapes and dtypes; weight values only for small
+tensors, which can be sizes or constants a rewrite reads), the candidate passes and
+their options, onnxruntime's version, the CPU model and the thread count. Entries are small
+JSON files written atomically. Location: ``options["tune_cache"]``, else ``$SCANOPT_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/scanopt``, else ``~/.cache/scanopt``; ``"off"`` disables it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+
+import onnx
+
+FORMAT = 1
+SMALL = 64  # elements: weights up to this size enter the key by value
+
+
+def cache_dir(options: dict) -> str | None:
+    where = options.get("tune_cache") or os.environ.get("SCANOPT_CACHE_DIR")
+    if not where:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        where = os.path.join(base, "scanopt")
+    return None if where == "off" else where
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def signature(model: onnx.ModelProto) -> str:
+    """A hash of ``model``'s structure: every value and node name replaced by its order of
+    appearance (two layers built alike hash alike), big weights by dtype and shape only
+    (their values are not copied: a Scan's weights can be large)."""
+    from scanopt.protos import walk_proto_graphs
+
+    digest = hashlib.sha256()
+    for opset in model.opset_import:
+        digest.update(f"{opset.domain}:{opset.version};".encode())
+    names: dict[str, str] = {}
+
+    def canonical(name: str) -> str:
+        return names.setdefault(name, f"v{len(names)}") if name else ""
+
+    graph = onnx.GraphProto()
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.node.extend(model.graph.node)  # nodes and bodies: weights live in the initializers
+    for value in list(graph.input) + [t for t in model.graph.initializer]:
+        canonical(value.name)
+    for g in walk_proto_graphs(graph):
+        for value in list(g.input) + list(g.output) + list(g.value_info):
+            value.name = canonical(value.name)
+        for t in g.initializer:
+            t.name = canonical(t.name)
+        for node in g.node:
+            node.name = ""
+            node.input[:] = [canonical(n) for n in node.input]
+            node.output[:] = [canonical(n) for n in node.output]
+    digest.update(graph.SerializeToString(deterministic=True))
+    for tensor in model.graph.initializer:
+        count = 1
+        for d in tensor.dims:
+            count *= d
+        digest.update(f"{canonical(tensor.name)}:{tensor.data_type}:{list(tensor.dims)};".encode())
+        if count <= SMALL and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            light = onnx.TensorProto()
+            light.CopyFrom(tensor)
+            light.name = ""
+            digest.update(light.SerializeToString(deterministic=True))
+    return digest.hexdigest()
+
+
+def digest(value) -> str:
+    """A short stable hash of a JSON-able value."""
+    return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:32]
+
+
+def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int | None) -> str:
+    import onnxruntime as ort
+
+    relevant = {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool)) and k not in
+                ("tune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
+    parts = [FORMAT, signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__, cpu_model(),
+             threads or "default"]
+    return digest(parts)
+
+
+def load(directory: str | None, entry: str) -> dict | None:
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, entry + ".json"), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def store(directory: str | None, entry: str, data: dict) -> None:
+    """Write atomically; a cache that cannot be written only costs a re-measurement."""
+    if directory is None:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, staged = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(dict(data, format=FORMAT), handle, indent=1, sort_keys=True)
+        os.replace(staged, os.path.join(directory, entry + ".json"))
+    except OSError:
+        pass

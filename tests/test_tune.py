@@ -1,0 +1,237 @@
+"""Measuring candidate forms (scanopt.tune) with injected timings: which forms are built,
+what is chosen, the cache, the deployment flags. No timed asserts: speed itself is
+benchmarks/bench_policy.py's."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+import scanopt
+import scanopt.tune
+from scanopt.timing import FormTime, Timings, best_form, measure
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
+RNN = os.path.join(MODELS, "scan_rnn.onnx")  # I=3, H=4, dims seq and batch symbolic
+
+
+class FakeTimer:
+    """Stands in for scanopt.timing.measure: ``factors`` form -> time relative to the loop."""
+
+    def __init__(self, factors=None, noise=0.02):
+        self.factors, self.noise, self.calls = dict(factors or {}), noise, []
+
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True):
+        self.calls.append((list(forms), {k: v.shape for k, v in feeds.items()}, threads))
+        return Timings({name: FormTime(1e-3 * self.factors.get(name, 1.0), self.factors.get(name, 1.0), 0.0)
+                        for name in forms}, self.noise, 9, "thread CPU")
+
+
+@pytest.fixture
+def timer(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
+    fake = FakeTimer()
+    monkeypatch.setattr(scanopt.tune, "measure", fake)
+    return fake
+
+
+def run(path_or_model=RNN, **options):
+    model = onnx.load(path_or_model) if isinstance(path_or_model, str) else path_or_model
+    options.setdefault("tune", True)
+    return scanopt.optimize(model, options=options, seeds=1)
+
+
+def ops(model):
+    return [n.op_type for n in model.graph.node]
+
+
+def test_the_readme_sample_fuses_when_the_native_rnn_measures_fastest_at_the_declared_shapes(timer):
+    timer.factors = {"native": 0.3, "hoisted": 0.8}
+    out, report = run(input_shapes={"X": [100, 8, 3]}, threads=1)
+    (forms, feeds, threads), = timer.calls
+    assert forms == ["loop", "native", "hoisted"] and feeds == {"X": (100, 8, 3), "h_0": (8, 4)} and threads == 1
+    assert "RNN" in ops(out) and "Scan" not in ops(out)
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
+    assert fuse.expected.startswith("native applied: 0.3 ms vs loop 1 ms (3.33x), hoisted 0.8 ms; T=100 B=8 (declared)")
+    assert "hoisted+native is native" in fuse.expected  # fusing leaves nothing to hoist: said so
+    assert report.verification["passed"] is True
+    assert report.tuning == ["scan_rnn: loop 1 ms, native 0.3 ms, hoisted 0.8 ms -> native (T=100 B=8 (declared), "
+                             "9 rounds, noise 2%)"]
+    assert [d.dim_param for d in out.graph.input[0].type.tensor_type.shape.dim][:2] == ["seq", "batch"]
+
+
+def test_the_hoisted_loop_is_kept_where_it_measures_fastest(timer):
+    timer.factors = {"native": 1.5, "hoisted": 0.8}
+    out, report = run(input_shapes={"X": [100, 8, 3]})
+    assert "Scan" in ops(out) and "RNN" not in ops(out)
+    assert [o.pass_name for o in report.outcomes if o.applied and o.pass_name in ("fuse", "hoist")] == ["hoist"]
+
+
+def test_an_advantage_within_the_noise_keeps_the_original(timer):
+    timer.factors, timer.noise = {"native": 0.97, "hoisted": 0.99}, 0.04
+    out, report = run(input_shapes={"X": [100, 8, 3]})
+    assert not report.modified and ops(out) == ["Scan"]
+
+
+def test_a_rerun_reads_the_cache_and_writes_the_same_bytes(timer):
+    timer.factors = {"native": 0.3}
+    first, _ = run(input_shapes={"X": [16, 1, 3]})
+    second, report = run(input_shapes={"X": [16, 1, 3]})
+    assert len(timer.calls) == 1
+    assert first.SerializeToString() == second.SerializeToString()
+    assert "cached" in next(o for o in report.outcomes if o.pass_name == "fuse").expected
+    run(input_shapes={"X": [16, 2, 3]})  # other shapes: measured anew
+    run(input_shapes={"X": [16, 1, 3]}, threads=2)  # other thread count: measured anew
+    assert len(timer.calls) == 3
+
+
+def test_identical_scans_are_measured_once(timer):
+    timer.factors = {"native": 0.3}
+    model = onnx.load(RNN)
+    twin = onnx.NodeProto()
+    twin.CopyFrom(model.graph.node[0])
+    twin.name = "scan_rnn_2"
+    renames = {o: o + "_2" for o in twin.output}
+    twin.output[:] = [renames[o] for o in twin.output]
+    model.graph.node.append(twin)
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(renames[v.name], v.type.tensor_type.elem_type, None)
+                              for v in list(model.graph.output))
+    out, report = run(model, input_shapes={"X": [32, 4, 3]})
+    assert len(timer.calls) == 1 and ops(out).count("RNN") == 2
+
+
+def test_unknown_deployment_dims_are_modelled_with_the_model_calibrated_once_on_the_machine(timer):
+    out, report = run()
+    assert any("deployment shape of 'h_0' unknown: [?,4]" in line for line in report.tuning), report.tuning
+    # no form of this Scan was timed: only the calibration cells (scanopt.calibrate), 4 points
+    assert len(timer.calls) == 4 and all(forms[:1] == ["loop"] and "native" not in forms for forms, _, _ in timer.calls)
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
+    assert "T, B unknown" in (fuse.expected or fuse.detail)
+    assert "calibrated on this machine (native x" in (fuse.expected or fuse.detail)
+    run()
+    assert len(timer.calls) == 4  # cached
+    out, report = run(tune=False)  # --no-tune: the committed constants, no calibration
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
+    assert "committed constants" in (fuse.expected or fuse.detail) and len(timer.calls) == 4
+
+
+def test_user_feeds_imply_the_shapes(timer, tmp_path):
+    timer.factors = {"native": 0.3}
+    rng = np.random.default_rng(0)
+    feeds = {"X": rng.standard_normal((7, 2, 3)).astype(np.float32), "h_0": np.zeros((2, 4), np.float32)}
+    scanopt.optimize(onnx.load(RNN), inputs=[feeds], options={"tune": True})
+    (forms, shapes, _), = timer.calls
+    assert shapes == {"X": (7, 2, 3), "h_0": (2, 4)}
+
+
+def test_declared_shapes_reach_verification(monkeypatch, timer):
+    import scanopt.verify
+
+    seen = []
+    real = scanopt.verify.compare_models
+
+    def spy(*args, **kwargs):
+        seen.append([{k: v.shape for k, v in feeds.items()} for feeds in kwargs.get("inputs") or []])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scanopt.verify, "compare_models", spy)
+    timer.factors = {"native": 0.3}
+    run(input_shapes={"X": [11, 5, 3]})
+    assert seen and {"X": (11, 5, 3), "h_0": (5, 4)} in seen[0]
+    assert len(seen[0]) > 1  # the usual synthesized seeds still run too
+
+
+def test_no_tune_never_measures(timer):
+    out, report = run(input_shapes={"X": [100, 8, 3]}, tune=False)
+    assert timer.calls == [] and report.tuning == []
+
+
+def test_the_default_measures_where_shapes_are_known(monkeypatch, timer):
+    monkeypatch.setenv("SCANOPT_TUNE", "1")
+    timer.factors = {"native": 0.3}
+    scanopt.optimize(onnx.load(RNN), options={"input_shapes": {"X": [16, 1, 3]}}, verify=False)
+    assert len(timer.calls) == 1
+
+
+def test_best_form_needs_an_advantage_beyond_the_noise():
+    def timings(ratio, spread, noise, rounds=25):
+        return Timings({"loop": FormTime(1.0, 1.0, 0.0), "native": FormTime(ratio, ratio, spread)}, noise, rounds, "wall")
+
+    assert best_form(timings(0.9, 0.0, 0.02)) == "native"
+    assert best_form(timings(0.97, 0.0, 0.05)) == "loop"  # the A/A pair differs by more than that
+    assert best_form(timings(0.9, 0.2, 0.02)) == "loop"  # too scattered for 25 rounds to tell
+    assert best_form(timings(0.9, 0.2, 0.02, rounds=2500)) == "native"
+
+
+def test_measure_runs_every_form_interleaved_with_an_aa_control():
+    """The real timer on a tiny model: every form gets a median and a ratio to the loop."""
+    model = onnx.load(RNN)
+    feeds = {"X": np.ones((4, 1, 3), np.float32), "h_0": np.zeros((1, 4), np.float32)}
+    result = measure({"loop": model, "same": model}, feeds, threads=1, seconds=0.3)
+    assert list(result.forms) == ["loop", "same"] and result.rounds >= 5 and result.clock == "thread CPU"
+    assert result.forms["loop"].ratio == 1.0 and result.forms["same"].seconds > 0 and result.noise >= 0.02
+
+
+@pytest.mark.parametrize("flag, why", [
+    ("Y:1,2,3", "no such input"), ("X:1,2", "rank 2 given"), ("X:1,2,5", "dim 2 is 3 in the model, 5 given"),
+    ("X:a,2,3", "whole numbers"), ("X", "expected NAME:D0,D1"),
+])
+def test_bad_input_shapes_exit_2_with_one_line_and_write_nothing(cli, tmp_path, flag, why):
+    out = tmp_path / "o.onnx"
+    result = cli("optimize", RNN, out, "--input-shape", flag)
+    assert result.code == 2 and why in result.err and len(result.err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_cli_flags(cli, tmp_path, timer):
+    timer.factors = {"native": 0.3}
+    out = tmp_path / "o.onnx"
+    result = cli("optimize", RNN, out, "--input-shape", "X:20,2,3", "--input-shape", "h_0:2,4", "--threads", "1", "--tune")
+    assert result.code == 0, result.err
+    assert timer.calls[0][1:] == ({"X": (20, 2, 3), "h_0": (2, 4)}, 1)
+    assert cli("optimize", RNN, out, "--threads", "0").code == 2
+    assert cli("optimize", RNN, out, "--tune", "--no-tune").code == 2
+    assert cli("optimize", RNN, out, "--input-shape", "X:20,2,3", "--input-shape", "X:21,2,3").code == 2
+    inspected = cli("inspect", RNN, "--input-shape", "X:20,2,3", "--input-shape", "h_0:2,4", "--threads", "1", "--tune")
+    assert inspected.code == 0 and "native applied" in inspected.out
+    assert len(timer.calls) == 1  # inspect read the cache optimize filled
+
+
+def test_library_checks_the_deployment_options_before_any_work():
+    from scanopt.errors import ScanoptError
+
+    model = onnx.load(RNN)
+    for options, why in (({"input_shapes": {"nope": [1]}}, "no such input"),
+                         ({"input_shapes": {"X": [4, -1, 3]}}, "0 or more"),
+                         ({"input_shapes": {"X": "4,1,3"}}, "not a list of whole numbers"),
+                         ({"threads": 0}, "at least 1"), ({"threads": 1.5}, "at least 1")):
+        with pytest.raises(ScanoptError, match=why):
+            scanopt.optimize(model, options=options)
+
+
+def test_upgrade_and_inspect_take_the_deployment_flags(cli, tmp_path):
+    scan8 = os.path.join(MODELS, "scan8_sum.onnx")  # inputs initial [batch, 2], x [batch, seq, 2]
+    out = tmp_path / "u.onnx"
+    good = cli("upgrade", scan8, out, "--target-opset", "17", "--input-shape", "x:3,40,2", "--report", tmp_path / "r.json")
+    assert good.code == 0, good.err
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["verification"]["passed"] is True
+    bad = cli("upgrade", scan8, tmp_path / "v.onnx", "--target-opset", "17", "--input-shape", "x:3,40,5")
+    assert bad.code == 2 and "dim 2 is 2 in the model, 5 given" in bad.err and not (tmp_path / "v.onnx").exists()
+    assert cli("inspect", RNN, "--input-shape", "Q:1").code == 2
+
+
+def test_every_pass_that_rewrites_the_scan_is_a_candidate_form(timer):
+    """Static and short: the unrolled form is timed against the loop, and chosen when fastest."""
+    import builders
+
+    timer.factors = {"unrolled": 0.5}
+    out, report = run(builders.scan9_sum(steps=3))
+    (forms, feeds, _), = timer.calls
+    assert forms == ["loop", "unrolled"] and feeds == {"s0": (2,), "X": (3, 2)}
+    assert "Scan" not in ops(out)
+    assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (T=3 B=1 (static)")
