@@ -320,6 +320,38 @@ def hollow(model: onnx.ModelProto) -> None:
         tensor.data_location = onnx.TensorProto.DEFAULT
 
 
+def hollow_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` for onnx.checker whose top-level initializers of INLINE_BELOW
+    bytes or more (inline or in a file) are empty tensors of the same name and type: the
+    checker reads no weight, and a big model is not copied (the full copy and its
+    serialization were two more copies of every weight). Other tensors are copied as they are."""
+    light = onnx.ModelProto()
+    for descriptor, value in model.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(light, descriptor.name, value)
+    for descriptor, value in model.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(light.graph, descriptor.name, value)
+    for tensor in model.graph.initializer:
+        length = expected_length(tensor)
+        if tensor.data_location == EXTERNAL or (length is not None and length >= INLINE_BELOW):
+            light.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=[0])
+        else:
+            light.graph.initializer.append(tensor)
+    hollow(light)  # marked tensors deeper down (in bodies)
+    return light
+
+
+def _copy_field(target, name: str, value) -> None:
+    field = getattr(target, name)
+    if hasattr(field, "CopyFrom"):
+        field.CopyFrom(value)
+    elif hasattr(field, "extend"):
+        field.extend(value)
+    else:
+        setattr(target, name, value)
+
+
 def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold: int, folder: str | None = None) -> None:
     """Write ``model`` to ``staged`` with its initializers of ``threshold`` bytes or more in
     ``location`` (a file name beside ``staged``): a marked tensor's bytes are copied from
