@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors
 
+from scanopt.protos import copy_fields
+
 FOLDER_KEY = "scanopt.folder"
 # The data file's size and modification time when the model was loaded ("size:mtime_ns"):
 # bytes read later from a file that changed since are refused, not written into OUT.
@@ -326,12 +328,8 @@ def hollow_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     checker reads no weight, and a big model is not copied (the full copy and its
     serialization were two more copies of every weight). Other tensors are copied as they are."""
     light = onnx.ModelProto()
-    for descriptor, value in model.ListFields():
-        if descriptor.name != "graph":
-            _copy_field(light, descriptor.name, value)
-    for descriptor, value in model.graph.ListFields():
-        if descriptor.name != "initializer":
-            _copy_field(light.graph, descriptor.name, value)
+    copy_fields(model, light, skip=("graph",))
+    copy_fields(model.graph, light.graph, skip=("initializer",))
     for tensor in model.graph.initializer:
         length = expected_length(tensor)
         if tensor.data_location == EXTERNAL or (length is not None and length >= INLINE_BELOW):
@@ -340,16 +338,6 @@ def hollow_copy(model: onnx.ModelProto) -> onnx.ModelProto:
             light.graph.initializer.append(tensor)
     hollow(light)  # marked tensors deeper down (in bodies)
     return light
-
-
-def _copy_field(target, name: str, value) -> None:
-    field = getattr(target, name)
-    if hasattr(field, "CopyFrom"):
-        field.CopyFrom(value)
-    elif hasattr(field, "extend"):
-        field.extend(value)
-    else:
-        setattr(target, name, value)
 
 
 def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold: int, folder: str | None = None) -> None:
