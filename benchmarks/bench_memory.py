@@ -4,6 +4,8 @@ bare onnx.load + onnx.save of the same file.
     python benchmarks/bench_memory.py                 # 256 MB of weights
     python benchmarks/bench_memory.py --size-mb 1024  # the issue's 1 GB (external data)
     python benchmarks/bench_memory.py --projection    # the big weight read whole by a MatMul
+    python benchmarks/bench_memory.py --inline --size-mb 200  # weights inline: inspect, optimize, --target portable
+    python benchmarks/bench_memory.py --hostile       # tiny models declaring 10**12 and 2**63-1
 
 The model (generated in a temp dir, weights in external data): an embedding table
 [V, 16] (the big initializer) gathered into X, then a tanh RNN written as a Scan at batch 1
@@ -65,16 +67,82 @@ BARE = "import onnx; m = onnx.load(sys.argv[1]); onnx.save(m, sys.argv[2], save_
 SCANOPT = "from scanopt.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def measure(code: str, args: list[str]) -> tuple[float, float]:
-    """(peak RSS in MB, wall seconds) of ``code`` run in a fresh Python process."""
+def measure(code: str, args: list[str], check: bool = True) -> tuple[float, float, int]:
+    """(peak RSS in MB, wall seconds, exit code) of ``code`` run in a fresh Python process."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", REPORT + code, *args], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-    if done.returncode:
+    if done.returncode and check:
         raise SystemExit(f"{' '.join(args)}: exit {done.returncode}\n{done.stderr}")
     wall = time.perf_counter() - start
-    peak = [line for line in done.stderr.splitlines() if line.startswith("MAXRSS")][-1]
-    return int(peak.split()[1]) / 1024, wall  # kB
+    peak = [line for line in done.stderr.splitlines() if line.startswith("MAXRSS")]
+    if not peak:  # killed, or its exit report failed too (out of memory)
+        return float("nan"), wall, done.returncode
+    return int(peak[-1].split()[1]) / 1024, wall, done.returncode  # kB
+
+
+def hostile_model(dim: int, form: str) -> onnx.ModelProto:
+    """A running-sum Scan, a few hundred bytes, declaring ``dim``: as its input's length
+    (``input``), or as the limit of a Range whose steps a Cast reads (``range``: onnx's data
+    propagation made one element per step)."""
+    vi = h.make_tensor_value_info
+    n = h.make_node
+    width = 2 if form == "input" else 1
+    body = h.make_graph([n("Add", ["s", "x"], ["s2"]), n("Identity", ["s2"], ["y"])], "body",
+                        [vi("s", TP.FLOAT, [width]), vi("x", TP.FLOAT, [width])],
+                        [vi("s2", TP.FLOAT, [width]), vi("y", TP.FLOAT, [width])])
+    scan = n("Scan", ["s0", "X"], ["s_n", "Y"], name="scan", num_scan_inputs=1, body=body)
+    inputs = [vi("s0", TP.FLOAT, [width])]
+    if form == "input":
+        nodes, inits = [scan], []
+        inputs.append(vi("X", TP.FLOAT, [dim, 2]))
+    else:
+        const = lambda name, v: n("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64)))  # noqa: E731
+        nodes = [const("zero", 0), const("limit", dim), const("one", 1), n("Range", ["zero", "limit", "one"], ["r"]),
+                 n("Cast", ["r"], ["rf"], to=TP.FLOAT), n("Unsqueeze", ["rf", "axis"], ["X"]), scan]
+        inits = [numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    graph = h.make_graph(nodes, "hostile", inputs, [vi("s_n", TP.FLOAT, [width]), vi("Y", TP.FLOAT, None)],
+                         initializer=inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+# a cap on the address space the command may add to what the interpreter and imports take
+CAPPED = ("import resource\n"
+          "import scanopt.cli, scanopt.pipeline, onnxruntime\n"
+          "vm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize')) * 1024\n"
+          "resource.setrlimit(resource.RLIMIT_AS, (vm + {cap} * 2**20, resource.RLIM_INFINITY))\n")
+
+
+def bench_hostile(cap_mb: int) -> None:
+    print(f"tiny hostile models, each command in a fresh process capped at imports + {cap_mb} MB of address space\n")
+    print("| model | bytes | command | exit | peak RSS MB | wall s |\n|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for dim_label, dim in (("10^12", 10**12), ("2^63-1", 2**63 - 1)):
+            for form in ("input", "range"):
+                src = os.path.join(tmp, f"{form}.onnx")
+                onnx.save(hostile_model(dim, form), src)
+                for command in (["inspect", src], ["optimize", src, os.path.join(tmp, "out.onnx"), "-q"]):
+                    code = CAPPED.format(cap=cap_mb) + "from scanopt.cli import main; sys.exit(main(sys.argv[1:]))"
+                    peak, wall, rc = measure(code, command, check=False)
+                    print(f"| {form}, {dim_label} | {os.path.getsize(src)} | {command[0]} | {rc} | {peak:.0f} | {wall:.1f} |",
+                          flush=True)
+
+
+def bench_inline(size_mb: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "big.onnx")
+        onnx.save(big_model(size_mb), src)
+        size = os.path.getsize(src) / 2**20
+        print(f"model: {size:.0f} MB on disk (inline weights)\n")
+        print("| command | peak RSS MB | peak / model size | wall s |\n|---|---|---|---|")
+        runs = [("onnx.load", "import onnx; onnx.load(sys.argv[1])", [src]),
+                ("scanopt inspect", SCANOPT, ["inspect", src]),
+                ("scanopt optimize", SCANOPT, ["optimize", src, os.path.join(tmp, "o.onnx"), "-q"]),
+                ("scanopt optimize --target portable", SCANOPT,
+                 ["optimize", src, os.path.join(tmp, "p.onnx"), "-q", "--target", "portable"])]
+        for label, code, cmd_args in runs:
+            peak, wall, _ = measure(code, cmd_args)
+            print(f"| {label} | {peak:.0f} | {peak / size:.2f} | {wall:.1f} |", flush=True)
 
 
 def main(argv=None):
@@ -82,7 +150,14 @@ def main(argv=None):
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--projection", action="store_true",
                         help="the big weight is an output projection every run reads whole, not an embedding table")
+    parser.add_argument("--inline", action="store_true", help="weights inline in the model file")
+    parser.add_argument("--hostile", action="store_true", help="tiny models declaring huge dims")
+    parser.add_argument("--cap-mb", type=int, default=3072, help="--hostile: address space allowed beyond imports")
     args = parser.parse_args(argv)
+    if args.hostile:
+        return bench_hostile(args.cap_mb)
+    if args.inline:
+        return bench_inline(args.size_mb)
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "big.onnx")
         onnx.save(big_model(args.size_mb, args.projection), src, save_as_external_data=True, location="big.onnx.data")
@@ -95,8 +170,9 @@ def main(argv=None):
         print(f"model: {size:.0f} MB on disk (external data)\n")
         print("| command | peak RSS MB | peak / model size | wall s |\n|---|---|---|---|")
         for label, code, cmd_args in runs:
-            peak, wall = measure(code, cmd_args)
+            peak, wall, _ = measure(code, cmd_args)
             print(f"| {label} | {peak:.0f} | {peak / size:.2f} | {wall:.1f} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

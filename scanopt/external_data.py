@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors
 
+from scanopt.protos import copy_fields
+
 FOLDER_KEY = "scanopt.folder"
 # The data file's size and modification time when the model was loaded ("size:mtime_ns"):
 # bytes read later from a file that changed since are refused, not written into OUT.
@@ -318,6 +320,24 @@ def hollow(model: onnx.ModelProto) -> None:
         del tensor.dims[:]
         tensor.dims.append(0)
         tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def hollow_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` for onnx.checker whose top-level initializers of INLINE_BELOW
+    bytes or more (inline or in a file) are empty tensors of the same name and type: the
+    checker reads no weight, and a big model is not copied (the full copy and its
+    serialization were two more copies of every weight). Other tensors are copied as they are."""
+    light = onnx.ModelProto()
+    copy_fields(model, light, skip=("graph",))
+    copy_fields(model.graph, light.graph, skip=("initializer",))
+    for tensor in model.graph.initializer:
+        length = expected_length(tensor)
+        if tensor.data_location == EXTERNAL or (length is not None and length >= INLINE_BELOW):
+            light.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=[0])
+        else:
+            light.graph.initializer.append(tensor)
+    hollow(light)  # marked tensors deeper down (in bodies)
+    return light
 
 
 def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold: int, folder: str | None = None) -> None:

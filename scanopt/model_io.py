@@ -23,6 +23,7 @@ from scanopt.validate import sort_nodes, validate_model
 # Protobuf cannot serialize a message of 2 GiB or more; such models keep their
 # tensors in an external data file.
 PROTOBUF_LIMIT = 2**31 - 1
+CHECK_WHOLE_BELOW = 64 * 2**20  # bytes: a model file this large is not kept in memory beside its parse
 # Tensors at least this large go to the external data file when one is written.
 EXTERNAL_DATA_THRESHOLD = 1024
 
@@ -77,8 +78,12 @@ def load(path: str) -> LoadedModel:
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InvalidModelError(f"{path}: cannot read its external data ({reason})") from None
+    # the bytes go to onnx.checker as they are (no second serialization) unless the model is
+    # big: then they are dropped now, and the checker gets a copy without the weights
+    serialized = None if had_external or len(data) >= CHECK_WHOLE_BELOW else data
+    del data
     try:
-        warnings = validate_model(model, name=path, serialized=None if had_external else data)
+        warnings = validate_model(model, name=path, serialized=serialized)
         sorted_nodes = sort_nodes(model)
     except ScanoptError:
         raise

@@ -130,3 +130,19 @@ def _one_cycle(graph: onnx.GraphProto, needs, stuck: set[int]) -> list[str]:
     cycle = path[seen[node]:]
     steps = [f"reads '{v}' from '{_label(graph.node[p])}'" for _, v, p in cycle]
     return [f"'{_label(graph.node[cycle[0][0]])}' {steps[0]}"] + [f"which {step}" for step in steps[1:]]
+
+
+def copy_fields(source, target, *, skip: tuple[str, ...] = ()) -> None:
+    """Copy every set field of the message ``source`` but ``skip`` into ``target`` (a
+    message of the same type): a copy without the fields that would cost (a model's graph,
+    a graph's initializers)."""
+    for descriptor, value in source.ListFields():
+        if descriptor.name in skip:
+            continue
+        field = getattr(target, descriptor.name)
+        if hasattr(field, "CopyFrom"):
+            field.CopyFrom(value)
+        elif hasattr(field, "extend"):
+            field.extend(value)
+        else:
+            setattr(target, descriptor.name, value)

@@ -14,7 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.external_data import expected_length
-from scanopt.protos import in_default_domain, walk_proto_graphs
+from scanopt.protos import attribute_graphs, copy_fields, in_default_domain, outer_names_by_graph, walk_proto_graphs
 
 Dim = int | str | None
 
@@ -119,7 +119,7 @@ def bounded_inference(model: onnx.ModelProto) -> onnx.ModelProto:
     values data propagation has nothing to start from (no Shape or Size, no constant read
     by a propagating node: Scan bodies of arithmetic) has that pass only."""
     work, huge = _huge_dims_symbolic(model)
-    plain = onnx.shape_inference.infer_shapes(work, strict_mode=False)
+    plain = _infer(work, data_prop=False)
     constants = _constant_names(work)
     if not _data_to_propagate(work, constants):
         return _restore_huge(plain, huge)
@@ -127,13 +127,146 @@ def bounded_inference(model: onnx.ModelProto) -> onnx.ModelProto:
     barriers = _barrier_inputs(work, lengths, constants)
     if barriers:
         work = _with_barriers(work, barriers, lengths)
-    inferred = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
+    inferred = _infer(work, data_prop=True, shape_like=_shape_like(lengths))
     if barriers:
         kept = [v for v in inferred.graph.input if not v.name.startswith(_BARRIER)]
         del inferred.graph.input[:]
         inferred.graph.input.extend(kept)
         _fill_known_dims(inferred, lengths)  # what the barriers hid from the values after them
     return _restore_huge(inferred, huge)
+
+
+# Nodes with bodies per piece of a top graph inferred apart (:func:`_infer`).
+PIECE_BODIES = 64
+
+
+def _infer(model: onnx.ModelProto, *, data_prop: bool, shape_like: set[str] = frozenset()) -> onnx.ModelProto:
+    """onnx shape inference (lenient) of ``model``; a top graph holding more than
+    PIECE_BODIES nodes with bodies in pieces of that many. onnx copies the enclosing graph's
+    whole type map into every body it infers (``ShapeInferenceImplBase`` takes it by value):
+    quadratic in the Scans of one graph (32 s at 5,000), where each piece's bodies see only
+    the piece and what it reads."""
+    if sum(1 for node in model.graph.node if _has_body(node)) <= PIECE_BODIES:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+    return _infer_in_pieces(model, data_prop, shape_like)
+
+
+def _has_body(node: onnx.NodeProto) -> bool:
+    return any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute)
+
+
+def _shape_like(types: dict[str, onnx.TypeProto]) -> set[str]:
+    """Integer values of rank 0 or 1: what data propagation carries elements of."""
+    ints = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    return {name for name, t in types.items() if t.HasField("tensor_type") and t.tensor_type.elem_type in ints
+            and t.tensor_type.HasField("shape") and len(t.tensor_type.shape.dim) <= 1}
+
+
+def _pieces(nodes: list[onnx.NodeProto]) -> list[tuple[int, int]]:
+    """[start, end) of consecutive nodes holding PIECE_BODIES nodes with bodies each."""
+    pieces, start, count = [], 0, 0
+    for i, node in enumerate(nodes):
+        if _has_body(node):
+            count += 1
+            if count == PIECE_BODIES:
+                pieces.append((start, i + 1))
+                start, count = i + 1, 0
+    if start < len(nodes):
+        pieces.append((start, len(nodes)))
+    return pieces
+
+
+def _infer_in_pieces(model: onnx.ModelProto, data_prop: bool, shape_like: set[str]) -> onnx.ModelProto:
+    """Each piece is inferred as a model of its own: its nodes, the values it reads as typed
+    inputs (types inferred by the pieces before it) and the initializers it reads. Constant
+    nodes of earlier pieces, and with data propagation the shape arithmetic (``shape_like``
+    values computed without bodies) its reads come from, are repeated in it, so shapes
+    computed from constants and Shape chains reach it as they would in one inference.
+    Symbols a piece's inference makes up are renamed per piece (each names its own
+    ``unk__N``). Answers a model of the same structure with every graph inferred."""
+    graph = model.graph
+    nodes = list(graph.node)
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    initializers = {t.name: t for t in graph.initializer}
+    declared: dict[str, onnx.ValueInfoProto] = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        declared.setdefault(value.name, value)
+    outputs = {v.name for v in graph.output}
+    known: dict[str, onnx.ValueInfoProto] = {}
+    inferred_nodes: list[onnx.NodeProto] = []
+    for k, (start, end) in enumerate(_pieces(nodes)):
+        own = nodes[start:end]
+        produced = {name for node in own for name in node.output if name}
+        reads = [name for name in _reads(own) if name not in produced]
+        repeated = _repeated_producers(nodes, producer, reads, start, data_prop, shape_like)
+        repeated_out = {name for node in repeated for name in node.output if name}
+        piece = onnx.ModelProto()
+        copy_fields(model, piece, skip=("graph",))
+        piece.graph.name = graph.name
+        for name in dict.fromkeys([*reads, *(x for node in repeated for x in node.input if x)]):
+            if name in produced or name in repeated_out:
+                continue
+            if name in initializers:
+                piece.graph.initializer.append(initializers[name])
+            else:
+                piece.graph.input.append(known.get(name) or declared.get(name) or onnx.ValueInfoProto(name=name))
+        piece.graph.node.extend(repeated + own)
+        piece.graph.value_info.extend(declared[n] for n in produced if n in declared and n not in outputs)
+        piece.graph.output.extend(declared[n] for n in produced if n in outputs)
+        symbols = _symbols(piece)
+        inferred = onnx.shape_inference.infer_shapes(piece, strict_mode=False, data_prop=data_prop)
+        _rename_symbols_not_in(inferred, symbols, f"_{k}")
+        for value in [*inferred.graph.value_info, *inferred.graph.output]:
+            if value.name in produced:
+                known[value.name] = value
+        inferred_nodes.extend(inferred.graph.node[len(repeated):])
+    result = onnx.ModelProto()
+    copy_fields(model, result, skip=("graph",))
+    copy_fields(graph, result.graph, skip=("node", "value_info", "output"))
+    result.graph.node.extend(inferred_nodes)
+    result.graph.output.extend(known.get(v.name, v) for v in graph.output)
+    result.graph.value_info.extend(v for name, v in known.items() if name not in outputs)
+    return result
+
+
+def _reads(nodes: list[onnx.NodeProto]) -> list[str]:
+    """Names ``nodes`` read, their bodies' outer-scope reads included, in order of first use."""
+    reads: dict[str, None] = {}
+    for node in nodes:
+        reads.update(dict.fromkeys(name for name in node.input if name))
+        for attr in node.attribute:
+            for sub in attribute_graphs(attr):
+                reads.update(dict.fromkeys(outer_names_by_graph(sub)[id(sub)][1]))
+    return list(reads)
+
+
+def _repeated_producers(nodes, producer, reads, start, data_prop, shape_like) -> list[onnx.NodeProto]:
+    """The nodes before ``start`` (no bodies) whose values a piece needs as values, not only
+    as types: Constants, and with data propagation the shape arithmetic, transitively."""
+    taken: set[int] = set()
+    stack = [name for name in reads if producer.get(name, start) < start]
+    while stack:
+        i = producer[stack.pop()]
+        node = nodes[i]
+        if i in taken or _has_body(node):
+            continue
+        if node.op_type == "Constant" or (data_prop and all(o in shape_like for o in node.output if o)):
+            taken.add(i)
+            stack.extend(name for name in node.input if producer.get(name, start) < start)
+    return [nodes[i] for i in sorted(taken)]
+
+
+def _symbols(model: onnx.ModelProto) -> set[str]:
+    return {d.dim_param for g in walk_proto_graphs(model.graph) for v in _declared_values(g)
+            if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim if d.dim_param}
+
+
+def _rename_symbols_not_in(model: onnx.ModelProto, symbols: set[str], suffix: str) -> None:
+    for g in walk_proto_graphs(model.graph):
+        for v in _declared_values(g):
+            for d in v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else ():
+                if d.dim_param and d.dim_param not in symbols:
+                    d.dim_param += suffix
 
 
 def _declared_values(graph: onnx.GraphProto):

@@ -18,7 +18,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from onnx import TensorProto as TP
 
 from scanopt.errors import InvalidModelError, UnsupportedModelError, printable
-from scanopt.external_data import has_marks, hollow
+from scanopt.external_data import has_marks, hollow_copy
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs
 from scanopt.scan_view import ScanView
 
@@ -369,12 +369,10 @@ def _check_with_onnx_checker(model: onnx.ModelProto, untidy: bool, serialized: b
     once at most (the size check and the checker share the bytes)."""
     shapeless = [v.name for v in _shapeless_values(model.graph)]
     target = model
-    if untidy or shapeless or has_marks(model):
-        if model.ByteSize() > 2**31 - 1:  # before a copy of it is made
-            return [_TOO_LARGE]
-        target = onnx.ModelProto()
-        target.CopyFrom(model)
-        hollow(target)  # weights left in their file (scanopt.external_data): the checker cannot find it
+    if untidy or shapeless or serialized is None or has_marks(model):
+        # big weights are not copied, serialized or checked (weights left in their file,
+        # scanopt.external_data: the checker could not find them anyway)
+        target = hollow_copy(model)
         sort_nodes(target)
         _tidy_for_checker(target)
         for value in _shapeless_values(target.graph):  # an empty shape satisfies the checker's field check

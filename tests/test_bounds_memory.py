@@ -111,3 +111,35 @@ def test_inference_out_of_memory_only_costs_its_hints(cli, tmp_path, monkeypatch
     onnx.save(b.scan9_sum(steps=3), src)
     result = cli("inspect", src)
     assert result.code == 0 and "Scan-11" in result.out
+
+
+def test_the_checker_gets_a_big_model_without_its_weights_and_still_rejects_what_is_broken(monkeypatch):
+    from scanopt.errors import InvalidModelError
+    from scanopt.validate import validate_model
+
+    model = _with_weight(b.scan9_sum(weight=np.ones(2, np.float32)), np.zeros(1 << 18, np.float32))
+    checked = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: checked.append(len(m)) or real(m, *a, **k))
+    assert validate_model(model) == []
+    assert checked and max(checked) < 64 * 1024 < model.ByteSize()  # a 1 MB weight, not sent
+    assert len(model.graph.initializer[-1].raw_data) == 4 << 18  # the model itself untouched
+    model.graph.node[0].attribute.add().CopyFrom(h.make_attribute("num_scan_inputs", 1))  # listed twice
+    with pytest.raises(InvalidModelError, match="onnx.checker rejects it"):
+        validate_model(model)
+
+
+def test_a_big_file_is_not_kept_beside_its_parse(tmp_path, monkeypatch):
+    """Over CHECK_WHOLE_BELOW the bytes read are dropped before validation (the checker gets
+    the copy without weights): the file is in memory once, as the parsed model."""
+    from scanopt import model_io
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_with_weight(b.scan9_sum(), np.zeros(1 << 16, np.float32)), path)
+    seen = []
+    real = model_io.validate_model
+    monkeypatch.setattr(model_io, "validate_model", lambda m, **k: seen.append(k["serialized"]) or real(m, **k))
+    model_io.load(str(path))
+    monkeypatch.setattr(model_io, "CHECK_WHOLE_BELOW", 1024)
+    model_io.load(str(path))
+    assert seen[0] is not None and seen[1] is None
