@@ -197,3 +197,39 @@ def test_dynamic_rnn_with_sequence_length_stays_a_scan_with_a_reason_and_equal()
     feeds = {k: stored[k] for k in ("x:0", "lens:0")}
     for result, key in zip(_run(out, feeds), ("y:0", "h_n:0")):
         np.testing.assert_allclose(result, stored[key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_bidirectional_pair_with_initial_states_of_their_own_batches():
+    """Each direction's h0 has its own batch dim ("hb" and "hb_b"): each is expanded to X's
+    batch before the two meet in the native op's [2, B, H] state."""
+    first_body = cb.Body(batch=True)
+    states, h_new = cb.cell("LSTM", first_body, seed=1)
+    first = cb.scan_model(first_body, states, ys=(h_new,))
+    second_body = cb.Body(batch=True, prefix="b_")
+    states, h_new = cb.cell("LSTM", second_body, seed=5)
+    second = cb.scan_model(second_body, states, ys=(h_new,), in_dir=1)
+    model = cb.two_scans(first, second)
+    for value in list(model.graph.input) + list(model.graph.output):
+        if value.name != "X" and not value.name.startswith("Y"):
+            value.type.tensor_type.shape.dim[0].dim_param = "hb_b" if value.name.endswith("_b") else "hb"
+    out, outcomes = cb.fuse(model)
+    assert all(o.applied for o in outcomes) and ops(out)["LSTM"] == 1, [o.detail for o in outcomes]
+    assert cb.native(out)[1]["direction"] == b"bidirectional"
+    compared = 0
+    for bx, bh, bh2, T in [(3, 3, 3, 4), (1, 3, 3, 2), (1, 3, 3, 1), (2, 2, 2, 0), (3, 1, 3, 2)]:
+        rng = np.random.default_rng(T + bh)
+        feeds = {}
+        for v in model.graph.input:
+            dims = [{"seq": T, "batch": bx, "hb": bh, "hb_b": bh2}.get(d.dim_param, d.dim_value)
+                    for d in v.type.tensor_type.shape.dim]
+            feeds[v.name] = rng.standard_normal(dims).astype(np.float32)
+        try:
+            expected = run_model(model, feeds)
+        except Exception:  # noqa: BLE001 - the original does not run at these sizes (a state changing shape)
+            continue
+        got = run_model(out, feeds)
+        for name, value in expected.items():
+            assert got[name].shape == value.shape, (name, bx, bh, bh2, T)
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+        compared += 1
+    assert compared >= 4
