@@ -56,7 +56,9 @@ class Runner:
             raise
         except Exception as exc:  # engines raise anything; the user gets one line
             raise EngineError(f"{self.engine} failed to run the model: {_one_line(exc)}") from exc
-        return {name: np.asarray(value) for name, value in zip(self.output_names, values)}
+        # a sequence or map output (a list or dict) stays as it is: np.asarray would stack or wrap it
+        return {name: value if isinstance(value, (list, dict)) else np.asarray(value)
+                for name, value in zip(self.output_names, values)}
 
 
 def prepare(model: ModelLike, engine: str, *, path: str | os.PathLike | None = None) -> Runner:

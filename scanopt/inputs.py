@@ -78,10 +78,11 @@ def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
 
 
 def output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
-    """The graph outputs; one declared without a type (onnxscript writes them so) has
-    elem_type UNDEFINED and no shape: its outputs are compared as they come."""
+    """The graph outputs; one declared without a type (onnxscript writes them so) or with a
+    sequence, map or optional type (skl2onnx's ZipMap) has elem_type UNDEFINED and no shape:
+    its outputs are compared as they come (element by element, see verify.compare_values)."""
     return [
-        _spec(v) if v.HasField("type") else TensorSpec(v.name, onnx.TensorProto.UNDEFINED, None)
+        _spec(v) if v.type.HasField("tensor_type") else TensorSpec(v.name, onnx.TensorProto.UNDEFINED, None)
         for v in model.graph.output
     ]
 

@@ -158,6 +158,7 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
                 proto_node.doc_string = doc
             proto_node.metadata_props.extend(metadata)
     _restore_initializer_inputs(model.graph, original.graph)
+    _restore_non_tensor_types(model.graph, original.graph)
     _copy_model_fields(original, model)
     _raise_ir_for_free_initializers(model)
     return model
@@ -202,6 +203,20 @@ def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProt
     restored = [current.get(v.name, v) for v in original.input if v.name in present or v.name in weights]
     restored += [v for v in proto.input if v.name not in {r.name for r in restored}]
     _replace_repeated(proto.input, restored, force=True)
+
+
+def _restore_non_tensor_types(proto: onnx.GraphProto, original: onnx.GraphProto) -> None:
+    """gs knows tensors only: it exports a graph input or output of a sequence, map or
+    optional type (skl2onnx's ZipMap output is ``seq(map(int64, tensor(float)))``) as a
+    tensor of undefined element type, which onnxruntime refuses ("Invalid tensor data type
+    0"). Give each such value, where it is still an input or output, its original type."""
+    types = {v.name: v.type for v in list(original.input) + list(original.output)
+             if v.HasField("type") and not v.type.HasField("tensor_type")}
+    if not types:
+        return
+    for value in list(proto.input) + list(proto.output):
+        if value.name in types:
+            value.type.CopyFrom(types[value.name])
 
 
 def _paired_graphs(

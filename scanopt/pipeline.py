@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import onnx
@@ -360,6 +360,9 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         }
         report.modified = False
         report.ops_after = report.ops_before
+        # no "applied" line may stand above "nothing was rewritten"
+        report.outcomes = [replace(o, applied=False, detail="not applied: the model cannot be verified")
+                           if o.applied else o for o in report.outcomes]
         return model, report
     if verdict.passed:
         report.verification = {"passed": True, "rolled_back": [], "summary": verdict.summary,

@@ -24,6 +24,7 @@ class ShapeTable:
 
     def __init__(self, model: onnx.ModelProto):
         self._table: dict[str, tuple[int | None, list[Dim] | None]] = {}
+        self._derived: dict[int, tuple[gs.Tensor, int | None]] = {}  # id -> (tensor, rank) of derived_rank
         inferred = inferred_model(model) or model
         for graph in walk_proto_graphs(inferred.graph):
             for value in list(graph.input) + list(graph.output) + list(graph.value_info):
@@ -32,10 +33,19 @@ class ShapeTable:
                 self._table.setdefault(init.name, (init.data_type, list(init.dims)))
 
     def shape(self, tensor: gs.Tensor) -> list[Dim] | None:
-        """The tensor's shape: gs's own when set, else inferred, else None."""
+        """The tensor's shape: gs's own when set, else inferred, else (rank known, dims
+        unknown) a list of None as long as the rank :func:`derived_rank` recovers, else None."""
         if tensor.shape is not None:
             return list(tensor.shape)
-        return self._table.get(tensor.name, (None, None))[1]
+        found = self._table.get(tensor.name, (None, None))[1]
+        if found is None:
+            rank = derived_rank(tensor, self._declared_rank, self._derived)
+            return None if rank is None else [None] * rank
+        return found
+
+    def _declared_rank(self, tensor: gs.Tensor) -> int | None:
+        shape = tensor.shape if tensor.shape is not None else self._table.get(tensor.name, (None, None))[1]
+        return None if shape is None else len(shape)
 
     def rank(self, tensor: gs.Tensor) -> int | None:
         shape = self.shape(tensor)
@@ -51,6 +61,56 @@ class ShapeTable:
     def type_of(self, name: str) -> tuple[int | None, list[Dim] | None]:
         """(element type, shape) of the value called ``name`` at any level, as known."""
         return self._table.get(name, (None, None))
+
+
+# Ops whose output 0 has the rank of input 0 (ai.onnx and ai.onnx.ml): a rank that shape
+# inference leaves unknown (skl2onnx's Scaler has no inference function, so everything after
+# it in a pipeline is unknown) follows from the producers.
+_SAME_RANK = frozenset({
+    "Identity", "Cast", "CastLike", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal",
+    "Floor", "Ceil", "Round", "Sign", "Erf", "Not", "IsNaN", "IsInf", "Softmax", "LogSoftmax", "Hardmax", "Clip",
+    "LeakyRelu", "Elu", "Selu", "Celu", "Gelu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish",
+    "ThresholdedRelu", "Dropout", "CumSum", "Transpose", "LpNormalization", "BatchNormalization",
+    "LayerNormalization", "InstanceNormalization", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
+    "Asinh", "Acosh", "Atanh",
+    "Scaler", "Normalizer", "Binarizer",  # ai.onnx.ml, on [N, C]
+})
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "Equal",
+                           "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "PRelu",
+                           "BitShift"})
+_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+
+
+def derived_rank(tensor: gs.Tensor, declared, memo: dict, depth: int = 0) -> int | None:
+    """The rank of ``tensor`` from its producer when ``declared(tensor)`` does not know it:
+    ops that keep their input's rank, broadcasting ops (the largest input rank), MatMul
+    (numpy rules) and Gemm (2). Looks at most 64 producers back; ``memo`` (id -> (tensor,
+    rank)) keeps the answers of one table."""
+    found = declared(tensor)
+    if found is not None or depth > 64:
+        return found
+    cached = memo.get(id(tensor))
+    if cached is not None and cached[0] is tensor:
+        return cached[1]
+    memo[id(tensor)] = (tensor, None)  # a cycle ends here
+    rank = None
+    node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if node is not None and (node.domain or "") in _DOMAINS:
+        def of(t):
+            return derived_rank(t, declared, memo, depth + 1) if t.name else None
+        if node.op in _SAME_RANK and tensor is node.outputs[0] and node.inputs:
+            rank = of(node.inputs[0])
+        elif node.op in _BROADCASTING:
+            ranks = [of(t) for t in node.inputs if t.name]
+            rank = None if not ranks or None in ranks else max(ranks)
+        elif node.op == "MatMul":
+            a, b = of(node.inputs[0]), of(node.inputs[1])
+            if a is not None and b is not None:
+                rank = max(a, b) if min(a, b) >= 2 else a + b - 2 if min(a, b) == 1 else None
+        elif node.op == "Gemm":
+            rank = 2
+    memo[id(tensor)] = (tensor, rank)
+    return rank
 
 
 # While a run holds it open (:func:`shared_inference`): the last model inferred, a cheap

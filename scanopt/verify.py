@@ -296,8 +296,40 @@ def compare_outputs(
             value = np.asarray(value)
             checks.append(OutputCheck(name, str(value.dtype), tuple(value.shape), False, note="output is missing"))
         else:
-            checks.append(compare_arrays(name, value, actual[name], rtol=rtol, atol=atol))
+            checks.append(compare_values(name, value, actual[name], rtol=rtol, atol=atol))
     return checks
+
+
+def compare_values(name: str, expected, actual, *, rtol: float | None = None, atol: float | None = None) -> OutputCheck:
+    """:func:`compare_arrays` for an output of any type: a sequence (a list, as onnxruntime
+    returns it) or a map (a dict) compares element by element, same length or same keys,
+    each element with its dtype's tolerance; the first element that differs is named."""
+    if not isinstance(expected, (list, tuple, dict)) and not isinstance(actual, (list, tuple, dict)):
+        return compare_arrays(name, expected, actual, rtol=rtol, atol=atol)
+    kind = "map" if isinstance(expected, dict) else "sequence" if isinstance(expected, (list, tuple)) else "tensor"
+    got = "map" if isinstance(actual, dict) else "sequence" if isinstance(actual, (list, tuple)) else "tensor"
+    check = OutputCheck(name, kind, (len(expected),) if kind != "tensor" else (), False)
+    if got != kind:
+        check.note = f"is a {got}, expected a {kind}"
+        return check
+    keys = list(expected) if kind == "map" else list(range(len(expected)))
+    if (set(actual) if kind == "map" else len(actual)) != (set(keys) if kind == "map" else len(keys)):
+        check.note = f"has {'keys' if kind == 'map' else 'length'} " + (
+            f"{sorted(actual)}, expected {sorted(keys)}" if kind == "map" else f"{len(actual)}, expected {len(keys)}")
+        return check
+    for key in keys:
+        inner = compare_values(f"{name}[{key!r}]", expected[key], actual[key], rtol=rtol, atol=atol)
+        if inner.max_abs is not None:
+            check.max_abs = max(check.max_abs or 0.0, inner.max_abs)
+            check.max_rel = max(check.max_rel or 0.0, inner.max_rel or 0.0)
+        check.rtol, check.atol = max(check.rtol, inner.rtol), max(check.atol, inner.atol)
+        if not inner.passed:
+            check.mismatches = inner.mismatches or 1
+            check.note = f"element [{key!r}]: " + (inner.note or f"{inner.mismatches} value(s) out of tolerance "
+                                                   f"(max abs error {inner.max_abs:g})")
+            return check
+    check.passed = True
+    return check
 
 
 # -- signatures ----------------------------------------------------------------------------------

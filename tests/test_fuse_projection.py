@@ -163,3 +163,19 @@ def test_hoisted_committed_cells_fuse_again(name):
     assert any("input projection of" in o.detail for o in outcomes)
     assert ops(out)["Scan"] == 0
     assert_equivalent(original, out)
+
+
+def test_batch_major_reverse_scan_over_a_projection():
+    """X [batch, seq, I] projected outside, the Scan reading axis 1 in reverse."""
+    model = _model([h.make_node("MatMul", ["h", "R"], ["hr"]), h.make_node("Add", ["xp_t0", "hr"], ["pre"]),
+                    h.make_node("Tanh", ["pre"], ["h_new"])], [_init("R", _w(1, H, H))], 1,
+                   [h.make_node("MatMul", ["X", "W"], ["xw"]), h.make_node("Add", ["xw", "b"], ["xp0"])],
+                   [_init("W", _w(2, I, H)), _init("b", _w(3, H))])
+    g = model.graph
+    g.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    g.input[0].type.tensor_type.shape.dim[1].dim_param = "seq"
+    (scan,) = [n for n in g.node if n.op_type == "Scan"]
+    scan.attribute.extend([h.make_attribute("scan_input_axes", [1]), h.make_attribute("scan_input_directions", [1])])
+    out = _fused(model, "RNN")
+    _, attrs = cb.native(out)
+    assert attrs["direction"] == b"reverse" or attrs["direction"] == "reverse"

@@ -104,6 +104,13 @@ def build(kind: str):
         elif kind == "tanh_h0":  # the caller passes the initial state: its batch is another unk__N
             h0 = v1.placeholder(tf.float32, [None, H], name="h0")
             out, state = v1.nn.dynamic_rnn(ConcatCell(H, tf.tanh, 1), x, initial_state=h0)
+        elif kind == "tanh_lens":  # per-item lengths: TF zeroes outputs past each and keeps the state
+            lens = v1.placeholder(tf.int32, [None], name="lens")
+            out, state = v1.nn.dynamic_rnn(ConcatCell(H, tf.tanh, 1), x, sequence_length=lens, dtype=tf.float32)
+        elif kind == "lstm_bidi":
+            fw, bw = ConcatLstmCell(H, 7), ConcatLstmCell(H, 8)
+            (o_fw, o_bw), (s_fw, s_bw) = v1.nn.bidirectional_dynamic_rnn(fw, bw, x, dtype=tf.float32)
+            out, state = tf.concat([o_fw, o_bw], axis=-1), tf.concat([s_fw.h, s_bw.h], axis=-1)
         elif kind == "relu":
             out, state = v1.nn.dynamic_rnn(ConcatCell(H, tf.nn.relu, 2), x, dtype=tf.float32)
         elif kind == "gru":
@@ -129,6 +136,8 @@ SAMPLES = {  # name: (cell kind, opset)
     "dynamic_rnn_concat_gru": ("gru", 13),
     "dynamic_rnn_concat_lstm": ("lstm", 13),
     "bidirectional_dynamic_rnn": ("bidi", 13),
+    "bidirectional_dynamic_rnn_lstm": ("lstm_bidi", 13),
+    "dynamic_rnn_concat_tanh_lengths": ("tanh_lens", 13),
     "dynamic_rnn_concat_tanh_opset8": ("tanh", 8),
 }
 
@@ -142,6 +151,8 @@ def generate(name, kind, opset):
         h0 = rng.standard_normal((B, H)).astype(np.float32)
         names = {op.name + ":0" for op in graph.get_operations()}
         feeds = {"x:0": xs} if "h0:0" not in names else {"x:0": xs, "h0:0": h0}
+        if "lens:0" in names:
+            feeds["lens:0"] = np.array([T, 2, 4], np.int32)
         y, h_n = sess.run(["y:0", "h_n:0"], feeds)
         frozen = v1.graph_util.convert_variables_to_constants(sess, graph.as_graph_def(), ["y", "h_n"])
     model, _ = tf2onnx.convert.from_graph_def(frozen, input_names=list(feeds), output_names=["y:0", "h_n:0"],

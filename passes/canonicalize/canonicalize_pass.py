@@ -126,16 +126,7 @@ def _match_scan8(node, view, read):
     if plan.removes_node:
         return plan
     xs, dirs = node.inputs[1 + n:], list(view.input_directions)
-    first_input: dict = {}
-    for i in range(m):
-        key = (id(xs[i]), dirs[i])
-        if key in first_input:
-            plan.merged_inputs[i] = first_input[key]
-        else:
-            first_input[key] = i
-    used = {plan.merged_inputs.get(p - n, p - n) for p in needed if p >= n}
-    plan.unused_inputs = [i for i in range(m) if i not in plan.merged_inputs and i not in used]
-    plan.keep_inputs = [i for i in range(m) if i not in plan.merged_inputs and i in used] or [plan.unused_inputs.pop(0)]
+    _merge_and_keep_inputs(plan, [(id(xs[i]), dirs[i]) for i in range(m)], needed)
     plan.attrs = {key: value for key, value in node.attrs.items() if key != "directions"}
     plan.attrs["num_scan_inputs"] = len(plan.keep_inputs)
     kept_dirs = [dirs[i] for i in plan.keep_inputs]
@@ -221,18 +212,7 @@ def _plan_inputs(plan, node, view, needed, level, ctx) -> list[int]:
         if flip is not None:
             plan.input_flips[i], sources[i] = flip, flip.inputs[0]
             dirs[i] ^= 1
-    first = {}
-    for i in range(m):
-        key = (id(sources[i]), dirs[i], view.input_axes[i])
-        if key in first:
-            plan.merged_inputs[i] = first[key]
-        else:
-            first[key] = i
-    used = {plan.merged_inputs.get(p - n, p - n) for p in needed if p >= n}
-    plan.unused_inputs = [i for i in range(m) if i not in plan.merged_inputs and i not in used]
-    plan.keep_inputs = [i for i in range(m) if i not in plan.merged_inputs and i in used]
-    if not plan.keep_inputs:
-        plan.keep_inputs = [plan.unused_inputs.pop(0)]
+    _merge_and_keep_inputs(plan, [(id(sources[i]), dirs[i], view.input_axes[i]) for i in range(m)], needed)
     for i in plan.keep_inputs:
         axis, rank = view.input_axes[i], view.input_ranks[i]
         if axis != 0 and rank is None:
@@ -240,6 +220,23 @@ def _plan_inputs(plan, node, view, needed, level, ctx) -> list[int]:
         elif axis != 0:
             plan.input_perms[i] = [axis] + [d for d in range(rank) if d != axis]
     return dirs
+
+
+def _merge_and_keep_inputs(plan, keys: list, needed: set[int]) -> None:
+    """Scan inputs with equal ``keys`` (source, direction, axis) merge into the first; inputs
+    the kept body outputs do not depend on (``needed``: body input positions) go, except
+    that one always stays (it sets the trip count)."""
+    n, first = plan.n, {}
+    for i, key in enumerate(keys):
+        if key in first:
+            plan.merged_inputs[i] = first[key]
+        else:
+            first[key] = i
+    used = {plan.merged_inputs.get(p - n, p - n) for p in needed if p >= n}
+    plan.unused_inputs = [i for i in range(len(keys)) if i not in plan.merged_inputs and i not in used]
+    plan.keep_inputs = [i for i in range(len(keys)) if i not in plan.merged_inputs and i in used]
+    if not plan.keep_inputs:
+        plan.keep_inputs = [plan.unused_inputs.pop(0)]
 
 
 def _new_attrs(old: dict, m: int, in_axes, out_axes, in_dirs, out_dirs) -> tuple[dict, list[str]]:

@@ -174,11 +174,11 @@ class Algebra:
         if node.op in ("Add", "Sub", "Mul", "Div", "Sum"):
             ranks = [self._rank(t, depth + 1) for t in node.inputs]
             return None if None in ranks else max(ranks)
-        if node.op == "MatMul":
+        if node.op == "MatMul":  # numpy's rules: a vector operand loses its axis, matrices broadcast
             a, b = (self._rank(t, depth + 1) for t in node.inputs)
-            if (a, b) in ((2, 1), (1, 2)):
-                return 1
-            return 2 if (a, b) == (2, 2) else None
+            if a is None or b is None or min(a, b) < 1:
+                return None
+            return max(a, b) if min(a, b) >= 2 else a + b - 2
         return 2 if node.op == "Gemm" else None
 
     def is_runtime(self, tensor: gs.Tensor) -> bool:

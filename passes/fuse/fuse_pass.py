@@ -95,19 +95,19 @@ class Fuse(ScanPass):
         def initial(kind_):
             if one:
                 item[kind_] = emit.squeeze(first.initial(kind_), [0])
-            parts = [emit.unsqueeze(item[kind_] if one else d.initial(kind_), state_axes) for d in plan.dirs]
-            return parts[0] if n_dirs == 1 else b.op("Concat", parts, axis=dir_axis)
+            return [emit.unsqueeze(item[kind_] if one else d.initial(kind_), state_axes) for d in plan.dirs]
 
         def weight(name, of):
             return emit.weight(f"{kind}_{name}", [(of(d.cell), d.outer) for d in plan.dirs])
 
         inputs = [xn, weight("W", lambda c: c.W), weight("R", lambda c: c.R), weight("B", lambda c: c.B)]
         inputs.append(emit.cast_int32(plan.sequence_lens) if plan.sequence_lens is not None else gs.Variable.empty())
-        states = [initial("h")] + ([initial("c")] if kind == "LSTM" else [])
-        if any(d.broadcast for d in plan.dirs):
+        parts = initial("h") + (initial("c") if kind == "LSTM" else [])  # per state kind, per direction
+        if any(d.broadcast for d in plan.dirs):  # each direction's states at X's batch before they meet
             batch_axis = 1 - plan.layout  # X [T, B, I] and states [D, B, H]; layout 1: [B, T, I], [B, D, H]
-            inputs[0], states = emit.common_batch(inputs[0], states, batch_axis, batch_axis)
-        inputs.extend(states)
+            inputs[0], parts = emit.common_batch(inputs[0], parts, batch_axis, batch_axis)
+        for k in range(0, len(parts), n_dirs):
+            inputs.append(parts[k] if n_dirs == 1 else b.op("Concat", parts[k:k + n_dirs], axis=dir_axis))
         if kind == "LSTM":
             if any(d.cell.P is not None for d in plan.dirs):
                 inputs.append(weight("P", lambda c: np.zeros(3 * c.hidden) if c.P is None else c.P))
