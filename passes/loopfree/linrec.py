@@ -32,6 +32,7 @@ from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
     through_identity, to_processing_order, value_dtype,
 )
+from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_sum
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
@@ -42,6 +43,7 @@ DEFAULT_MIN_STEPS = 16
 # Per-step state elements above which the chunked form loses to the loop (bench_linrec: Mamba
 # [1, 64, 16] = 1,024 elements ~1.0x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
 DEFAULT_MAX_STATE = 512
+DEFAULT_ATTENTION_CHUNK = 64
 DEFAULT_FORM = "auto"
 FORMS = {"positions": chunk_loop_scan, "doubling": chunked_scan}
 # "auto": doubling below this length, the positions loop from it (bench_linrec, EMA H=128 and
@@ -63,6 +65,7 @@ class LinrecMatch(Match):
     out_ranks: list[int | None]
     chunk: int
     form: str
+    attention: AttentionForm | None = None  # the matmul form of decayed linear attention
 
 
 @register_pass
@@ -75,6 +78,8 @@ class Linrec(ScanPass):
                                   "left to unroll)"),
         "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
                                   f"form (default {DEFAULT_MAX_STATE}; sums are not limited)"),
+        "linrec_attention_chunk": (int, f"chunk length of decayed linear attention's matmul form, the largest "
+                                        f"divisor of T up to it (default {DEFAULT_ATTENTION_CHUNK})"),
         "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
                              f"'doubling' (log-depth, no loop) or 'auto' (doubling below T={POSITIONS_FROM}; "
                              f"default {DEFAULT_FORM})"),
@@ -121,6 +126,9 @@ class Linrec(ScanPass):
         minimum = ctx.options.get("linrec_min_steps", DEFAULT_MIN_STEPS)
         if trip is not None and trip < minimum:
             return Skip(f"{trip} steps is below linrec_min_steps={minimum}: short loops are left to unroll")
+        attention = self._attention(node, view, body, changing, updates, ranks, dtypes, ctx)
+        if isinstance(attention, LinrecMatch):
+            return attention
         largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
         for i in general:
             size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
@@ -140,7 +148,42 @@ class Linrec(ScanPass):
         chunk = max(1, int(ctx.options.get("linrec_chunk", DEFAULT_CHUNK)))
         return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
-    def _plan(self, node, view, body, changing, updates, ranks, ctx):
+    def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):
+        """A LinrecMatch in the matmul form (module linear_attention) where it applies, else None."""
+        if len(changing) != 1 or view.trip_count is None:
+            return None
+        i = changing[0]
+        update = updates[i]
+        if update.a is None or update.b is None or update.b.op != "leaf" or dtypes[i].type not in (np.float32, np.float64):
+            return None
+        n = view.num_states
+        per_step = _dependence(body, list(body.inputs[n:]))
+        for leaf in update.a.leaves():
+            shape = ctx.shapes.shape(leaf)
+            if shape is None and isinstance(leaf, gs.Constant):
+                shape = list(np.asarray(leaf.values).shape)
+            if per_step.get(id(leaf)) or shape is None or any(d != 1 for d in shape):
+                return None  # a per-step or non-scalar decay: the elementwise forms
+        new_state = {id(t) for t in _identity_chain(body.outputs[i])}
+        found = find_attention(update.b.tensor, body.outputs[n:], new_state, ranks[i], through_identity)
+        if found is None:
+            return None
+        chunk = _divisor_at_most(view.trip_count, ctx.options.get("linrec_attention_chunk", DEFAULT_ATTENTION_CHUNK))
+        if chunk is None:
+            return None
+        wanted = update.a.leaves() + [found.keys, found.values] + list(found.queries)
+        planned = self._plan(node, view, body, changing, updates, ranks, ctx, wanted=wanted)
+        if isinstance(planned, Skip):
+            return None
+        plan, early, late, _ = planned
+        for t in [found.keys, found.values] + list(found.queries):
+            if plan.value(t, ctx.shapes.shape).rank != ranks[i] - 1:
+                return None
+        out_ranks = [ranks[i] - 1] * view.num_scan_outputs
+        return LinrecMatch(view, updates, ranks, dtypes, plan, early + late, [], out_ranks, chunk, "attention",
+                           attention=found)
+
+    def _plan(self, node, view, body, changing, updates, ranks, ctx, wanted=None):
         n = view.num_states
         roots: dict[int, Value] = {}
         for i in range(n):
@@ -156,8 +199,8 @@ class Linrec(ScanPass):
         chain = set().union(*(updates[i].chain for i in changing))
         old = {id(body.inputs[i]) for i in changing}
         leaves = [t for i in changing for term in (updates[i].a, updates[i].b) if term is not None for t in term.leaves()]
-        outputs = list(body.outputs[n:])
-        nodes = _needed_until(body, leaves + outputs, set(updated))
+        outputs = list(body.outputs[n:]) if wanted is None else []
+        nodes = _needed_until(body, (leaves if wanted is None else wanted) + outputs, set(updated))
         for nd in nodes:
             if id(nd) in chain:
                 return Skip(f"a scan output reads '{nd.outputs[0].name}', part of a state update, not the new state")
@@ -184,7 +227,7 @@ class Linrec(ScanPass):
             if (not value.per_step or view.output_axes[k] != 0) and value.rank is None:
                 return Skip(f"scan output '{view.scan_outputs[k]}': the rank of body output '{t.name}' is unknown")
             out_ranks.append(value.rank)
-        for leaf in leaves:
+        for leaf in leaves if wanted is None else wanted:
             if plan.value(leaf, ctx.shapes.shape).rank is None:
                 return Skip(f"the rank of coefficient '{leaf.name}' is unknown")
         return plan, early, late, out_ranks
@@ -202,6 +245,8 @@ class Linrec(ScanPass):
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
         emit_nodes(match.early, e, mapping)
+        if match.attention is not None:
+            return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
         finals: dict[int, gs.Tensor] = {}
         forms = []
         for i, update in match.updates.items():
@@ -233,6 +278,27 @@ class Linrec(ScanPass):
         rebind_outputs(node, states + outputs, graph)
         added = place_appended(graph, position, start - 1)
         return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no loop)"
+
+    def _rewrite_attention(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start, ctx) -> str:
+        (i, update), = match.updates.items()
+        found, view, plan = match.attention, match.view, match.plan
+        gamma, _, _ = _evaluate(e, update.a, mapping, plan, match.dtypes[i], ctx)
+        keys, values = (_lifted_steps(e, t, mapping, plan, ctx) for t in (found.keys, found.values))
+        queries = [_lifted_steps(e, t, mapping, plan, ctx) for t in found.queries]
+        ys, final = emit_attention(e, gamma, keys, values, queries, node.inputs[i], found.batch, view.trip_count,
+                                   match.chunk, match.dtypes[i])
+        outputs = [from_processing_order(e, y, view, k, match.out_ranks[k]) for k, y in enumerate(ys)]
+        states = [final if k == i else node.inputs[k] for k in range(view.num_states)]
+        rebind_outputs(node, states + outputs, graph)
+        added = place_appended(graph, position, start - 1)
+        return (f"decayed linear attention -> chunked matmul form (C={match.chunk}; masked decay matrix, "
+                f"chunk states by doubling) ({added} nodes, no loop)")
+
+
+def _lifted_steps(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, ctx) -> gs.Tensor:
+    value = plan.value(t, ctx.shapes.shape)
+    lifted = mapping.get(id(t), t)
+    return lifted if value.per_step else e.over_steps(lifted, value.rank)
 
 
 def _per_step(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, rank: int, dtype, ctx) -> gs.Tensor:
@@ -274,6 +340,13 @@ def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, 
     total = e.op("ReduceSum", [b, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
         e.op("ReduceSum", [b], axes=[0], keepdims=0)
     return e.op("Add", [h0, total])
+
+
+def _divisor_at_most(steps: int, most: int) -> int | None:
+    """The largest chunk length <= ``most`` dividing ``steps`` (at least 8, or ``steps`` itself)."""
+    if steps <= most:
+        return steps
+    return next((c for c in range(most, 7, -1) if steps % c == 0), None)
 
 
 def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:

@@ -41,12 +41,12 @@ def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, r
     if padding:
         a = _pad_end(e, a, padding, rank + 1, one)
         b = None if b is None else _pad_end(e, b, padding, rank + 1, zero)
-    a = _split_steps(e, a, chunk)  # [count, chunk, ...]
-    b = None if b is None else _split_steps(e, b, chunk)
-    a, b = _doubling(e, a, b, 1, chunk, rank + 2, one, zero)
+    a = split_steps(e, a, chunk)  # [count, chunk, ...]
+    b = None if b is None else split_steps(e, b, chunk)
+    a, b = doubling(e, a, b, 1, chunk, rank + 2, one, zero)
     last_a = e.squeeze(e.slice(a, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
     last_b = None if b is None else e.squeeze(e.slice(b, [chunk - 1], [chunk], [1]), [1])
-    ca, cb = _doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
+    ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
     h0_row = e.unsqueeze(h0, [0])
     ends = e.op("Mul", [ca, h0_row])
     if cb is not None:
@@ -82,8 +82,8 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     if padding:
         a = a if steady else _pad_end(e, a, padding, rank + 1, one)
         b = _pad_end(e, b, padding, rank + 1, zero)
-    a = a if steady else _split_steps(e, a, chunk)  # [count, chunk, ...]
-    b = _split_steps(e, b, chunk)
+    a = a if steady else split_steps(e, a, chunk)  # [count, chunk, ...]
+    b = split_steps(e, b, chunk)
     rows = e.ints("count", [count])
     state_shape = e.op("Concat", [rows, e.op("Shape", [h0])], axis=0)
     if count == 1:  # one chunk: the loop itself, from h0, on the lifted a and b
@@ -96,7 +96,7 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     if steady:
         local, = _position_scan(e, a, b, zeros, None, rank, dtype, chunk, True)
         powers = e.op("Expand", [e.unsqueeze(a, [0]), e.ints("chunk", [chunk] + [1] * steady_rank)])
-        powers, _ = _doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)  # a^(c+1) [C, ...a]
+        powers, _ = doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)  # a^(c+1) [C, ...a]
         prod = e.unsqueeze(powers, [0] + list(range(2, 2 + rank - steady_rank)))  # [1, C, ...] of rank + 2
         last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1]),
                                  e.ints("count", [count] + [1] * rank)])
@@ -107,7 +107,7 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
         local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
         last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
     last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [1]), [1])
-    ca, cb = _doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
+    ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
     h0_row = e.unsqueeze(h0, [0])
     ends = e.op("Add", [e.op("Mul", [ca, h0_row]), cb])  # the state after each chunk
     final = e.squeeze(e.slice(ends, [count - 1], [count], [0]), [0])
@@ -155,13 +155,13 @@ def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray)
     return e.op("Pad", [x, e.ints("pads", pads), e.const("pad_value", value)])
 
 
-def _split_steps(e: Emitter, x: gs.Tensor, chunk: int) -> gs.Tensor:
+def split_steps(e: Emitter, x: gs.Tensor, chunk: int) -> gs.Tensor:
     """[T, ...] -> [T / chunk, chunk, ...]."""
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
     return e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [-1, chunk]), tail], axis=0)])
 
 
-def _doubling(e: Emitter, a, b, axis: int, length: int, rank: int, one, zero):
+def doubling(e: Emitter, a, b, axis: int, length: int, rank: int, one, zero):
     """Inclusive scan of the pairs along ``axis`` (static ``length``): after it, position i
     holds the composition of positions 0..i. log2(length) rounds of shift-and-compose."""
     shift = 1
