@@ -21,6 +21,7 @@ length for the chunked form, opset < 11 (CumSum, Pad with input pads), and lengt
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,11 @@ from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, c
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
-DEFAULT_CHUNK = 16  # benchmarks/bench_linrec.py --chunks 8,16,32,64: 16 best or within noise of it
+# Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
+# below sqrt(T), balancing C loop iterations against log2(T/C) doubling rounds across chunks
+# (bench_linrec --chunks 16,32,64,128: EMA T=2048 best at 32, minGRU T=1024 at 16-32).
+DEFAULT_CHUNK = 16
+AUTO_CHUNK = 0
 DEFAULT_MIN_STEPS = 16
 # Per-step state elements above which the chunked form loses to the loop (bench_linrec: Mamba
 # [1, 64, 16] = 1,024 elements ~1.0x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
@@ -73,7 +78,8 @@ class Linrec(ScanPass):
     name = "linrec"
     summary = "linear recurrences h' = a*h + b -> CumSum or a chunked parallel scan (no loop)"
     tunables = {
-        "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default {DEFAULT_CHUNK})"),
+        "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default: {DEFAULT_CHUNK} for doubling, "
+                              "about sqrt(T) for the positions loop)"),
         "linrec_min_steps": (int, f"shortest static length rewritten (default {DEFAULT_MIN_STEPS}; shorter loops are "
                                   "left to unroll)"),
         "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
@@ -145,7 +151,9 @@ class Linrec(ScanPass):
         if isinstance(found, Skip):
             return found
         plan, early, late, out_ranks = found
-        chunk = max(1, int(ctx.options.get("linrec_chunk", DEFAULT_CHUNK)))
+        chunk = int(ctx.options.get("linrec_chunk", AUTO_CHUNK))
+        if chunk <= 0:
+            chunk = DEFAULT_CHUNK if form == "doubling" or trip is None else 1 << max(3, int(math.isqrt(trip)).bit_length() - 1)
         return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
     def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):

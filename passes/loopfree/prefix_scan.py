@@ -82,14 +82,14 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     if padding:
         a = a if steady else _pad_end(e, a, padding, rank + 1, one)
         b = _pad_end(e, b, padding, rank + 1, zero)
-    a = a if steady else split_steps(e, a, chunk)  # [count, chunk, ...]
-    b = split_steps(e, b, chunk)
+    major = [1, 0] + list(range(2, rank + 2))  # [count, chunk, ...] <-> [chunk, count, ...]
+    a = a if steady else e.op("Transpose", [split_steps(e, a, chunk)], perm=major)  # [chunk, count, ...]
+    b = e.op("Transpose", [split_steps(e, b, chunk)], perm=major)
     rows = e.ints("count", [count])
     state_shape = e.op("Concat", [rows, e.op("Shape", [h0])], axis=0)
     if count == 1:  # one chunk: the loop itself, from h0, on the lifted a and b
-        start = e.unsqueeze(h0, [0])
-        local, = _position_scan(e, a, b, start, None, rank, dtype, chunk, steady)
-        h = e.squeeze(local, [0])
+        local, = _position_scan(e, a, b, e.unsqueeze(h0, [0]), None, rank, dtype, chunk, steady)
+        h = e.squeeze(local, [1])
         final = e.squeeze(e.slice(h, [steps - 1], [steps], [0]), [0])
         return (h if not padding else e.slice(h, [0], [steps], [0])), final
     zeros = e.op("ConstantOfShape", [state_shape], value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
@@ -97,22 +97,23 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
         local, = _position_scan(e, a, b, zeros, None, rank, dtype, chunk, True)
         powers = e.op("Expand", [e.unsqueeze(a, [0]), e.ints("chunk", [chunk] + [1] * steady_rank)])
         powers, _ = doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)  # a^(c+1) [C, ...a]
-        prod = e.unsqueeze(powers, [0] + list(range(2, 2 + rank - steady_rank)))  # [1, C, ...] of rank + 2
-        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1]),
+        prod = e.unsqueeze(powers, list(range(1, 2 + rank - steady_rank)))  # [C, 1, ...] of rank + 2
+        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0]),
                                  e.ints("count", [count] + [1] * rank)])
     else:
         a_shape = e.op("Shape", [a])
-        a_row = e.op("Concat", [e.slice(a_shape, [0], [1], [0]), e.slice(a_shape, [2], [INT64_MAX], [0])], axis=0)
-        ones = e.op("ConstantOfShape", [a_row], value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
+        ones = e.op("ConstantOfShape", [e.slice(a_shape, [1], [INT64_MAX], [0])],
+                    value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
         local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
-        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
-    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [1]), [1])
+        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0])  # [count, ...]
+    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [0]), [0])
     ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
     h0_row = e.unsqueeze(h0, [0])
     ends = e.op("Add", [e.op("Mul", [ca, h0_row]), cb])  # the state after each chunk
     final = e.squeeze(e.slice(ends, [count - 1], [count], [0]), [0])
     starts = e.op("Concat", [h0_row, e.slice(ends, [0], [count - 1], [0])], axis=0)
-    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [1])]), local])
+    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
+    h = e.op("Transpose", [h], perm=major)
     tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
     h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
     if padding:
@@ -123,9 +124,10 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
 
 
 def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, steady: bool):
-    """A Loop over the positions (axis 1) of a, b [count, chunk, ...]: h = a ⊙ h + b from
-    ``start`` and, when ``ones`` is given, the running product of the a's; both stacked back
-    on axis 1 (``steady``: ``a`` is one value for every step, read as it is). A Loop, not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
+    """A Loop over the positions (axis 0) of a, b [chunk, count, ...]: h = a ⊙ h + b from
+    ``start`` and, when ``ones`` is given, the running product of the a's; both stacked
+    [chunk, count, ...] (``steady``: ``a`` is one value for every step, read as it is). A Loop,
+    not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
     body = new_graph(e.b.names.fresh("chunk_positions"))
     inner = Emitter(Builder(body, e.b.names), e.opset)
     width = rank + 1
@@ -133,8 +135,8 @@ def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, 
     cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
     h_in = gs.Variable(e.b.names.fresh("h"), dtype=dtype, shape=[None] * width)
     p_in = gs.Variable(e.b.names.fresh("p"), dtype=dtype, shape=[None] * width) if ones is not None else None
-    a_t = a if steady else inner.op("Gather", [a, step], axis=1)
-    b_t = inner.op("Gather", [b, step], axis=1)
+    a_t = a if steady else inner.op("Gather", [a, step], axis=0)
+    b_t = inner.op("Gather", [b, step], axis=0)
     h_out = inner.op("Add", [inner.op("Mul", [a_t, h_in]), b_t], dtype=dtype, shape=[None] * width)
     outs = [h_out]
     if p_in is not None:
@@ -146,8 +148,7 @@ def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, 
     states = [start] + ([ones] if ones is not None else [])
     length = e.const("positions", np.int64(chunk))
     results = e.op("Loop", [length, gs.Variable.empty()] + states, n_outputs=2 * len(states), body=body)
-    perm = [1, 0] + list(range(2, rank + 2))
-    return [e.op("Transpose", [stacked], perm=perm) for stacked in results[len(states):]]
+    return results[len(states):]
 
 
 def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray) -> gs.Tensor:
