@@ -295,3 +295,23 @@ def test_torch_scan_exports_match_torch(name):
     for key in got:
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
     assert_equivalent(m, out, inputs=[feeds])
+
+
+def test_products_use_cumprod_where_the_opset_has_it():
+    """CumProd is probed in onnx.defs (opset 26+), never assumed: below, the chunked product."""
+    import onnx.defs
+
+    try:
+        since = onnx.defs.get_schema("CumProd").since_version
+    except Exception:  # noqa: BLE001 - an onnx without CumProd
+        since = None
+    assert "chunked product" in linrec(lb.cumulative_product(T=24, opset=17))[1][0][1]
+    if since is None or b.ort_refuses(lb.cumulative_product(T=24, opset=since)):
+        pytest.skip("no CumProd in this onnx/onnxruntime")
+    for steps in (24, "T"):
+        m = lb.cumulative_product(T=steps, opset=since)
+        out = rewritten(m, "CumProd")
+        assert "CumProd" in ops(out)
+        if b.ort_refuses(out):
+            pytest.skip("this onnxruntime loads the opset but has no CumProd kernel")
+        assert_equivalent(m, out)

@@ -35,7 +35,8 @@ from scanopt.passes.loopfree.lift import (
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
-from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_sum
+from scanopt.emit import supports
+from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_product, cumulative_sum
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
@@ -125,7 +126,7 @@ class Linrec(ScanPass):
                 return Skip(f"{label} is {dtype}: the loop rounds such a state every step and a parallel form "
                             "rounds in another order (float32, float64, int32, int64 states only)")
             updates[i], ranks[i], dtypes[i] = update, rank, dtype
-        general = [i for i in changing if not updates[i].is_sum]
+        general = [i for i in changing if not updates[i].is_sum and not _by_cumprod(updates[i], ctx.opset, dtypes[i])]
         trip = view.trip_count
         if general and trip is None:
             return Skip("the length is symbolic: the chunked form needs a static length (sums excepted)")
@@ -264,6 +265,11 @@ class Linrec(ScanPass):
                 h = cumulative_sum(e, h0, b)
                 finals[i] = _last_or_initial(e, h, h0, b, view.trip_count)
                 forms.append("CumSum")
+            elif _by_cumprod(update, ctx.opset, dtype):
+                a = _per_step(e, update.a, mapping, plan, rank, dtype, ctx)
+                h = cumulative_product(e, h0, a)
+                finals[i] = _last_or_initial(e, h, h0, a, view.trip_count, "ReduceProd", "Mul")
+                forms.append("CumProd")
             else:
                 value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
                 if not per_step and match.form == "positions" and b is not None:  # a learned decay
@@ -340,14 +346,20 @@ def _evaluate(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, dtype, ctx):
     return e.op(op, [x, y]), px or py, r
 
 
-def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None) -> gs.Tensor:
-    """The final state of a sum: the last row for a static length >= 1, else h0 + the total
-    (which is h0 for zero steps)."""
+def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None,
+                     reduce: str = "ReduceSum", combine: str = "Add") -> gs.Tensor:
+    """The final state of a sum (product): the last row for a static length >= 1, else h0 + the
+    total (h0 ⊙ the product), which is h0 for zero steps."""
     if trip is not None and trip >= 1:
         return e.squeeze(e.slice(h, [trip - 1], [trip], [0]), [0])
-    total = e.op("ReduceSum", [b, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
-        e.op("ReduceSum", [b], axes=[0], keepdims=0)
-    return e.op("Add", [h0, total])
+    axes_input = e.opset >= 18 or (reduce == "ReduceSum" and e.opset >= 13)
+    total = e.op(reduce, [b, e.ints("axes", [0])], keepdims=0) if axes_input else e.op(reduce, [b], axes=[0], keepdims=0)
+    return e.op(combine, [h0, total])
+
+
+def _by_cumprod(update: LinearUpdate, opset: int, dtype) -> bool:
+    """A product (b = 0) the opset's CumProd computes (probed in onnx.defs: CumProd is opset 26+)."""
+    return update.is_product and not update.is_sum and supports("CumProd", opset, dtype)
 
 
 def _divisor_at_most(steps: int, most: int) -> int | None:

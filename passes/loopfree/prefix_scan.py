@@ -1,6 +1,7 @@
 """Loop-free forms of h_t = a_t ⊙ h_{t-1} + b_t over a whole sequence (axis 0, processing order).
 
-- sums (a = 1): ``h0 + CumSum(B)``.
+- sums (a = 1): ``h0 + CumSum(B)``; products (b = 0) at opsets that have CumProd (26+):
+  ``h0 ⊙ CumProd(A)``.
 - the general case (and products, b = 0): a chunked parallel scan. The padded sequence is cut
   into chunks of C steps; within each chunk a log-depth doubling (Hillis-Steele) composes the
   pairs (a, b) ∘ (a', b') = (a·a', a·b' + b) so that every position holds the product of the
@@ -28,6 +29,11 @@ from scanopt.rewrite import Builder, new_graph
 def cumulative_sum(e: Emitter, h0: gs.Tensor, b: gs.Tensor) -> gs.Tensor:
     """h_t = h0 + b_1 + ... + b_t for ``b`` [T, ...] (padded to the state's rank + 1)."""
     return e.op("Add", [e.unsqueeze(h0, [0]), e.op("CumSum", [b, e.const("axis", np.int64(0))])])
+
+
+def cumulative_product(e: Emitter, h0: gs.Tensor, a: gs.Tensor) -> gs.Tensor:
+    """h_t = h0 ⊙ a_1 ⊙ ... ⊙ a_t for ``a`` [T, ...]: CumProd (opset 26+; callers probe it)."""
+    return e.op("Mul", [e.unsqueeze(h0, [0]), e.op("CumProd", [a, e.const("axis", np.int64(0))])])
 
 
 def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, steps: int,
