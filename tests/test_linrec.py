@@ -271,7 +271,7 @@ def test_per_step_decay_is_not_the_matmul_form():
 LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
 EXPORTS = {
     "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
-    "torch_mingru": "chunked scan", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked matmul form",
+    "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked matmul form",
     "torch_cumprod": "chunked product",
 }
 
@@ -315,3 +315,38 @@ def test_products_use_cumprod_where_the_opset_has_it():
         if b.ort_refuses(out):
             pytest.skip("this onnxruntime loads the opset but has no CumProd kernel")
         assert_equivalent(m, out)
+
+
+# ---------------------------------------------------------------- symbolic length
+def _feeds(model, steps: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value if d.dim_value else steps for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("build, form", [
+    (lambda: lb.ema(T="T"), "chunked scan"),
+    (lambda: lb.mingru(T="T", B=2, I=4, H=4), "chunked scan"),
+    (lambda: lb.mamba(T="T", B=1, D=4, N=2), "chunked scan"),
+    (lambda: lb.cumulative_product(T="T"), "chunked product"),
+], ids=["ema_steady_decay", "mingru", "mamba", "cumprod"])
+def test_symbolic_length_takes_the_positions_form_with_runtime_padding(build, form):
+    """A symbolic T (torch exports with a dynamic seq): padding and the chunk count are computed
+    at run time, the state carried across chunks by a Loop; checked at 0 steps (final = h0),
+    1, fewer than a chunk, an exact multiple and a padded length."""
+    m = build()
+    out = rewritten(m, "symbolic length", linrec_chunk=8)
+    assert f"{form} (C=8, positions, symbolic length)" in linrec(m, linrec_chunk=8)[1][0][1]
+    empty = _feeds(m, 0)  # onnxruntime cannot run the zero-length Scan itself; the loop's meaning
+    got = run(out, empty)
+    np.testing.assert_array_equal(got["hT"], empty["h0"])
+    assert got["Y"].shape[0] == 0
+    for steps in (1, 5, 16, 37):
+        feeds = _feeds(m, steps, seed=steps)
+        want, got = run(m, feeds), run(out, feeds)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=f"{key} at T={steps}")
+    assert_equivalent(m, out, inputs=[_feeds(m, 21)])

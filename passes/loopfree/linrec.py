@@ -15,7 +15,7 @@ rules of :mod:`lift`). Final states are the last row (static lengths) or h0 + th
 Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
 state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
 state to 16 bits every step; another association order would round differently), a symbolic
-length for the chunked form, opset < 11 (CumSum, Pad with input pads), and lengths below
+length for the doubling form (the positions form pads at run time), opset < 11 (CumSum, Pad with input pads), and lengths below
 ``linrec_min_steps`` for the chunked form (measured: it loses to the loop on short sequences).
 """
 
@@ -36,7 +36,9 @@ from scanopt.passes.loopfree.lift import (
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import supports
-from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_product, cumulative_sum
+from scanopt.passes.loopfree.prefix_scan import (
+    chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product, cumulative_sum,
+)
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
@@ -128,8 +130,7 @@ class Linrec(ScanPass):
             updates[i], ranks[i], dtypes[i] = update, rank, dtype
         general = [i for i in changing if not updates[i].is_sum and not _by_cumprod(updates[i], ctx.opset, dtypes[i])]
         trip = view.trip_count
-        if general and trip is None:
-            return Skip("the length is symbolic: the chunked form needs a static length (sums excepted)")
+
         minimum = ctx.options.get("linrec_min_steps", DEFAULT_MIN_STEPS)
         if trip is not None and trip < minimum:
             return Skip(f"{trip} steps is below linrec_min_steps={minimum}: short loops are left to unroll")
@@ -145,7 +146,9 @@ class Linrec(ScanPass):
                             "the loop is as fast or faster than the chunked form on wide states")
         form = ctx.options.get("linrec_form", DEFAULT_FORM)
         if form == "auto":
-            form = "positions" if trip is not None and trip >= POSITIONS_FROM else "doubling"
+            form = "positions" if trip is None or trip >= POSITIONS_FROM else "doubling"
+        if general and trip is None and form != "positions":
+            return Skip("the length is symbolic: the doubling form needs a static length (linrec_form=positions)")
         if form not in FORMS:
             return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}")
         found = self._plan(node, view, body, changing, updates, ranks, ctx)
@@ -154,7 +157,7 @@ class Linrec(ScanPass):
         plan, early, late, out_ranks = found
         chunk = int(ctx.options.get("linrec_chunk", AUTO_CHUNK))
         if chunk <= 0:
-            chunk = DEFAULT_CHUNK if form == "doubling" or trip is None else 1 << max(3, int(math.isqrt(trip)).bit_length() - 1)
+            chunk = DEFAULT_CHUNK if form == "doubling" else 1 << max(3, int(math.isqrt(trip or 1024)).bit_length() - 1)
         return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
     def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):
@@ -272,14 +275,20 @@ class Linrec(ScanPass):
                 forms.append("CumProd")
             else:
                 value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
-                if not per_step and match.form == "positions" and b is not None:  # a learned decay
+                if view.trip_count is None:  # the positions form with run-time padding and count
+                    steady = not per_step and b is not None
+                    a = value if steady else _stacked(e, value, per_step, a_rank, rank)
+                    h, finals[i] = chunk_loop_scan_symbolic(e, h0, a, b, rank, match.chunk, dtype,
+                                                            steady_rank=a_rank if steady else None)
+                elif not per_step and match.form == "positions" and b is not None:  # a learned decay
                     h, finals[i] = chunk_loop_scan(e, h0, value, b, rank, view.trip_count, match.chunk, dtype,
                                                    steady_rank=a_rank)
                 else:
                     a = _stacked(e, value, per_step, a_rank, rank)
                     h, finals[i] = FORMS[match.form](e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
                 what = "chunked scan" if update.b is not None else "chunked product"
-                forms.append(f"{what} (C={min(match.chunk, view.trip_count)}, {match.form})")
+                forms.append(f"{what} (C={min(match.chunk, view.trip_count or match.chunk)}, {match.form}"
+                             f"{', symbolic length' if view.trip_count is None else ''})")
             mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
         _emit_aliasing_identities(match.late, e, mapping)
         outputs = []
@@ -291,7 +300,7 @@ class Linrec(ScanPass):
         states = [finals.get(i, node.inputs[i]) for i in range(n)]
         rebind_outputs(node, states + outputs, graph)
         added = place_appended(graph, position, start - 1)
-        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no loop)"
+        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no Scan left)"
 
     def _rewrite_attention(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start, ctx) -> str:
         (i, update), = match.updates.items()
@@ -306,7 +315,7 @@ class Linrec(ScanPass):
         rebind_outputs(node, states + outputs, graph)
         added = place_appended(graph, position, start - 1)
         return (f"decayed linear attention -> chunked matmul form (C={match.chunk}; masked decay matrix, "
-                f"chunk states by doubling) ({added} nodes, no loop)")
+                f"chunk states by doubling) ({added} nodes, no Scan left)")
 
 
 def _lifted_steps(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, ctx) -> gs.Tensor:

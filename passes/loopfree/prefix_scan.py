@@ -134,9 +134,16 @@ def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, 
     ``start`` and, when ``ones`` is given, the running product of the a's; both stacked
     [chunk, count, ...] (``steady``: ``a`` is one value for every step, read as it is). A Loop,
     not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
+    _, stacked = _loop(e, a, b, start, ones, rank + 1, dtype, e.const("positions", np.int64(chunk)), steady)
+    return stacked
+
+
+def _loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady: bool, before: bool = False):
+    """(final states, stacked states) of a Loop of ``length`` iterations over axis 0 of a and b:
+    h = a ⊙ h + b (and p = a ⊙ p when ``ones`` is given); stacked after each update, or the
+    state before it when ``before``."""
     body = new_graph(e.b.names.fresh("chunk_positions"))
     inner = Emitter(Builder(body, e.b.names), e.opset)
-    width = rank + 1
     step = gs.Variable(e.b.names.fresh("position"), dtype=np.int64, shape=[])
     cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
     h_in = gs.Variable(e.b.names.fresh("h"), dtype=dtype, shape=[None] * width)
@@ -147,14 +154,62 @@ def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, 
     outs = [h_out]
     if p_in is not None:
         outs.append(inner.op("Mul", [a_t, p_in], dtype=dtype, shape=[None] * width))
-    copies = [inner.op("Identity", [t], dtype=dtype, shape=[None] * width) for t in outs]
+    kept = [h_in] if before else outs
+    copies = [inner.op("Identity", [t], dtype=dtype, shape=[None] * width) for t in kept]
     cond_out = inner.op("Identity", [cond], dtype=np.bool_, shape=[])
     body.inputs = [step, cond, h_in] + ([p_in] if p_in is not None else [])
     body.outputs = [cond_out] + outs + copies
     states = [start] + ([ones] if ones is not None else [])
-    length = e.const("positions", np.int64(chunk))
-    results = e.op("Loop", [length, gs.Variable.empty()] + states, n_outputs=2 * len(states), body=body)
-    return results[len(states):]
+    results = e.op("Loop", [length, gs.Variable.empty()] + states, n_outputs=len(states) + len(copies), body=body)
+    results = results if isinstance(results, list) else [results]
+    return results[:len(states)], results[len(states):]
+
+
+def chunk_loop_scan_symbolic(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, chunk: int,
+                             dtype: np.dtype, steady_rank: int | None = None) -> tuple[gs.Tensor, gs.Tensor]:
+    """:func:`chunk_loop_scan` for a length known only at run time: padding and the chunk count
+    are computed, and the state is carried across chunks by a Loop over them (the doubling
+    across chunks needs their count). Zero steps give h0."""
+    one, zero = np.ones([], dtype), np.zeros([], dtype)
+    steady = steady_rank is not None
+    if b is None:
+        b = e.op("Mul", [a if not steady else e.unsqueeze(a, [0]), e.const("zero", zero)])
+    steps = e.slice(e.op("Shape", [b]), [0], [1], [0])  # int64 [1]
+    size = e.ints("chunk", [chunk])
+    padding = e.op("Mod", [e.op("Sub", [size, e.op("Mod", [steps, size])]), size])
+    pads = e.op("Concat", [e.ints("before", [0] * (rank + 1)), padding, e.ints("after", [0] * rank)], axis=0)
+    major = [1, 0] + list(range(2, rank + 2))
+    if not steady:
+        a = e.op("Transpose", [split_steps(e, e.op("Pad", [a, pads, e.const("one", one)]), chunk)], perm=major)
+    b = e.op("Transpose", [split_steps(e, e.op("Pad", [b, pads, e.const("zero", zero)]), chunk)], perm=major)
+    count = e.slice(e.op("Shape", [b]), [1], [2], [0])  # int64 [1]
+    zeros = e.op("ConstantOfShape", [e.op("Concat", [count, e.op("Shape", [h0])], axis=0)],
+                 value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
+    if steady:
+        local, = _position_scan(e, a, b, zeros, None, rank, dtype, chunk, True)
+        powers = e.op("Expand", [e.unsqueeze(a, [0]), e.ints("chunk", [chunk] + [1] * steady_rank)])
+        powers, _ = doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)
+        prod = e.unsqueeze(powers, list(range(1, 2 + rank - steady_rank)))  # [C, 1, ...] of rank + 2
+        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0]),
+                                 e.op("Concat", [count, e.ints("ones", [1] * rank)], axis=0)])
+    else:
+        ones = e.op("ConstantOfShape", [e.slice(e.op("Shape", [a]), [1], [INT64_MAX], [0])],
+                    value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
+        local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
+        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0])  # [count, ...]
+    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [0]), [0])
+    trips = e.op("Reshape", [count, e.ints("scalar", [])])
+    _, (starts,) = _loop(e, last_a, last_b, h0, None, rank, dtype, trips, False, before=True)
+    # [count, ...state]: onnxruntime gives a zero-iteration Loop's stacked output shape [0]
+    starts = e.op("Reshape", [starts, e.op("Concat", [count, e.op("Shape", [h0])], axis=0)])
+    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
+    h = e.op("Transpose", [h], perm=major)
+    tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
+    h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    h = e.op("Slice", [h, e.ints("zero", [0]), steps, e.ints("axes", [0])])
+    # the last real step, or h0 when there is none
+    last = e.op("Concat", [e.unsqueeze(h0, [0]), e.slice(h, [-1], [INT64_MAX], [0])], axis=0)
+    return h, e.squeeze(e.slice(last, [-1], [INT64_MAX], [0]), [0])
 
 
 def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray) -> gs.Tensor:
