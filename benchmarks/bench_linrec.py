@@ -142,7 +142,8 @@ def main(argv=None) -> None:
         if args.chunks:
             model = build(lengths[-1])
             for chunk in (int(c) for c in args.chunks.split(",")):
-                optimized, _ = rewrite(model, linrec_chunk=chunk, linrec_min_steps=1, linrec_max_state=1 << 30)
+                optimized, _ = rewrite(model, linrec_chunk=chunk, linrec_attention_chunk=chunk, linrec_min_steps=1,
+                                       linrec_max_state=1 << 30)
                 print(row(f"{name} T={lengths[-1]} C={chunk}", model, optimized, args.seconds), flush=True)
             continue
         for steps in lengths:

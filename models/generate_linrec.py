@@ -10,6 +10,7 @@ unless named ``_dyn`` (symbolic ``seq``):
 - torch_cumsum_dyn:        the same with a symbolic length (the CumSum form needs none)
 - torch_ema:               learned decay a = sigmoid(w) [8]: h' = a*h + (1-a)*x_t
 - torch_mingru:            z = sigmoid(Linear(x)), h~ = Linear(x), h' = (1-z)*h + z*h~
+- torch_mingru_dyn:        the same with a symbolic length (the positions form, padded at run time)
 - torch_mamba:             selective scan, state [B, D=8, N=4]: Δ = softplus(Linear(x)),
                            a = exp(Δ ⊗ A) with A = -exp(A_log), b = (Δ x) ⊗ B_t, y = Σ_n h' C_t
 - torch_linear_attention:  matrix state S [8, 8]: S' = γ S + kᵀv (γ = sigmoid of a learned
@@ -100,7 +101,7 @@ def torch_ema():
     return _export(module, (torch.randn(T, B, H), torch.zeros(B, H)), ["x", "h0"], ["y", "h_n"])
 
 
-def torch_mingru():
+def torch_mingru(dynamic=False):
     import torch
 
     torch.manual_seed(2)
@@ -113,7 +114,8 @@ def torch_mingru():
         return f
 
     module = _scan_module(step, {"gate": torch.nn.Linear(H, H), "cand": torch.nn.Linear(H, H)})
-    return _export(module, (torch.randn(T, B, H), torch.zeros(B, H)), ["x", "h0"], ["y", "h_n"])
+    dyn = {"x": {0: torch.export.Dim("seq")}, "h0": {}} if dynamic else None
+    return _export(module, (torch.randn(T, B, H), torch.zeros(B, H)), ["x", "h0"], ["y", "h_n"], dyn)
 
 
 def torch_mamba():
@@ -176,6 +178,7 @@ EXPORTED = {
     "torch_cumsum_dyn": lambda: torch_cumsum(dynamic=True),
     "torch_ema": torch_ema,
     "torch_mingru": torch_mingru,
+    "torch_mingru_dyn": lambda: torch_mingru(dynamic=True),
     "torch_mamba": torch_mamba,
     "torch_linear_attention": torch_linear_attention,
     "torch_cumprod": torch_cumprod,

@@ -62,7 +62,7 @@ def test_skl2onnx_distance_scans(name):
         assert outcomes and not outcomes[0][0] and "not ReduceSumSquare" in outcomes[0][1], outcomes
         return
     assert outcomes and outcomes[0][0], outcomes
-    assert "Scan" not in ops(out) and "Gemm" in ops(out)
+    assert "Scan" not in ops(out) and "MatMul" in ops(out)
     feeds = {"X": expected["X"]}
     before, after = run(m, feeds), run(out, feeds)
     for key in before:

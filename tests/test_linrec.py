@@ -49,8 +49,8 @@ def reason(model, **options) -> str:
     (lb.ema(T=37), "chunked scan"),  # 37 steps: a padded last chunk
     (lb.mingru(T=40, B=2), "chunked scan"),
     (lb.mamba(T=33, B=2), "chunked scan"),
-    (lb.linear_attention(T=20, einsum=False), "chunked scan"),
-    (lb.linear_attention(T=20, einsum=True), "chunked scan"),
+    (lb.linear_attention(T=20, DK=4, DV=4, gamma=0.5, einsum=False), "chunked matmul form"),
+    (lb.linear_attention(T=20, DK=4, DV=4, gamma=0.5, einsum=True), "chunked matmul form"),
     (lb.cumulative_product(T=24), "chunked product"),
 ], ids=["sum", "sum_reverse_batched", "ema", "mingru", "mamba", "linear_attention_matmul", "linear_attention_einsum",
         "cumprod"])
@@ -213,18 +213,65 @@ def test_map_is_left_to_vectorize():
 
 
 def test_wide_states_keep_the_loop_but_sums_do_not():
-    """Measured: the chunked form loses to the loop on wide states (a 64x64 matrix state)."""
-    m = lb.linear_attention(T=20, DK=64, DV=64)
-    assert "4,096 elements per step, over linrec_max_state=512" in reason(m)
+    """Measured: the elementwise chunked forms lose to the loop on wide states (Mamba [1, 64, 16])."""
+    m = lb.mamba(T=20, B=1, D=64, N=16)
+    assert "1,024 elements per step, over linrec_max_state=512" in reason(m)
     rewritten(lb.running_sum(T=20, H=4096), "CumSum")
-    rewritten(m, "chunked scan", linrec_max_state=4096)
+    rewritten(m, "chunked scan", linrec_max_state=1024)
+
+
+# ---------------------------------------------------------------- decayed linear attention
+def _attention_truth(feeds, gamma):
+    """The recurrence in float64: the reference both the loop and the rewrite are held to."""
+    s = feeds["S0"].astype(np.float64)
+    ys = []
+    for q, k, v in zip(feeds["Q"], feeds["K"], feeds["V"]):
+        s = gamma * s + np.outer(k, v)
+        ys.append(q @ s)
+    return {"ST": s, "Y": np.stack(ys)}
+
+
+@pytest.mark.parametrize("einsum", [True, False])
+@pytest.mark.parametrize("steps, chunk", [(48, 16), (32, 64)])
+def test_linear_attention_matmul_form_is_as_accurate_as_the_loop(einsum, steps, chunk):
+    """S' = γS + kᵀv, y = qS' in the chunked matmul form: it sums in another order, so it is held to
+    the float64 recurrence, no farther from it than the loop (x4) plus float32 rounding of the
+    magnitudes summed."""
+    m = lb.linear_attention(T=steps, DK=8, DV=8, gamma=0.9, einsum=einsum)
+    out = rewritten(m, "chunked matmul form", linrec_attention_chunk=chunk)
+    rng = np.random.default_rng(steps)
+    feeds = {"S0": rng.standard_normal((8, 8)).astype(np.float32)}
+    feeds.update({k: rng.standard_normal((steps, 8)).astype(np.float32) for k in ("Q", "K", "V")})
+    truth, loop, got = _attention_truth(feeds, np.float32(0.9)), run(m, feeds), run(out, feeds)
+    for key in truth:
+        scale = float(np.max(np.abs(truth[key])))
+        loop_error, form_error = np.abs(loop[key] - truth[key]), np.abs(got[key] - truth[key])
+        assert np.all(form_error <= 4 * loop_error + 4e-6 * scale), (key, loop_error.max(), form_error.max())
+
+
+def test_linear_attention_without_a_chunk_dividing_t_uses_the_elementwise_form():
+    m = lb.linear_attention(T=37, DK=4, DV=4)  # 37 is prime
+    out = rewritten(m, "chunked scan", linrec_attention_chunk=16)
+    assert_equivalent(m, out)
+
+
+def test_per_step_decay_is_not_the_matmul_form():
+    """γ_t read from the input: the decay matrix differs per step pair; the elementwise form."""
+    m = lb.linear_attention(T=24, DK=4, DV=4, einsum=False)
+    body = m.graph.node[0].attribute[0].g
+    mul = next(n for n in body.node if n.output[0] == "gs")
+    body.node.insert(0, h.make_node("Sigmoid", ["k"], ["gamma_t"]))
+    body.node.insert(1, h.make_node("Unsqueeze", ["gamma_t", "ax1"], ["gamma_col"]))
+    mul.input[1] = "gamma_col"
+    out = rewritten(m, "chunked scan")
+    assert_equivalent(m, out)
 
 
 # ---------------------------------------------------------------- PyTorch exports (models/linrec)
 LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
 EXPORTS = {
     "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
-    "torch_mingru": "chunked scan", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked scan",
+    "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked matmul form",
     "torch_cumprod": "chunked product",
 }
 
@@ -248,3 +295,58 @@ def test_torch_scan_exports_match_torch(name):
     for key in got:
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
     assert_equivalent(m, out, inputs=[feeds])
+
+
+def test_products_use_cumprod_where_the_opset_has_it():
+    """CumProd is probed in onnx.defs (opset 26+), never assumed: below, the chunked product."""
+    import onnx.defs
+
+    try:
+        since = onnx.defs.get_schema("CumProd").since_version
+    except Exception:  # noqa: BLE001 - an onnx without CumProd
+        since = None
+    assert "chunked product" in linrec(lb.cumulative_product(T=24, opset=17))[1][0][1]
+    if since is None or b.ort_refuses(lb.cumulative_product(T=24, opset=since)):
+        pytest.skip("no CumProd in this onnx/onnxruntime")
+    for steps in (24, "T"):
+        m = lb.cumulative_product(T=steps, opset=since)
+        out = rewritten(m, "CumProd")
+        assert "CumProd" in ops(out)
+        if b.ort_refuses(out):
+            pytest.skip("this onnxruntime loads the opset but has no CumProd kernel")
+        assert_equivalent(m, out)
+
+
+# ---------------------------------------------------------------- symbolic length
+def _feeds(model, steps: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value if d.dim_value else steps for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("build, form", [
+    (lambda: lb.ema(T="T"), "chunked scan"),
+    (lambda: lb.mingru(T="T", B=2, I=4, H=4), "chunked scan"),
+    (lambda: lb.mamba(T="T", B=1, D=4, N=2), "chunked scan"),
+    (lambda: lb.cumulative_product(T="T"), "chunked product"),
+], ids=["ema_steady_decay", "mingru", "mamba", "cumprod"])
+def test_symbolic_length_takes_the_positions_form_with_runtime_padding(build, form):
+    """A symbolic T (torch exports with a dynamic seq): padding and the chunk count are computed
+    at run time, the state carried across chunks by a Loop; checked at 0 steps (final = h0),
+    1, fewer than a chunk, an exact multiple and a padded length."""
+    m = build()
+    out = rewritten(m, "symbolic length", linrec_chunk=8)
+    assert f"{form} (C=8, positions, symbolic length)" in linrec(m, linrec_chunk=8)[1][0][1]
+    empty = _feeds(m, 0)  # onnxruntime cannot run the zero-length Scan itself; the loop's meaning
+    got = run(out, empty)
+    np.testing.assert_array_equal(got["hT"], empty["h0"])
+    assert got["Y"].shape[0] == 0
+    for steps in (1, 5, 16, 37):
+        feeds = _feeds(m, steps, seed=steps)
+        want, got = run(m, feeds), run(out, feeds)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=f"{key} at T={steps}")
+    assert_equivalent(m, out, inputs=[_feeds(m, 21)])

@@ -129,7 +129,7 @@ def _axes(reduce: gs.Node, opset: int):
 def emit_distances(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> gs.Tensor:
     """[rows, queries] squared distances of ``rows`` [R, F] to ``queries`` [Q, F], clamped at 0.
 
-    One Gemm of augmented operands, [−2q, 1, ‖q‖²] · [x, ‖x‖², 1]ᵀ, so no pass over the
+    One product of augmented operands, [−2q, 1, ‖q‖²] · [x, ‖x‖², 1]ᵀ, so no pass over the
     [Q, R] result but the clamp; the rows' side is constant for a fitted model (onnxruntime
     folds it). Computed as [Q, R] and transposed: the consumer skl2onnx emits is a Transpose
     back to [Q, R], which onnxruntime cancels with this one."""
@@ -138,7 +138,9 @@ def emit_distances(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> g
     row_side = e.op("Concat", [rows, _sum_squares(e, rows, keep=1), ones_rows], axis=1)
     scaled = e.op("Mul", [queries, e.const("minus_two", np.array(-2, dtype))])
     query_side = e.op("Concat", [scaled, ones_queries, _sum_squares(e, queries, keep=1)], axis=1)
-    squared = e.op("Gemm", [query_side, row_side], transB=1)  # [Q, R]
+    # MatMul by the transposed row side, a constant for a fitted model that onnxruntime folds and
+    # prepacks (bench_linrec: 0.37 ms against 0.43 ms for Gemm(transB=1) at 2,000 x 64)
+    squared = e.op("MatMul", [query_side, e.op("Transpose", [row_side], perm=[1, 0])])  # [Q, R]
     clamped = e.op("Relu", [squared])
     return e.op("Transpose", [clamped], perm=[1, 0])
 

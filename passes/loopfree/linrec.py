@@ -15,12 +15,13 @@ rules of :mod:`lift`). Final states are the last row (static lengths) or h0 + th
 Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
 state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
 state to 16 bits every step; another association order would round differently), a symbolic
-length for the chunked form, opset < 11 (CumSum, Pad with input pads), and lengths below
+length for the doubling form (the positions form pads at run time), opset < 11 (CumSum, Pad with input pads), and lengths below
 ``linrec_min_steps`` for the chunked form (measured: it loses to the loop on short sequences).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,16 +33,25 @@ from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
     through_identity, to_processing_order, value_dtype,
 )
+from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
-from scanopt.passes.loopfree.prefix_scan import chunk_loop_scan, chunked_scan, cumulative_sum
+from scanopt.emit import supports
+from scanopt.passes.loopfree.prefix_scan import (
+    chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product, cumulative_sum,
+)
 from scanopt.rewrite import Builder, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
-DEFAULT_CHUNK = 16  # benchmarks/bench_linrec.py --chunks 8,16,32,64: 16 best or within noise of it
+# Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
+# below sqrt(T), balancing C loop iterations against log2(T/C) doubling rounds across chunks
+# (bench_linrec --chunks 16,32,64,128: EMA T=2048 best at 32, minGRU T=1024 at 16-32).
+DEFAULT_CHUNK = 16
+AUTO_CHUNK = 0
 DEFAULT_MIN_STEPS = 16
 # Per-step state elements above which the chunked form loses to the loop (bench_linrec: Mamba
 # [1, 64, 16] = 1,024 elements ~1.0x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
 DEFAULT_MAX_STATE = 512
+DEFAULT_ATTENTION_CHUNK = 64
 DEFAULT_FORM = "auto"
 FORMS = {"positions": chunk_loop_scan, "doubling": chunked_scan}
 # "auto": doubling below this length, the positions loop from it (bench_linrec, EMA H=128 and
@@ -63,6 +73,7 @@ class LinrecMatch(Match):
     out_ranks: list[int | None]
     chunk: int
     form: str
+    attention: AttentionForm | None = None  # the matmul form of decayed linear attention
 
 
 @register_pass
@@ -70,11 +81,14 @@ class Linrec(ScanPass):
     name = "linrec"
     summary = "linear recurrences h' = a*h + b -> CumSum or a chunked parallel scan (no loop)"
     tunables = {
-        "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default {DEFAULT_CHUNK})"),
+        "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default: {DEFAULT_CHUNK} for doubling, "
+                              "about sqrt(T) for the positions loop)"),
         "linrec_min_steps": (int, f"shortest static length rewritten (default {DEFAULT_MIN_STEPS}; shorter loops are "
                                   "left to unroll)"),
         "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
                                   f"form (default {DEFAULT_MAX_STATE}; sums are not limited)"),
+        "linrec_attention_chunk": (int, f"chunk length of decayed linear attention's matmul form, the largest "
+                                        f"divisor of T up to it (default {DEFAULT_ATTENTION_CHUNK})"),
         "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
                              f"'doubling' (log-depth, no loop) or 'auto' (doubling below T={POSITIONS_FROM}; "
                              f"default {DEFAULT_FORM})"),
@@ -114,13 +128,15 @@ class Linrec(ScanPass):
                 return Skip(f"{label} is {dtype}: the loop rounds such a state every step and a parallel form "
                             "rounds in another order (float32, float64, int32, int64 states only)")
             updates[i], ranks[i], dtypes[i] = update, rank, dtype
-        general = [i for i in changing if not updates[i].is_sum]
+        general = [i for i in changing if not updates[i].is_sum and not _by_cumprod(updates[i], ctx.opset, dtypes[i])]
         trip = view.trip_count
-        if general and trip is None:
-            return Skip("the length is symbolic: the chunked form needs a static length (sums excepted)")
+
         minimum = ctx.options.get("linrec_min_steps", DEFAULT_MIN_STEPS)
         if trip is not None and trip < minimum:
             return Skip(f"{trip} steps is below linrec_min_steps={minimum}: short loops are left to unroll")
+        attention = self._attention(node, view, body, changing, updates, ranks, dtypes, ctx)
+        if isinstance(attention, LinrecMatch):
+            return attention
         largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
         for i in general:
             size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
@@ -130,17 +146,56 @@ class Linrec(ScanPass):
                             "the loop is as fast or faster than the chunked form on wide states")
         form = ctx.options.get("linrec_form", DEFAULT_FORM)
         if form == "auto":
-            form = "positions" if trip is not None and trip >= POSITIONS_FROM else "doubling"
+            form = "positions" if trip is None or trip >= POSITIONS_FROM else "doubling"
+        if general and trip is None and form != "positions":
+            return Skip("the length is symbolic: the doubling form needs a static length (linrec_form=positions)")
         if form not in FORMS:
             return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}")
         found = self._plan(node, view, body, changing, updates, ranks, ctx)
         if isinstance(found, Skip):
             return found
         plan, early, late, out_ranks = found
-        chunk = max(1, int(ctx.options.get("linrec_chunk", DEFAULT_CHUNK)))
+        chunk = int(ctx.options.get("linrec_chunk", AUTO_CHUNK))
+        if chunk <= 0:
+            chunk = DEFAULT_CHUNK if form == "doubling" else 1 << max(3, int(math.isqrt(trip or 1024)).bit_length() - 1)
         return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
-    def _plan(self, node, view, body, changing, updates, ranks, ctx):
+    def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):
+        """A LinrecMatch in the matmul form (module linear_attention) where it applies, else None."""
+        if len(changing) != 1 or view.trip_count is None:
+            return None
+        i = changing[0]
+        update = updates[i]
+        if update.a is None or update.b is None or update.b.op != "leaf" or dtypes[i].type not in (np.float32, np.float64):
+            return None
+        n = view.num_states
+        per_step = _dependence(body, list(body.inputs[n:]))
+        for leaf in update.a.leaves():
+            shape = ctx.shapes.shape(leaf)
+            if shape is None and isinstance(leaf, gs.Constant):
+                shape = list(np.asarray(leaf.values).shape)
+            if per_step.get(id(leaf)) or shape is None or any(d != 1 for d in shape):
+                return None  # a per-step or non-scalar decay: the elementwise forms
+        new_state = {id(t) for t in _identity_chain(body.outputs[i])}
+        found = find_attention(update.b.tensor, body.outputs[n:], new_state, ranks[i], through_identity)
+        if found is None:
+            return None
+        chunk = _divisor_at_most(view.trip_count, ctx.options.get("linrec_attention_chunk", DEFAULT_ATTENTION_CHUNK))
+        if chunk is None:
+            return None
+        wanted = update.a.leaves() + [found.keys, found.values] + list(found.queries)
+        planned = self._plan(node, view, body, changing, updates, ranks, ctx, wanted=wanted)
+        if isinstance(planned, Skip):
+            return None
+        plan, early, late, _ = planned
+        for t in [found.keys, found.values] + list(found.queries):
+            if plan.value(t, ctx.shapes.shape).rank != ranks[i] - 1:
+                return None
+        out_ranks = [ranks[i] - 1] * view.num_scan_outputs
+        return LinrecMatch(view, updates, ranks, dtypes, plan, early + late, [], out_ranks, chunk, "attention",
+                           attention=found)
+
+    def _plan(self, node, view, body, changing, updates, ranks, ctx, wanted=None):
         n = view.num_states
         roots: dict[int, Value] = {}
         for i in range(n):
@@ -156,8 +211,8 @@ class Linrec(ScanPass):
         chain = set().union(*(updates[i].chain for i in changing))
         old = {id(body.inputs[i]) for i in changing}
         leaves = [t for i in changing for term in (updates[i].a, updates[i].b) if term is not None for t in term.leaves()]
-        outputs = list(body.outputs[n:])
-        nodes = _needed_until(body, leaves + outputs, set(updated))
+        outputs = list(body.outputs[n:]) if wanted is None else []
+        nodes = _needed_until(body, (leaves if wanted is None else wanted) + outputs, set(updated))
         for nd in nodes:
             if id(nd) in chain:
                 return Skip(f"a scan output reads '{nd.outputs[0].name}', part of a state update, not the new state")
@@ -184,7 +239,7 @@ class Linrec(ScanPass):
             if (not value.per_step or view.output_axes[k] != 0) and value.rank is None:
                 return Skip(f"scan output '{view.scan_outputs[k]}': the rank of body output '{t.name}' is unknown")
             out_ranks.append(value.rank)
-        for leaf in leaves:
+        for leaf in leaves if wanted is None else wanted:
             if plan.value(leaf, ctx.shapes.shape).rank is None:
                 return Skip(f"the rank of coefficient '{leaf.name}' is unknown")
         return plan, early, late, out_ranks
@@ -202,6 +257,8 @@ class Linrec(ScanPass):
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
         emit_nodes(match.early, e, mapping)
+        if match.attention is not None:
+            return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
         finals: dict[int, gs.Tensor] = {}
         forms = []
         for i, update in match.updates.items():
@@ -211,16 +268,27 @@ class Linrec(ScanPass):
                 h = cumulative_sum(e, h0, b)
                 finals[i] = _last_or_initial(e, h, h0, b, view.trip_count)
                 forms.append("CumSum")
+            elif _by_cumprod(update, ctx.opset, dtype):
+                a = _per_step(e, update.a, mapping, plan, rank, dtype, ctx)
+                h = cumulative_product(e, h0, a)
+                finals[i] = _last_or_initial(e, h, h0, a, view.trip_count, "ReduceProd", "Mul")
+                forms.append("CumProd")
             else:
                 value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
-                if not per_step and match.form == "positions" and b is not None:  # a learned decay
+                if view.trip_count is None:  # the positions form with run-time padding and count
+                    steady = not per_step and b is not None
+                    a = value if steady else _stacked(e, value, per_step, a_rank, rank)
+                    h, finals[i] = chunk_loop_scan_symbolic(e, h0, a, b, rank, match.chunk, dtype,
+                                                            steady_rank=a_rank if steady else None)
+                elif not per_step and match.form == "positions" and b is not None:  # a learned decay
                     h, finals[i] = chunk_loop_scan(e, h0, value, b, rank, view.trip_count, match.chunk, dtype,
                                                    steady_rank=a_rank)
                 else:
                     a = _stacked(e, value, per_step, a_rank, rank)
                     h, finals[i] = FORMS[match.form](e, h0, a, b, rank, view.trip_count, match.chunk, dtype)
                 what = "chunked scan" if update.b is not None else "chunked product"
-                forms.append(f"{what} (C={min(match.chunk, view.trip_count)}, {match.form})")
+                forms.append(f"{what} (C={min(match.chunk, view.trip_count or match.chunk)}, {match.form}"
+                             f"{', symbolic length' if view.trip_count is None else ''})")
             mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
         _emit_aliasing_identities(match.late, e, mapping)
         outputs = []
@@ -232,7 +300,28 @@ class Linrec(ScanPass):
         states = [finals.get(i, node.inputs[i]) for i in range(n)]
         rebind_outputs(node, states + outputs, graph)
         added = place_appended(graph, position, start - 1)
-        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no loop)"
+        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no Scan left)"
+
+    def _rewrite_attention(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start, ctx) -> str:
+        (i, update), = match.updates.items()
+        found, view, plan = match.attention, match.view, match.plan
+        gamma, _, _ = _evaluate(e, update.a, mapping, plan, match.dtypes[i], ctx)
+        keys, values = (_lifted_steps(e, t, mapping, plan, ctx) for t in (found.keys, found.values))
+        queries = [_lifted_steps(e, t, mapping, plan, ctx) for t in found.queries]
+        ys, final = emit_attention(e, gamma, keys, values, queries, node.inputs[i], found.batch, view.trip_count,
+                                   match.chunk, match.dtypes[i])
+        outputs = [from_processing_order(e, y, view, k, match.out_ranks[k]) for k, y in enumerate(ys)]
+        states = [final if k == i else node.inputs[k] for k in range(view.num_states)]
+        rebind_outputs(node, states + outputs, graph)
+        added = place_appended(graph, position, start - 1)
+        return (f"decayed linear attention -> chunked matmul form (C={match.chunk}; masked decay matrix, "
+                f"chunk states by doubling) ({added} nodes, no Scan left)")
+
+
+def _lifted_steps(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, ctx) -> gs.Tensor:
+    value = plan.value(t, ctx.shapes.shape)
+    lifted = mapping.get(id(t), t)
+    return lifted if value.per_step else e.over_steps(lifted, value.rank)
 
 
 def _per_step(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, rank: int, dtype, ctx) -> gs.Tensor:
@@ -266,14 +355,27 @@ def _evaluate(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, dtype, ctx):
     return e.op(op, [x, y]), px or py, r
 
 
-def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None) -> gs.Tensor:
-    """The final state of a sum: the last row for a static length >= 1, else h0 + the total
-    (which is h0 for zero steps)."""
+def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None,
+                     reduce: str = "ReduceSum", combine: str = "Add") -> gs.Tensor:
+    """The final state of a sum (product): the last row for a static length >= 1, else h0 + the
+    total (h0 ⊙ the product), which is h0 for zero steps."""
     if trip is not None and trip >= 1:
         return e.squeeze(e.slice(h, [trip - 1], [trip], [0]), [0])
-    total = e.op("ReduceSum", [b, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
-        e.op("ReduceSum", [b], axes=[0], keepdims=0)
-    return e.op("Add", [h0, total])
+    axes_input = e.opset >= 18 or (reduce == "ReduceSum" and e.opset >= 13)
+    total = e.op(reduce, [b, e.ints("axes", [0])], keepdims=0) if axes_input else e.op(reduce, [b], axes=[0], keepdims=0)
+    return e.op(combine, [h0, total])
+
+
+def _by_cumprod(update: LinearUpdate, opset: int, dtype) -> bool:
+    """A product (b = 0) the opset's CumProd computes (probed in onnx.defs: CumProd is opset 26+)."""
+    return update.is_product and not update.is_sum and supports("CumProd", opset, dtype)
+
+
+def _divisor_at_most(steps: int, most: int) -> int | None:
+    """The largest chunk length <= ``most`` dividing ``steps`` (at least 8, or ``steps`` itself)."""
+    if steps <= most:
+        return steps
+    return next((c for c in range(most, 7, -1) if steps % c == 0), None)
 
 
 def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:

@@ -1,6 +1,7 @@
 """Loop-free forms of h_t = a_t ⊙ h_{t-1} + b_t over a whole sequence (axis 0, processing order).
 
-- sums (a = 1): ``h0 + CumSum(B)``.
+- sums (a = 1): ``h0 + CumSum(B)``; products (b = 0) at opsets that have CumProd (26+):
+  ``h0 ⊙ CumProd(A)``.
 - the general case (and products, b = 0): a chunked parallel scan. The padded sequence is cut
   into chunks of C steps; within each chunk a log-depth doubling (Hillis-Steele) composes the
   pairs (a, b) ∘ (a', b') = (a·a', a·b' + b) so that every position holds the product of the
@@ -30,6 +31,11 @@ def cumulative_sum(e: Emitter, h0: gs.Tensor, b: gs.Tensor) -> gs.Tensor:
     return e.op("Add", [e.unsqueeze(h0, [0]), e.op("CumSum", [b, e.const("axis", np.int64(0))])])
 
 
+def cumulative_product(e: Emitter, h0: gs.Tensor, a: gs.Tensor) -> gs.Tensor:
+    """h_t = h0 ⊙ a_1 ⊙ ... ⊙ a_t for ``a`` [T, ...]: CumProd (opset 26+; callers probe it)."""
+    return e.op("Mul", [e.unsqueeze(h0, [0]), e.op("CumProd", [a, e.const("axis", np.int64(0))])])
+
+
 def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, steps: int,
                  chunk: int, dtype: np.dtype) -> tuple[gs.Tensor, gs.Tensor]:
     """(H [T, ...state], final state) of h_t = a_t ⊙ h_{t-1} + b_t; ``a`` and ``b`` are [T, ...]
@@ -41,12 +47,12 @@ def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, r
     if padding:
         a = _pad_end(e, a, padding, rank + 1, one)
         b = None if b is None else _pad_end(e, b, padding, rank + 1, zero)
-    a = _split_steps(e, a, chunk)  # [count, chunk, ...]
-    b = None if b is None else _split_steps(e, b, chunk)
-    a, b = _doubling(e, a, b, 1, chunk, rank + 2, one, zero)
+    a = split_steps(e, a, chunk)  # [count, chunk, ...]
+    b = None if b is None else split_steps(e, b, chunk)
+    a, b = doubling(e, a, b, 1, chunk, rank + 2, one, zero)
     last_a = e.squeeze(e.slice(a, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
     last_b = None if b is None else e.squeeze(e.slice(b, [chunk - 1], [chunk], [1]), [1])
-    ca, cb = _doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
+    ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
     h0_row = e.unsqueeze(h0, [0])
     ends = e.op("Mul", [ca, h0_row])
     if cb is not None:
@@ -82,37 +88,38 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     if padding:
         a = a if steady else _pad_end(e, a, padding, rank + 1, one)
         b = _pad_end(e, b, padding, rank + 1, zero)
-    a = a if steady else _split_steps(e, a, chunk)  # [count, chunk, ...]
-    b = _split_steps(e, b, chunk)
+    major = [1, 0] + list(range(2, rank + 2))  # [count, chunk, ...] <-> [chunk, count, ...]
+    a = a if steady else e.op("Transpose", [split_steps(e, a, chunk)], perm=major)  # [chunk, count, ...]
+    b = e.op("Transpose", [split_steps(e, b, chunk)], perm=major)
     rows = e.ints("count", [count])
     state_shape = e.op("Concat", [rows, e.op("Shape", [h0])], axis=0)
     if count == 1:  # one chunk: the loop itself, from h0, on the lifted a and b
-        start = e.unsqueeze(h0, [0])
-        local, = _position_scan(e, a, b, start, None, rank, dtype, chunk, steady)
-        h = e.squeeze(local, [0])
+        local, = _position_scan(e, a, b, e.unsqueeze(h0, [0]), None, rank, dtype, chunk, steady)
+        h = e.squeeze(local, [1])
         final = e.squeeze(e.slice(h, [steps - 1], [steps], [0]), [0])
         return (h if not padding else e.slice(h, [0], [steps], [0])), final
     zeros = e.op("ConstantOfShape", [state_shape], value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
     if steady:
         local, = _position_scan(e, a, b, zeros, None, rank, dtype, chunk, True)
         powers = e.op("Expand", [e.unsqueeze(a, [0]), e.ints("chunk", [chunk] + [1] * steady_rank)])
-        powers, _ = _doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)  # a^(c+1) [C, ...a]
-        prod = e.unsqueeze(powers, [0] + list(range(2, 2 + rank - steady_rank)))  # [1, C, ...] of rank + 2
-        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1]),
+        powers, _ = doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)  # a^(c+1) [C, ...a]
+        prod = e.unsqueeze(powers, list(range(1, 2 + rank - steady_rank)))  # [C, 1, ...] of rank + 2
+        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0]),
                                  e.ints("count", [count] + [1] * rank)])
     else:
         a_shape = e.op("Shape", [a])
-        a_row = e.op("Concat", [e.slice(a_shape, [0], [1], [0]), e.slice(a_shape, [2], [INT64_MAX], [0])], axis=0)
-        ones = e.op("ConstantOfShape", [a_row], value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
+        ones = e.op("ConstantOfShape", [e.slice(a_shape, [1], [INT64_MAX], [0])],
+                    value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
         local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
-        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [1]), [1])  # [count, ...]
-    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [1]), [1])
-    ca, cb = _doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
+        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0])  # [count, ...]
+    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [0]), [0])
+    ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
     h0_row = e.unsqueeze(h0, [0])
     ends = e.op("Add", [e.op("Mul", [ca, h0_row]), cb])  # the state after each chunk
     final = e.squeeze(e.slice(ends, [count - 1], [count], [0]), [0])
     starts = e.op("Concat", [h0_row, e.slice(ends, [0], [count - 1], [0])], axis=0)
-    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [1])]), local])
+    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
+    h = e.op("Transpose", [h], perm=major)
     tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
     h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
     if padding:
@@ -123,31 +130,86 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
 
 
 def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, steady: bool):
-    """A Loop over the positions (axis 1) of a, b [count, chunk, ...]: h = a ⊙ h + b from
-    ``start`` and, when ``ones`` is given, the running product of the a's; both stacked back
-    on axis 1 (``steady``: ``a`` is one value for every step, read as it is). A Loop, not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
+    """A Loop over the positions (axis 0) of a, b [chunk, count, ...]: h = a ⊙ h + b from
+    ``start`` and, when ``ones`` is given, the running product of the a's; both stacked
+    [chunk, count, ...] (``steady``: ``a`` is one value for every step, read as it is). A Loop,
+    not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
+    _, stacked = _loop(e, a, b, start, ones, rank + 1, dtype, e.const("positions", np.int64(chunk)), steady)
+    return stacked
+
+
+def _loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady: bool, before: bool = False):
+    """(final states, stacked states) of a Loop of ``length`` iterations over axis 0 of a and b:
+    h = a ⊙ h + b (and p = a ⊙ p when ``ones`` is given); stacked after each update, or the
+    state before it when ``before``."""
     body = new_graph(e.b.names.fresh("chunk_positions"))
     inner = Emitter(Builder(body, e.b.names), e.opset)
-    width = rank + 1
     step = gs.Variable(e.b.names.fresh("position"), dtype=np.int64, shape=[])
     cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
     h_in = gs.Variable(e.b.names.fresh("h"), dtype=dtype, shape=[None] * width)
     p_in = gs.Variable(e.b.names.fresh("p"), dtype=dtype, shape=[None] * width) if ones is not None else None
-    a_t = a if steady else inner.op("Gather", [a, step], axis=1)
-    b_t = inner.op("Gather", [b, step], axis=1)
+    a_t = a if steady else inner.op("Gather", [a, step], axis=0)
+    b_t = inner.op("Gather", [b, step], axis=0)
     h_out = inner.op("Add", [inner.op("Mul", [a_t, h_in]), b_t], dtype=dtype, shape=[None] * width)
     outs = [h_out]
     if p_in is not None:
         outs.append(inner.op("Mul", [a_t, p_in], dtype=dtype, shape=[None] * width))
-    copies = [inner.op("Identity", [t], dtype=dtype, shape=[None] * width) for t in outs]
+    kept = [h_in] if before else outs
+    copies = [inner.op("Identity", [t], dtype=dtype, shape=[None] * width) for t in kept]
     cond_out = inner.op("Identity", [cond], dtype=np.bool_, shape=[])
     body.inputs = [step, cond, h_in] + ([p_in] if p_in is not None else [])
     body.outputs = [cond_out] + outs + copies
     states = [start] + ([ones] if ones is not None else [])
-    length = e.const("positions", np.int64(chunk))
-    results = e.op("Loop", [length, gs.Variable.empty()] + states, n_outputs=2 * len(states), body=body)
-    perm = [1, 0] + list(range(2, rank + 2))
-    return [e.op("Transpose", [stacked], perm=perm) for stacked in results[len(states):]]
+    results = e.op("Loop", [length, gs.Variable.empty()] + states, n_outputs=len(states) + len(copies), body=body)
+    results = results if isinstance(results, list) else [results]
+    return results[:len(states)], results[len(states):]
+
+
+def chunk_loop_scan_symbolic(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, chunk: int,
+                             dtype: np.dtype, steady_rank: int | None = None) -> tuple[gs.Tensor, gs.Tensor]:
+    """:func:`chunk_loop_scan` for a length known only at run time: padding and the chunk count
+    are computed, and the state is carried across chunks by a Loop over them (the doubling
+    across chunks needs their count). Zero steps give h0."""
+    one, zero = np.ones([], dtype), np.zeros([], dtype)
+    steady = steady_rank is not None
+    if b is None:
+        b = e.op("Mul", [a if not steady else e.unsqueeze(a, [0]), e.const("zero", zero)])
+    steps = e.slice(e.op("Shape", [b]), [0], [1], [0])  # int64 [1]
+    size = e.ints("chunk", [chunk])
+    padding = e.op("Mod", [e.op("Sub", [size, e.op("Mod", [steps, size])]), size])
+    pads = e.op("Concat", [e.ints("before", [0] * (rank + 1)), padding, e.ints("after", [0] * rank)], axis=0)
+    major = [1, 0] + list(range(2, rank + 2))
+    if not steady:
+        a = e.op("Transpose", [split_steps(e, e.op("Pad", [a, pads, e.const("one", one)]), chunk)], perm=major)
+    b = e.op("Transpose", [split_steps(e, e.op("Pad", [b, pads, e.const("zero", zero)]), chunk)], perm=major)
+    count = e.slice(e.op("Shape", [b]), [1], [2], [0])  # int64 [1]
+    zeros = e.op("ConstantOfShape", [e.op("Concat", [count, e.op("Shape", [h0])], axis=0)],
+                 value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
+    if steady:
+        local, = _position_scan(e, a, b, zeros, None, rank, dtype, chunk, True)
+        powers = e.op("Expand", [e.unsqueeze(a, [0]), e.ints("chunk", [chunk] + [1] * steady_rank)])
+        powers, _ = doubling(e, powers, None, 0, chunk, steady_rank + 1, one, zero)
+        prod = e.unsqueeze(powers, list(range(1, 2 + rank - steady_rank)))  # [C, 1, ...] of rank + 2
+        last_a = e.op("Expand", [e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0]),
+                                 e.op("Concat", [count, e.ints("ones", [1] * rank)], axis=0)])
+    else:
+        ones = e.op("ConstantOfShape", [e.slice(e.op("Shape", [a]), [1], [INT64_MAX], [0])],
+                    value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
+        local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
+        last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0])  # [count, ...]
+    last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [0]), [0])
+    trips = e.op("Reshape", [count, e.ints("scalar", [])])
+    _, (starts,) = _loop(e, last_a, last_b, h0, None, rank, dtype, trips, False, before=True)
+    # [count, ...state]: onnxruntime gives a zero-iteration Loop's stacked output shape [0]
+    starts = e.op("Reshape", [starts, e.op("Concat", [count, e.op("Shape", [h0])], axis=0)])
+    h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
+    h = e.op("Transpose", [h], perm=major)
+    tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
+    h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    h = e.op("Slice", [h, e.ints("zero", [0]), steps, e.ints("axes", [0])])
+    # the last real step, or h0 when there is none
+    last = e.op("Concat", [e.unsqueeze(h0, [0]), e.slice(h, [-1], [INT64_MAX], [0])], axis=0)
+    return h, e.squeeze(e.slice(last, [-1], [INT64_MAX], [0]), [0])
 
 
 def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray) -> gs.Tensor:
@@ -155,13 +217,13 @@ def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray)
     return e.op("Pad", [x, e.ints("pads", pads), e.const("pad_value", value)])
 
 
-def _split_steps(e: Emitter, x: gs.Tensor, chunk: int) -> gs.Tensor:
+def split_steps(e: Emitter, x: gs.Tensor, chunk: int) -> gs.Tensor:
     """[T, ...] -> [T / chunk, chunk, ...]."""
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
     return e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [-1, chunk]), tail], axis=0)])
 
 
-def _doubling(e: Emitter, a, b, axis: int, length: int, rank: int, one, zero):
+def doubling(e: Emitter, a, b, axis: int, length: int, rank: int, one, zero):
     """Inclusive scan of the pairs along ``axis`` (static ``length``): after it, position i
     holds the composition of positions 0..i. log2(length) rounds of shift-and-compose."""
     shift = 1
