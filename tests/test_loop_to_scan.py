@@ -26,8 +26,8 @@ EXPECTED = {
     "dyn_while_rnn": "RNN",
     "ts_map_stack": "vectorized",
     "ts_nested_map": "vectorized",
-    "ts_gru_stack": None,  # chunk(3) is a Slice with computed bounds: fuse declines
-    "ts_lstm_stack": None,
+    "ts_gru_stack": "GRU",  # chunk(3): Slices whose bounds fold once Shape(gates)[1] is constant
+    "ts_lstm_stack": "LSTM",
     "dyn_while_rnn_sum": None,  # a running sum besides h: no native cell
     "tf_scan_rnn": "RNN",
     "tf_map_fn": "vectorized",
