@@ -16,6 +16,11 @@ dynamo=False)``) of scripted for-loops over ``range(x.size(0))`` reading ``x[i]`
 - ts_map_stack:     a per-step MLP, no carry (a map)
 - ts_nested_map:    a for-loop over x.size(0) with a for-loop over x.size(1) inside (a map)
 - ts_counter_arith: ``h = tanh(W x[i] + h) * i``: the counter in arithmetic (stays a Loop)
+- ts_rnn_iter, ts_rnn_enumerate: ``for x_t in x`` / ``for i, x_t in enumerate(x)``
+- ts_rnn_unbind:    ``for x_t in x.unbind(0)`` (SplitToSequence + SequenceAt: stays a Loop,
+                    onnxruntime and the spec disagree on the rows' rank)
+- ts_rnn_final:     only the final h, no stacked outputs
+- ts_rnn_stack_last: ``torch.stack(outs, -1)``
 Dynamo exporter of ``torch._higher_order_ops.while_loop`` (condition ``i < x.size(0)``,
 a counter of its own, ``x.index_select(0, i)``):
 - dyn_while_rnn:    tanh RNN carrying h
@@ -137,7 +142,46 @@ def _modules():
                 outs.append(h)
             return torch.stack(outs), h
 
-    return dict(ts_rnn_stack=RNNStack, ts_rnn_cat=RNNCat, ts_gru_stack=GRUStack, ts_lstm_stack=LSTMStack,
+    class RNNIter(RNNStack):
+        def forward(self, x, h):
+            outs = []
+            for x_t in x:
+                h = torch.tanh(self.wi(x_t) + self.wh(h))
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class RNNEnumerate(RNNStack):
+        def forward(self, x, h):
+            outs = []
+            for i, x_t in enumerate(x):
+                h = torch.tanh(self.wi(x_t) + self.wh(h))
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class RNNUnbind(RNNStack):
+        def forward(self, x, h):
+            outs = []
+            for x_t in x.unbind(0):
+                h = torch.tanh(self.wi(x_t) + self.wh(h))
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class RNNFinal(RNNStack):
+        def forward(self, x, h):
+            for i in range(x.size(0)):
+                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+            return (h,)
+
+    class RNNStackLast(RNNStack):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0)):
+                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                outs.append(h)
+            return torch.stack(outs, -1), h
+
+    return dict(ts_rnn_iter=RNNIter, ts_rnn_enumerate=RNNEnumerate, ts_rnn_unbind=RNNUnbind, ts_rnn_final=RNNFinal,
+                ts_rnn_stack_last=RNNStackLast, ts_rnn_stack=RNNStack, ts_rnn_cat=RNNCat, ts_gru_stack=GRUStack, ts_lstm_stack=LSTMStack,
                 ts_rnn_reverse=RNNReverse, ts_rnn_batch_first=RNNBatchFirst, ts_map_stack=MapStack,
                 ts_nested_map=NestedMap, ts_counter_arith=CounterArith)
 
@@ -197,7 +241,8 @@ def write(name):
     with torch.no_grad():
         got = module(*feeds.values())
     got = got if isinstance(got, tuple) else (got,)
-    outputs = {"dyn_while_rnn": ["h_n"], "dyn_while_rnn_sum": ["h_n", "h_sum"]}.get(name, ["y", "h_n", "c_n"][: len(got)])
+    outputs = {"dyn_while_rnn": ["h_n"], "dyn_while_rnn_sum": ["h_n", "h_sum"],
+               "ts_rnn_final": ["h_n"]}.get(name, ["y", "h_n", "c_n"][: len(got)])
     path = os.path.join(OUT, f"{name}.onnx")
     if scripted:
         batch_axis = 0 if name == "ts_rnn_batch_first" else 1
@@ -219,7 +264,7 @@ def write(name):
     save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
 
 
-NAMES = ["ts_rnn_stack", "ts_rnn_cat", "ts_gru_stack", "ts_lstm_stack", "ts_rnn_reverse", "ts_rnn_batch_first",
+NAMES = ["ts_rnn_iter", "ts_rnn_enumerate", "ts_rnn_unbind", "ts_rnn_final", "ts_rnn_stack_last", "ts_rnn_stack", "ts_rnn_cat", "ts_gru_stack", "ts_lstm_stack", "ts_rnn_reverse", "ts_rnn_batch_first",
          "ts_map_stack", "ts_nested_map", "ts_counter_arith", "dyn_while_rnn", "dyn_while_rnn_sum"]
 
 

@@ -71,11 +71,22 @@ def optimize(
 
 def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated):
     warnings = validate_model(model) if validated is None else list(validated)
-    chosen = select_passes(passes, skip)
     from scanopt.deploy import check_input_shapes, check_threads
 
-    check_input_shapes(model, (options or {}).get("input_shapes"))  # before any work (a migration)
+    check_input_shapes(model, (options or {}).get("input_shapes"))  # before any work (functions, a migration)
     check_threads((options or {}).get("threads"))
+    functions = _prepare_functions(model, select_passes(passes, skip), options or {}, verify, inputs, engine, seeds,
+                                   progress)
+    if functions is None:
+        return _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options, progress, warnings)
+    # Verified against the original already: the rest builds on it.
+    result = _optimize_graphs(functions.model, passes, skip, verify, inputs, engine, seeds, options, progress, warnings)
+    return _report_functions(result, functions, model)
+
+
+def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options, progress, warnings):
+    """The passes over the main graph and the bodies in it (functions are settled before)."""
+    chosen = select_passes(passes, skip)
     # options["target_opset"] (issue 4): the whole model moves to that opset first
     # (scanopt.migrate: the upgrade pass rewrites every Scan-8, onnx.version_converter the
     # rest). A migration is all or nothing, so it is verified on its own and raises when it
@@ -124,6 +135,48 @@ def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progr
         result[1].ops_before = count_ops(original)
         result[1].ops_after = count_ops(result[0])
     return result
+
+
+def _prepare_functions(model, chosen, options, verify, inputs, engine, seeds, progress):
+    """Loop-holding model-local functions inlined or optimized in place (scanopt.functions)."""
+    if not model.functions:
+        return None
+    from scanopt.functions import prepare_functions
+
+    def run(body):
+        return _run_passes(body, chosen, options, frozenset(), progress)
+
+    def check(candidate):
+        if not verify:
+            return None
+        from scanopt.verify import compare_models
+
+        try:
+            outcome = compare_models(model, candidate, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True)
+        except ScanoptError as exc:
+            return False, str(exc)
+        return outcome.passed, outcome.summary()
+
+    return prepare_functions(model, run, check)
+
+
+def _report_functions(result, functions, original):
+    """Fold what was done to functions into the report of the run over the prepared model."""
+    optimized, report = result
+    report.outcomes[:0] = functions.outcomes
+    if functions.model is original:  # nothing done to functions: only their reasons to add
+        return optimized, report
+    report.modified = True
+    report.ops_before = count_ops(original)
+    report.ops_after = count_ops(optimized)
+    if functions.summaries:
+        verification = report.verification or {"passed": True, "rolled_back": []}
+        done = "; ".join(functions.summaries)
+        verification["summary"] = f"{done}; {verification['summary']}" if verification.get("summary") else done
+        report.verification = verification
+    elif report.verification is None:
+        report.verification = {"passed": None, "summary": "not verified (verification disabled)"}
+    return optimized, report
 
 
 def _implied_shapes(options: dict, inputs, model) -> dict:

@@ -50,8 +50,8 @@ def validate_model(model: onnx.ModelProto, *, name: str = "model", serialized: b
 
 
 def _scans_in_functions(model: onnx.ModelProto) -> list[str]:
-    """scanopt rewrites the main graph and the bodies in it, not model-local functions: say so
-    rather than report "no Scan nodes" for a model whose Scans all live in a function."""
+    """Name the model-local functions holding Scans rather than report "no Scan nodes" (inspect
+    lists the main graph and its bodies; optimize handles functions, scanopt.functions)."""
 
     def has_scan(nodes) -> bool:
         return any(n.op_type == "Scan" or any(has_scan(a.g.node) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
@@ -60,8 +60,8 @@ def _scans_in_functions(model: onnx.ModelProto) -> list[str]:
     names = [f"{f.domain}.{f.name}" if f.domain else f.name for f in model.functions if has_scan(f.node)]
     if not names:
         return []
-    return [f"Scan nodes inside model-local function(s) {', '.join(repr(n) for n in names)} are not optimized "
-            "(scanopt rewrites the main graph and the bodies in it)"]
+    return [f"Scan nodes inside model-local function(s) {', '.join(repr(n) for n in names)}: optimize inlines a "
+            "function called once and rewrites the body of one called more often in place"]
 
 
 def _check_versions(model: onnx.ModelProto) -> None:

@@ -195,7 +195,8 @@ def test_short_batched_scan8_is_not_unrolled_because_it_would_be_slower(optimize
 
 def test_scans_in_model_local_functions_are_named_in_a_warning(optimized, cli):
     code, out, _, _, _ = optimized("scan_in_function")
-    assert "model-local function(s) 'local.cumsum' are not optimized" in out
+    assert "model-local function(s) 'local.cumsum': optimize inlines a function called once" in out
+    assert "local.cumsum: functions applied: inlined at its single call site" in out
     listed = cli("inspect", path("scan_in_function"))
     assert "no Scan nodes in the graph or its bodies" in listed.out and "'local.cumsum'" in listed.out
 

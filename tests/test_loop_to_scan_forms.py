@@ -134,6 +134,19 @@ def test_counter_cast_to_int32_still_indexes():
     assert_converts(rnn_loop(reads))
 
 
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_sequence_at_of_a_split_into_rows(keepdims):
+    """SequenceAt(SplitToSequence(x), i) without a split: keepdims decides the row's rank,
+    and the trip count SequenceLength of the split is the length of x."""
+    outer = [oh.make_node("SplitToSequence", ["x"], ["rows"], axis=0, keepdims=keepdims),
+             oh.make_node("SequenceLength", ["rows"], ["n"])]
+    reads = [oh.make_node("SequenceAt", ["rows", "i"], ["x_row"])]
+    reads += [oh.make_node("Identity", ["x_row"], ["x_t"])] if not keepdims else [
+        const("axes0", np.array([0], np.int64)), oh.make_node("Squeeze", ["x_row", "axes0"], ["x_t"])]
+    _, detail = assert_converts(rnn_loop(reads, trip="n", outer=outer))
+    assert "cut" not in detail
+
+
 def test_read_along_a_negative_axis():
     model = loop_model(
         [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=-1), oh.make_node("Relu", ["x_t"], ["y_t"])],

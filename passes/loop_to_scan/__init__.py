@@ -108,6 +108,7 @@ class LoopToScan(LoopPass):
         body.inputs[:] = [body.inputs[2 + k] for k in match.states] + elements
         body.outputs[:] = _distinct(body_outputs, inner)
         _drop_dead(match.cond_nodes, body)  # the condition, and a counter test's increment
+        _fold_static_dims(body, inner, ctx, folder)
 
         # The Scan, in the Loop's place.
         stack_results = []
@@ -160,6 +161,34 @@ def _proven_length(trip: gs.Tensor, read: Read, ctx: PassContext, folder: Consta
     if value is None or value.size != 1 or shape is None or read.axis >= len(shape):
         return False
     return isinstance(shape[read.axis], (int, np.integer)) and int(shape[read.axis]) == int(value.reshape(-1)[0])
+
+
+def _fold_static_dims(body: gs.Graph, inner: Builder, ctx: PassContext, folder: ConstantFolder) -> None:
+    """``Gather(Shape(t), k)`` becomes a constant where dim k of t is static. TorchScript
+    computes ``chunk`` bounds so inside the loop (``Shape(gates)[1] / 4``); in a Scan body
+    the bounds then fold, and fusion sees constant gate slices."""
+    for node in list(body.nodes):
+        if not is_op(node, "Gather") or node.attrs.get("axis", 0) != 0 or len(node.inputs) != 2:
+            continue
+        shape_node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+        index = folder.value(node.inputs[1])
+        if shape_node is None or not is_op(shape_node, "Shape") or index is None or index.dtype.kind not in "iu":
+            continue
+        dims = ctx.shapes.shape(shape_node.inputs[0])
+        if dims is None:
+            continue
+        start = int(shape_node.attrs.get("start", 0))
+        end = shape_node.attrs.get("end")
+        dims = dims[start:] if end is None else dims[start:int(end)]
+        picked = [dims[int(k)] if -len(dims) <= int(k) < len(dims) else None for k in index.reshape(-1)]
+        if not all(isinstance(d, (int, np.integer)) for d in picked):
+            continue
+        value = np.asarray(picked, np.int64).reshape(index.shape)
+        out = node.outputs[0]
+        replace_all_uses(out, inner.constant("static_dim", value), body)
+        detach(node, body)
+        if not any(len(t.outputs) for t in shape_node.outputs):
+            detach(shape_node, body)
 
 
 def _drop_dead(nodes: list[gs.Node], body: gs.Graph) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.constexpr import ConstantFolder
-from scanopt.graph import is_op, subgraphs_of, walk_graphs
+from scanopt.graph import HUGE, is_op, subgraphs_of, walk_graphs
 from scanopt.pass_api import Match, Skip
 from scanopt.shapes import ShapeTable
 
@@ -391,6 +391,21 @@ def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local
         if index_rank not in (0, 1):
             return Skip(f"the counter read of '{source.name}' has an index of unknown rank")
         return Read(user, source, axis, reverse, index_rank == 1, helpers, invariant)
+    if is_op(user, "SequenceAt") and user.inputs[1] is index and not offset:
+        split = _unit_split(user.inputs[0], folder)
+        producer = user.inputs[0].inputs[0] if len(user.inputs[0].inputs) == 1 else None
+        if split is None and producer is not None and is_op(producer, "SplitToSequence") and not producer.attrs.get("keepdims", 1):
+            return Skip("the counter picks rows of a SplitToSequence with a split and keepdims=0: the spec keeps "
+                        "their axis, onnxruntime drops it, so what the Loop computes depends on the runtime")
+        if split is None:
+            return Skip(f"the iteration counter picks from sequence '{user.inputs[0].name}', not a split of a tensor into rows")
+        source, axis, keeps = split
+        if id(source) in local:
+            return Skip(f"the iteration counter picks from a split of '{source.name}', computed inside the body")
+        axis = _axis(axis, source, shapes)
+        if axis is None:
+            return Skip(f"the rank of '{source.name}' is unknown: the split axis cannot be placed")
+        return Read(user, source, axis, reverse, keeps, helpers, [])
     if user.op in _INDEX_PASSTHROUGH and len(user.outputs) == 1:
         if user.op == "Cast" and user.attrs.get("to") not in (6, 7):  # int32, int64
             return Skip(f"the iteration counter is used in arithmetic (Cast '{user.name}' to a non-integer type)")
@@ -407,6 +422,28 @@ def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local
         if one is not None and one.size == 1 and one.reshape(-1)[0] == 1:
             return (user.outputs[0], helpers + [user], reverse, 1)  # i+1: only a Slice's end may take it
     return Skip(f"the iteration counter is used in arithmetic ({user.op} '{user.name}'), not only to index")
+
+
+def _at_least(t: gs.Tensor, bound: int, folder) -> bool:
+    value = folder.value(t)
+    return value is not None and value.size > 0 and bool((value >= bound).all())
+
+
+def _unit_split(sequence: gs.Tensor, folder) -> tuple[gs.Tensor, int, bool] | None:
+    """(X, axis, keeps axis) when ``sequence`` is SplitToSequence of X into rows of one
+    : no split (keepdims decides), or a split of 1 with keepdims=1. A split of 1 with
+    keepdims=0 (TorchScript's ``x.unbind(0)``) is not: the spec ignores keepdims when a split
+    is given (rows keep the axis), onnxruntime drops the axis."""
+    node = sequence.inputs[0] if len(sequence.inputs) == 1 else None
+    if node is None or not is_op(node, "SplitToSequence"):
+        return None
+    axis = int(node.attrs.get("axis", 0))
+    if len(node.inputs) < 2 or not node.inputs[1].name:
+        return node.inputs[0], axis, bool(node.attrs.get("keepdims", 1))
+    split = folder.value(node.inputs[1])
+    if split is None or split.ndim != 0 or int(split) != 1 or not node.attrs.get("keepdims", 1):
+        return None
+    return node.inputs[0], axis, True
 
 
 def _axis(axis: int, source: gs.Tensor, shapes: ShapeTable) -> int | None:
@@ -458,6 +495,13 @@ def shape_dim(t: gs.Tensor, folder: ConstantFolder) -> tuple[gs.Tensor, int] | N
     node = t.inputs[0] if len(t.inputs) == 1 else None
     if node is None:
         return None
+    if is_op(node, "SequenceLength"):  # of a split into rows: the length of the split axis
+        split = _unit_split(node.inputs[0], folder)
+        return None if split is None or split[1] < 0 else (split[0], split[1])
+    if is_op(node, "ReduceMin") and node.inputs and len(node.inputs[0].inputs) == 1 and is_op(node.inputs[0].inputs[0], "Concat"):
+        # min(INT64_MAX, T), TorchScript's bound of enumerate(x): T
+        pieces = [p for p in node.inputs[0].inputs[0].inputs if not _at_least(p, HUGE, folder)]
+        return shape_dim(pieces[0], folder) if len(pieces) == 1 else None
     shape_value = _strip_casts(node.inputs[0]) if node.inputs else None
     if is_op(node, "Gather") and node.attrs.get("axis", 0) == 0:
         shape_node = shape_value.inputs[0] if len(shape_value.inputs) == 1 else None

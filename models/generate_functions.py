@@ -1,0 +1,32 @@
+"""Regenerate the model-local function samples in models/functions/ (onnxscript 0.7 scripts
+in functions_onnxscript.py; needs ``pip install onnxscript``):
+
+- fn_rnn_twice:       a tanh-RNN Scan in function layers.rnn_layer, called twice (two weights)
+- fn_rnn_if_branches: the same function called from both branches of an If
+- fn_rnn_once:        the same function called once (optimize inlines it)
+- fn_map_twice:       a map Scan (relu(x W)) in function layers.relu_map, called twice
+
+    python models/generate_functions.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+
+from generate import HERE
+
+OUT = os.path.join(HERE, "functions")
+
+
+def main():
+    from functions_onnxscript import MODELS
+
+    os.makedirs(OUT, exist_ok=True)
+    for name, script in MODELS.items():
+        onnx.save(script.to_model_proto(), os.path.join(OUT, f"{name}.onnx"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Scans and Loops inside model-local functions (FunctionProto), which PyTorch's dynamo
+exporter and onnxscript write for layers.
+
+The passes rewrite the main graph and the bodies in it. Before they run, the pipeline calls
+:func:`prepare_functions`:
+
+- a function with a loop and a single call site in the model's graphs is inlined there
+  (onnx's inliner), so the passes see its loops like any other;
+- a function with a loop and several call sites is optimized in place: its body becomes a
+  model of its own (input types from the call sites, which must agree on element types and
+  ranks), the passes run on it, and the rewritten body replaces the old one, so every call
+  sees it. The whole model, through all its callers, is then verified against the
+  original; a function whose rewrite fails keeps its old body;
+- functions without loops, and functions that take attributes, stay as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+import onnx.inliner
+from onnx import helper as oh
+
+from scanopt.pass_api import NodeOutcome
+from scanopt.protos import attribute_graphs, walk_proto_graphs
+from scanopt.shapes import ShapeTable
+
+LOOP_OPS = ("Scan", "Loop")
+
+
+@dataclass
+class PreparedModel:
+    model: onnx.ModelProto
+    outcomes: list[NodeOutcome] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)  # verification of each rewritten function
+
+
+def function_key(f) -> tuple[str, str]:
+    return f.domain, f.name
+
+
+def _has_loop(nodes) -> bool:
+    return any(n.op_type in LOOP_OPS or any(_has_loop(g.node) for a in n.attribute for g in attribute_graphs(a))
+               for n in nodes)
+
+
+def call_sites(model: onnx.ModelProto) -> dict[tuple[str, str], list[onnx.NodeProto]]:
+    """Calls of each local function from the main graph (bodies included) and from functions."""
+    keys = {function_key(f) for f in model.functions}
+    graphs = list(walk_proto_graphs(model.graph))
+    nodes = [n for g in graphs for n in g.node]
+    for f in model.functions:
+        nodes += list(f.node)
+        nodes += [n for top in f.node for a in top.attribute for g in attribute_graphs(a)
+                  for sub in walk_proto_graphs(g) for n in sub.node]
+    found: dict[tuple[str, str], list] = {k: [] for k in keys}
+    for n in nodes:
+        if (n.domain, n.op_type) in keys:
+            found[(n.domain, n.op_type)].append(n)
+    return found
+
+
+def prepare_functions(model: onnx.ModelProto, run_passes, verify) -> PreparedModel | None:
+    """The model with its loop-holding functions inlined or optimized (the same object
+    when none changed), and what was done or why not; None when no function has a loop. ``run_passes(model) -> (model, report)`` runs the chosen passes on one model;
+    ``verify(candidate) -> (passed, summary) | None`` checks a candidate against the
+    original (None: verification is off)."""
+    loopy = [f for f in model.functions if _has_loop(f.node)]
+    if not loopy:
+        return None
+    calls = call_sites(model)
+    main_calls = {id(n) for g in walk_proto_graphs(model.graph) for n in g.node}
+    inline = [function_key(f) for f in loopy if len(calls[function_key(f)]) == 1
+              and id(calls[function_key(f)][0]) in main_calls and not _takes_attributes(f)]
+    prepared = PreparedModel(model)
+    current = model
+    if inline:
+        current = onnx.inliner.inline_selected_functions(model, inline)
+        used = call_sites(current)
+        kept = [f for f in current.functions if function_key(f) not in inline or used.get(function_key(f))]
+        del current.functions[:]
+        current.functions.extend(kept)
+        for domain, name in inline:
+            prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", True,
+                                                 "inlined at its single call site: its loops are optimized there"))
+    for f in loopy:
+        key = function_key(f)
+        if key in inline:
+            continue
+        label = _label(*key)
+        body = _standalone(current, f)
+        if isinstance(body, str):
+            prepared.outcomes.append(NodeOutcome("functions", label, "", False, body))
+            continue
+        rewritten, report = run_passes(body)
+        prefix = f"function {label}"
+        outcomes = [NodeOutcome(o.pass_name, f"{label}: {o.node}", f"{prefix} > {o.path}" if o.path else prefix, o.applied,
+                                o.detail, o.expected) for o in report.outcomes]
+        if not report.modified:
+            prepared.outcomes += outcomes
+            continue
+        candidate = _with_function(current, f, rewritten)
+        verdict = verify(candidate)
+        if verdict is not None and not verdict[0]:
+            prepared.outcomes += [o for o in outcomes if not o.applied]
+            prepared.outcomes.append(NodeOutcome("functions", label, "", False,
+                                                 f"rolled back: the rewritten body failed verification ({verdict[1]})"))
+            continue
+        if verdict is not None:
+            prepared.summaries.append(f"function {label}: {verdict[1]}")
+        prepared.outcomes += outcomes
+        current = candidate
+    prepared.model = current  # the very same object when no function changed
+    return prepared if prepared.outcomes else None
+
+
+def _label(domain: str, name: str) -> str:
+    return f"{domain}.{name}" if domain else name
+
+
+def _takes_attributes(f: onnx.FunctionProto) -> bool:
+    return bool(len(f.attribute) or len(f.attribute_proto))
+
+
+def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto) -> onnx.ModelProto | str:
+    """The function's body as a model whose inputs have the types its call sites give,
+    or the reason it cannot be one."""
+    if _takes_attributes(f):
+        return "takes attributes: its body depends on the call site, so it stays as it is"
+    calls = call_sites(model)[function_key(f)]
+    if not calls:
+        return "never called"
+    shapes = ShapeTable(model)
+    inputs = []
+    for k, name in enumerate(f.input):
+        seen = [shapes.type_of(c.input[k]) if k < len(c.input) and c.input[k] else (None, None) for c in calls]
+        elems = {e for e, _ in seen}
+        ranks = {None if s is None else len(s) for _, s in seen}
+        if len(elems) != 1 or None in elems or len(ranks) != 1:
+            return (f"its call sites give input '{name}' different or unknown types; the body is optimized "
+                    "only for one type per input")
+        shape = _merged([s for _, s in seen], f"{f.name}_{k}")
+        inputs.append(oh.make_tensor_value_info(name, elems.pop(), shape))
+    outputs = [onnx.ValueInfoProto(name=o) for o in f.output]
+    graph = oh.make_graph(list(f.node), f.name, inputs, outputs)
+    opsets = list(f.opset_import) or list(model.opset_import)
+    body = oh.make_model(graph, opset_imports=opsets, ir_version=model.ir_version)
+    body.functions.extend(g for g in model.functions if function_key(g) != function_key(f))
+    inferred = onnx.shape_inference.infer_shapes(body)
+    for out, typed in zip(body.graph.output, inferred.graph.output):
+        if typed.type.HasField("tensor_type") and typed.type.tensor_type.elem_type:
+            out.CopyFrom(typed)
+    return body
+
+
+def _merged(shapes: list, prefix: str):
+    """One shape for every call site: a dim they all give equal stays, others get a name."""
+    if shapes[0] is None:
+        return None
+    merged = []
+    for j, dims in enumerate(zip(*shapes)):
+        merged.append(dims[0] if all(d == dims[0] and d is not None for d in dims) else f"{prefix}_d{j}")
+    return merged
+
+
+def _with_function(model: onnx.ModelProto, f: onnx.FunctionProto, body: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose function ``f`` has the nodes of ``body`` (its initializers
+    as Constant nodes: a function holds none)."""
+    candidate = onnx.ModelProto()
+    candidate.CopyFrom(model)
+    target = next(g for g in candidate.functions if function_key(g) == function_key(f))
+    constants = [oh.make_node("Constant", [], [t.name], value=t) for t in body.graph.initializer]
+    del target.node[:]
+    target.node.extend(constants + list(body.graph.node))
+    del target.value_info[:]
+    known = {(o.domain or ""): o.version for o in target.opset_import}
+    for o in body.opset_import:
+        if (o.domain or "") not in known:
+            target.opset_import.append(o)
+            if all((m.domain or "") != (o.domain or "") for m in candidate.opset_import):
+                candidate.opset_import.append(o)
+    return candidate

@@ -1,0 +1,131 @@
+"""Loops inside model-local functions (models/functions/, written by onnxscript; see
+models/generate_functions.py): a function called several times is rewritten in place, one
+called once is inlined, and the whole model is compared with the original through every
+caller, in onnxruntime and the reference executor."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper as oh
+
+import scanopt
+from builders import vi
+from equivalence import assert_equivalent, ops
+
+FUNCTIONS = os.path.join(os.path.dirname(__file__), "..", "models", "functions")
+rng = np.random.default_rng(0)
+
+
+def load(name: str) -> onnx.ModelProto:
+    return scanopt.load_model(os.path.join(FUNCTIONS, f"{name}.onnx"))
+
+
+def function_ops(model: onnx.ModelProto, name: str):
+    fn = next(f for f in model.functions if f.name == name)
+    return [n.op_type for n in fn.node]
+
+
+def feeds(flag=None, t=4, b=3):
+    data = {"x": rng.standard_normal((t, b, 3)).astype(np.float32), "h0": rng.standard_normal((b, 4)).astype(np.float32),
+            "w": rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32), "r": rng.uniform(-0.5, 0.5, (4, 4)).astype(np.float32)}
+    if flag is not None:
+        data["flag"] = np.array(flag)
+    return data
+
+
+@pytest.mark.parametrize("name", ["fn_rnn_twice", "fn_rnn_if_branches"])
+def test_a_function_called_twice_is_rewritten_in_place(name):
+    model = load(name)
+    optimized, report = scanopt.optimize(model, options={"target": "portable"})
+    assert report.verification["passed"] is True
+    assert "function layers.rnn_layer: equivalent" in report.verification["summary"]
+    body = function_ops(optimized, "rnn_layer")
+    assert "RNN" in body and "Scan" not in body
+    calls = [n for g in [optimized.graph] + [a.g for n in optimized.graph.node for a in n.attribute if a.type == 5]
+             for n in g.node if n.op_type == "rnn_layer"]
+    assert len(calls) == 2  # still a function, called from both places
+    fused = [o for o in report.outcomes if o.pass_name == "fuse" and o.applied]
+    assert fused and fused[0].path == "function layers.rnn_layer"
+    if name == "fn_rnn_twice":
+        extra = feeds()
+        extra["w2"] = rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32)
+        assert_equivalent(model, optimized, inputs=[extra], engine="both")
+    else:
+        assert_equivalent(model, optimized, inputs=[feeds(True), feeds(False)], engine="both")
+
+
+def test_a_function_called_once_is_inlined_and_fused():
+    model = load("fn_rnn_once")
+    optimized, report = scanopt.optimize(model, options={"target": "portable"})
+    assert report.verification["passed"] is True
+    assert not optimized.functions and ops(optimized)["RNN"] == 1 and ops(optimized)["rnn_layer"] == 0
+    assert any(o.pass_name == "functions" and "inlined" in o.detail for o in report.outcomes)
+    assert_equivalent(model, optimized, inputs=[feeds()], engine="both")
+
+
+def test_a_map_in_a_function_called_twice_is_vectorized_in_place():
+    model = load("fn_map_twice")
+    optimized, report = scanopt.optimize(model)
+    assert report.verification["passed"] is True
+    assert "Scan" not in function_ops(optimized, "relu_map")
+    data = {"x": rng.standard_normal((5, 2, 3)).astype(np.float32),
+            "w": rng.standard_normal((3, 4)).astype(np.float32), "w2": rng.standard_normal((3, 4)).astype(np.float32)}
+    assert_equivalent(model, optimized, inputs=[data], engine="both")
+
+
+def test_without_verification_functions_are_still_rewritten():
+    optimized, report = scanopt.optimize(load("fn_rnn_twice"), verify=False, options={"target": "portable"})
+    assert "RNN" in function_ops(optimized, "rnn_layer")
+    assert report.verification["passed"] is None
+
+
+def _map_function():
+    body = oh.make_graph([oh.make_node("Neg", ["x"], ["y"])], "body", [oh.make_value_info("x", onnx.TypeProto())],
+                         [oh.make_value_info("y", onnx.TypeProto())])
+    return oh.make_function("local", "cumsum", ["s0", "X"], ["Y"],
+                            [oh.make_node("Scan", ["X"], ["Y"], body=body, num_scan_inputs=1)],
+                            opset_imports=[oh.make_opsetid("", 17)])
+
+
+def _cumsum_function(attribute=False):
+    body = oh.make_graph([oh.make_node("Add", ["s", "x"], ["s2"]), oh.make_node("Identity", ["s2"], ["y"])],
+                         "body", [oh.make_value_info("s", onnx.TypeProto()), oh.make_value_info("x", onnx.TypeProto())],
+                         [oh.make_value_info("s2", onnx.TypeProto()), oh.make_value_info("y", onnx.TypeProto())])
+    return oh.make_function("local", "cumsum", ["s0", "X"], ["Y"],
+                            [oh.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1)],
+                            opset_imports=[oh.make_opsetid("", 17)], attributes=["unused"] if attribute else [])
+
+
+def _two_calls(shapes, attribute=False, function=None):
+    (s_a, x_a), (s_b, x_b) = shapes
+    nodes = [oh.make_node("cumsum", ["s_a", "x_a"], ["y_a"], domain="local"),
+             oh.make_node("cumsum", ["s_b", "x_b"], ["y_b"], domain="local")]
+    graph = oh.make_graph(nodes, "main", [vi("s_a", s_a), vi("x_a", x_a), vi("s_b", s_b), vi("x_b", x_b)],
+                          [vi("y_a", x_a), vi("y_b", x_b)])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)], ir_version=8,
+                         functions=[function or _cumsum_function(attribute)])
+
+
+@pytest.mark.parametrize("model, reason", [
+    (_two_calls([([2], [3, 2]), ([2, 2], [3, 2, 2])]), "different or unknown types"),
+    (_two_calls([([2], [3, 2]), ([2], [3, 2])], attribute=True), "takes attributes"),
+])
+def test_functions_that_cannot_be_specialized_stay(model, reason):
+    optimized, report = scanopt.optimize(model)
+    assert optimized is model and not report.modified
+    outcome = next(o for o in report.outcomes if o.pass_name == "functions")
+    assert not outcome.applied and reason in outcome.detail and outcome.node == "local.cumsum"
+
+
+def test_call_sites_with_different_lengths_share_one_rewrite():
+    """Both calls give rank-2 inputs with different static lengths: the body (a map) is
+    vectorized for a named length and both calls are verified."""
+    model = _two_calls([([2], [3, 2]), ([2], [5, 2])], function=_map_function())
+    optimized, report = scanopt.optimize(model)
+    assert report.verification["passed"] is True
+    assert function_ops(optimized, "cumsum") == ["Neg"] or "Scan" not in function_ops(optimized, "cumsum")
+    assert_equivalent(model, optimized, engine="both")
