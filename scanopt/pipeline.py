@@ -227,6 +227,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         denied=denied,
         selected=tuple(p.name for p in chosen),
         cost=CostPolicy.from_options(options),
+        progress=getattr(progress, "count", None),  # a scanopt.progress.Progress also counts Scans
     )
     has_scan = any(True for _ in scan_nodes(graph))
     report.scans = describe_scans(graph, ctx) if has_scan else []

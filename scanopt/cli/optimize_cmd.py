@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, text_writer
+from scanopt.cli.common import add_job_arguments, comma_list, make_progress, start_job, text_writer
 from scanopt.errors import ScanoptError, VerificationError
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
 from scanopt.pipeline import optimize, select_passes
@@ -83,8 +83,18 @@ def _order_paragraph() -> str:
 
 
 def run(args) -> int:
+    progress = make_progress(args)
+    try:
+        return _run(args, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _run(args, progress) -> int:
+    if progress is not None:
+        progress(f"loading {args.input}")
     loaded, feeds, plan = start_job(args)
-    progress = info if args.verbose and not args.quiet else None
     result, report = optimize(
         loaded.model,
         passes=args.passes,
@@ -110,7 +120,11 @@ def run(args) -> int:
     outputs = [(args.output, writer)]
     if args.report:
         outputs.append((args.report, text_writer(report.to_json() + "\n")))
+    if progress is not None:
+        progress(f"writing {args.output}")
     plan.write(outputs)
+    if progress is not None:
+        progress.close()
     if not args.quiet:
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"
