@@ -18,7 +18,6 @@ from scanopt.errors import InvalidArgumentError, did_you_mean
 from scanopt.options import RUN_OPTIONS, check_options, describe_options
 from scanopt.report import Report
 
-ENGINES = ("auto", "ort", "reference", "both")  # as scanopt.verify.ENGINE_CHOICES (not imported: it loads onnxruntime)
 _ENGINE_ALIASES = {"onnxruntime": "ort", "ref": "reference", "onnx": "reference"}
 
 
@@ -130,10 +129,12 @@ def _pass_names(names, what: str) -> list[str] | None:
 
 
 def _engine(engine) -> str:
-    if engine in ENGINES:
+    from scanopt.verify import ENGINE_CHOICES
+
+    if engine in ENGINE_CHOICES:
         return engine
-    hint = f" (did you mean '{_ENGINE_ALIASES[engine]}'?)" if engine in _ENGINE_ALIASES else did_you_mean(engine, ENGINES)
-    raise InvalidArgumentError(f"unknown engine {engine!r}{hint}; choose from {', '.join(ENGINES)}")
+    hint = f" (did you mean '{_ENGINE_ALIASES[engine]}'?)" if engine in _ENGINE_ALIASES else did_you_mean(engine, ENGINE_CHOICES)
+    raise InvalidArgumentError(f"unknown engine {engine!r}{hint}; choose from {', '.join(ENGINE_CHOICES)}")
 
 
 def _input_shapes(shapes) -> dict[str, list[int]]:

@@ -29,6 +29,7 @@ FEW_SCANS = 6  # up to this many Scans, each one's applied rewrites are listed b
 KEEPS_SCAN = ("upgrade", "canonicalize", "hoist", "cleanup")
 # passes whose skips say nothing about why a Scan stays a loop ("already canonical")
 TIDY = ("canonicalize", "hoist", "cleanup")
+WENT_WITH_ANOTHER = "replaced by another Scan's rewrite (its bidirectional partner, say)"
 NOISE_FLOOR = 0.95  # a speed-up above it is "about as fast" (scanopt.cost.NOISE)
 
 
@@ -100,6 +101,9 @@ class Report:
             forms = [o for o in applied if o.pass_name not in KEEPS_SCAN]
             if forms:
                 replaced[_form(forms[-1])] += 1
+                continue
+            if scan.get("kept") is False:  # no rewrite of its own, yet gone (scanopt.pipeline marks it)
+                replaced[WENT_WITH_ANOTHER] += 1
                 continue
             for o in applied:
                 tidied[o.pass_name] += 1
@@ -197,7 +201,9 @@ class Report:
         for scan in self.scans:
             lines.append(_cut(f"Scan '{scan['node']}' ({scan_summary(scan)})"))
             mine = per_scan.get(_key(scan), [])
-            if not skips and not any(o.applied for o in mine):
+            if not any(o.applied for o in mine) and scan.get("kept") is False:
+                lines.append(f"  {WENT_WITH_ANOTHER}")
+            elif not skips and not any(o.applied for o in mine):
                 lines.append("  unchanged")
             for o in mine:
                 if o.applied or skips:

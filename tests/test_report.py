@@ -110,5 +110,17 @@ def test_a_wide_model_reports_in_a_screen_and_the_json_keeps_every_node():
     assert len(report.format(verbose=True).splitlines()) > 60 * 3
 
 
+def test_a_scan_that_went_with_another_ones_rewrite_counts_as_replaced():
+    """A bidirectional pair: the forward Scan's fuse takes the reverse one along; the reverse
+    Scan has no applied outcome of its own, yet is gone (the pipeline marks it not kept)."""
+    _, report = scanopt.optimize(shared_x_model([0, 1] * 4), verify=False, options={"target": "portable"})
+    text = report.format()
+    assert "8 Scans found: 8 replaced, 0 still a Scan" in text, text
+    assert "      4  fuse: fused into RNN" in text and "      4  replaced by another Scan's rewrite" in text
+    assert sum(1 for s in report.scans if s["kept"] is False) == 8
+    blocks = report.format(verbose=True).splitlines()
+    assert sum(1 for line in blocks if line.startswith("  replaced by another Scan's rewrite")) == 4
+
+
 def test_no_scans_says_so():
     assert _report([], []).format() == "no Scan nodes in the graph or its bodies; nothing to do"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import contextmanager
 
 from scanopt.errors import ScanoptError
 from scanopt.cli.feeds import feed_files
@@ -50,14 +51,20 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
                              "(on a terminal it is shown anyway; -q hides it)")
 
 
-def make_progress(args):
-    """A scanopt.progress.Progress on stderr, or None: shown on a terminal, with --progress or
-    -v anywhere, never with -q."""
+@contextmanager
+def job_progress(args):
+    """The job's scanopt.progress.Progress on stderr, closed when the job ends, or None:
+    shown on a terminal, with --progress or -v anywhere, never with -q."""
     from scanopt.progress import Progress, is_terminal
 
     if args.quiet or not (args.progress or args.verbose or is_terminal(sys.stderr)):
-        return None
-    return Progress(sys.stderr)
+        yield None
+        return
+    progress = Progress(sys.stderr)
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 def input_files(loaded: LoadedModel, label: str = "IN") -> list[tuple[str, str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from scanopt.cli.common import add_job_arguments, comma_list, make_progress, start_job, text_writer
-from scanopt.errors import ScanoptError, VerificationError
+from scanopt.cli.common import add_job_arguments, comma_list, job_progress, start_job, text_writer
+from scanopt.errors import ScanoptError, VerificationError, did_you_mean
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
 from scanopt.pipeline import optimize, select_passes
 
@@ -57,7 +57,8 @@ def _pass_option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     known = tunables()
     if not sep or key not in known:
-        raise ScanoptError(f"--pass-option {text}: expected KEY=VALUE with KEY one of {', '.join(known)}")
+        raise ScanoptError(f"--pass-option {text}: expected KEY=VALUE with KEY one of {', '.join(known)}"
+                           + did_you_mean(key, known))
     kind = known[key][0]
     try:
         parsed = kind(value)
@@ -83,12 +84,8 @@ def _order_paragraph() -> str:
 
 
 def run(args) -> int:
-    progress = make_progress(args)
-    try:
+    with job_progress(args) as progress:
         return _run(args, progress)
-    finally:
-        if progress is not None:
-            progress.close()
 
 
 def _run(args, progress) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from scanopt.cli.common import add_job_arguments, make_progress, start_job, text_writer
+from scanopt.cli.common import add_job_arguments, job_progress, start_job, text_writer
 from scanopt.errors import ScanoptError
 from scanopt.model_io import model_writer
 from scanopt.emit import MIN_TARGET
@@ -47,12 +47,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    progress = make_progress(args)
-    try:
+    with job_progress(args) as progress:
         return _run(args, progress)
-    finally:
-        if progress is not None:
-            progress.close()
 
 
 def _run(args, progress) -> int:
