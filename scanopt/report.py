@@ -105,8 +105,8 @@ class Report:
             if scan.get("kept") is False:  # no rewrite of its own, yet gone (scanopt.pipeline marks it)
                 replaced[WENT_WITH_ANOTHER] += 1
                 continue
-            for o in applied:
-                tidied[o.pass_name] += 1
+            for name in dict.fromkeys(o.pass_name for o in applied):  # once per Scan, however many rounds
+                tidied[name] += 1
             left.append((scan, mine))
         reasons: dict[str, Counter] = {}
         for scan, mine in left:
@@ -199,7 +199,7 @@ class Report:
         lines = []
         per_scan = self._per_scan()
         for scan in self.scans:
-            lines.append(_cut(f"Scan '{scan['node']}' ({scan_summary(scan)})"))
+            lines += _wrapped(f"Scan '{scan['node']}' ({scan_summary(scan)})", "    ")
             mine = per_scan.get(_key(scan), [])
             if not any(o.applied for o in mine) and scan.get("kept") is False:
                 lines.append(f"  {WENT_WITH_ANOTHER}")

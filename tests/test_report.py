@@ -50,6 +50,15 @@ def test_many_identical_outcomes_are_one_counted_line():
     assert "already Scan-16" not in text  # says nothing about why a Scan-16 stays a Scan
 
 
+def test_a_scan_tidied_in_two_rounds_counts_once():
+    scans = [_scan("a"), _scan("b")]
+    outcomes = [NodeOutcome("canonicalize", "a", "", True, "dropped default attributes"),
+                NodeOutcome("canonicalize", "a", "", True, "removed scan output 1 (outer tensor 'Y')"),
+                NodeOutcome("hoist", "a", "", True, "hoisted 1 body node(s)"),
+                NodeOutcome("canonicalize", "b", "", True, "dropped default attributes")]
+    assert "tidied, still Scans: canonicalized 2, hoisted 1" in _report(scans, outcomes).format()
+
+
 def test_only_the_top_reasons_per_pass_are_listed_and_the_rest_counted():
     scans = [_scan(f"s{i}") for i in range(10)]
     outcomes = [NodeOutcome("fuse", f"s{i}", "", False, f"reason number {i % 5}") for i in range(10)]
