@@ -81,3 +81,15 @@ def test_quiet_and_a_non_terminal_stderr_print_no_progress(tmp_path):
     for args in ((), ("--progress", "-q")):
         result = _cli("optimize", src, tmp_path / "out.onnx", "--seeds", "1", *args)
         assert result.returncode == 0 and "round 1" not in result.stderr, result.stderr
+
+
+def test_upgrade_shows_its_phases_too(tmp_path):
+    import os
+
+    src = os.path.join(os.path.dirname(__file__), "..", "models", "scan8_sum.onnx")
+    out = tmp_path / "out.onnx"
+    result = _cli("upgrade", "--target-opset", "13", src, out, "--progress", "--seeds", "1")
+    assert result.returncode == 0, result.stderr
+    phases = [line.split("  ")[0] for line in result.stderr.splitlines()]
+    assert phases == [f"scanopt: loading {src}", f"scanopt: moving {src} to opset 13, verified",
+                      f"scanopt: writing {out}"]
