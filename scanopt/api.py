@@ -64,6 +64,8 @@ def optimize(
     model, warnings, from_file = _model(model_or_path)
     if arguments["options"].get("input_shapes") is not None:
         _known_inputs(model, arguments["options"]["input_shapes"])
+    for feeds in arguments["inputs"] or ():
+        _check_feeds(model, feeds)
     result, report = run_pipeline(model, **arguments, validated=warnings)
     if from_file:
         from scanopt.external_data import has_marks, inlined
@@ -153,13 +155,33 @@ def _input_shapes(shapes) -> dict[str, list[int]]:
     return checked
 
 
-def _known_inputs(model: onnx.ModelProto, shapes: dict) -> None:
+def _graph_inputs(model: onnx.ModelProto) -> list[str]:
+    """The inputs a caller feeds (an input with an initializer has a default)."""
     weights = {t.name for t in model.graph.initializer}
-    names = [v.name for v in model.graph.input if v.name not in weights]
+    return [v.name for v in model.graph.input if v.name not in weights]
+
+
+def _known_inputs(model: onnx.ModelProto, shapes: dict, what: str = "input_shapes") -> None:
+    names = _graph_inputs(model)
     for name in shapes:
         if name not in names:
             raise InvalidArgumentError(
-                f"input_shapes: the model has no input {name!r}{did_you_mean(name, names)}; its inputs: {', '.join(names)}")
+                f"{what}: the model has no input {name!r}{did_you_mean(name, names)}; its inputs: {', '.join(names)}")
+
+
+def _check_feeds(model: onnx.ModelProto, feeds: dict) -> None:
+    """A feed set names every input the model needs, nothing else, with numeric arrays: else
+    verification could not run and the rewrites would be dropped with the reason in the report."""
+    import numpy as np
+
+    _known_inputs(model, feeds, "inputs")
+    missing = [name for name in _graph_inputs(model) if name not in feeds]
+    if missing:
+        raise InvalidArgumentError(f"inputs: no value for {', '.join(map(repr, missing))} (give every model input, "
+                                   "or leave inputs out to synthesize them)")
+    for name, value in feeds.items():
+        if np.asarray(value).dtype.kind not in "biufc":
+            raise InvalidArgumentError(f"inputs[{name!r}] must be a numeric or bool array, not {type(value).__name__}")
 
 
 def _feeds(inputs) -> list[dict] | None:
