@@ -18,7 +18,6 @@ from scanopt.errors import InvalidArgumentError, did_you_mean
 from scanopt.options import RUN_OPTIONS, check_options, describe_options
 from scanopt.report import Report
 
-ENGINES = ("auto", "ort", "reference", "both")  # as scanopt.verify.ENGINE_CHOICES (not imported: it loads onnxruntime)
 _ENGINE_ALIASES = {"onnxruntime": "ort", "ref": "reference", "onnx": "reference"}
 
 
@@ -66,6 +65,8 @@ def optimize(
     model, warnings, from_file = _model(model_or_path)
     if arguments["options"].get("input_shapes") is not None:
         _known_inputs(model, arguments["options"]["input_shapes"])
+    for feeds in arguments["inputs"] or ():
+        _check_feeds(model, feeds)
     result, report = run_pipeline(model, **arguments, validated=warnings)
     if from_file:
         from scanopt.external_data import has_marks, inlined
@@ -131,10 +132,12 @@ def _pass_names(names, what: str) -> list[str] | None:
 
 
 def _engine(engine) -> str:
-    if engine in ENGINES:
+    from scanopt.verify import ENGINE_CHOICES
+
+    if engine in ENGINE_CHOICES:
         return engine
-    hint = f" (did you mean '{_ENGINE_ALIASES[engine]}'?)" if engine in _ENGINE_ALIASES else did_you_mean(engine, ENGINES)
-    raise InvalidArgumentError(f"unknown engine {engine!r}{hint}; choose from {', '.join(ENGINES)}")
+    hint = f" (did you mean '{_ENGINE_ALIASES[engine]}'?)" if engine in _ENGINE_ALIASES else did_you_mean(engine, ENGINE_CHOICES)
+    raise InvalidArgumentError(f"unknown engine {engine!r}{hint}; choose from {', '.join(ENGINE_CHOICES)}")
 
 
 def _input_shapes(shapes) -> dict[str, list[int]]:
@@ -153,13 +156,33 @@ def _input_shapes(shapes) -> dict[str, list[int]]:
     return checked
 
 
-def _known_inputs(model: onnx.ModelProto, shapes: dict) -> None:
+def _graph_inputs(model: onnx.ModelProto) -> list[str]:
+    """The inputs a caller feeds (an input with an initializer has a default)."""
     weights = {t.name for t in model.graph.initializer}
-    names = [v.name for v in model.graph.input if v.name not in weights]
+    return [v.name for v in model.graph.input if v.name not in weights]
+
+
+def _known_inputs(model: onnx.ModelProto, shapes: dict, what: str = "input_shapes") -> None:
+    names = _graph_inputs(model)
     for name in shapes:
         if name not in names:
             raise InvalidArgumentError(
-                f"input_shapes: the model has no input {name!r}{did_you_mean(name, names)}; its inputs: {', '.join(names)}")
+                f"{what}: the model has no input {name!r}{did_you_mean(name, names)}; its inputs: {', '.join(names)}")
+
+
+def _check_feeds(model: onnx.ModelProto, feeds: dict) -> None:
+    """A feed set names every input the model needs, nothing else, with numeric arrays: else
+    verification could not run and the rewrites would be dropped with the reason in the report."""
+    import numpy as np
+
+    _known_inputs(model, feeds, "inputs")
+    missing = [name for name in _graph_inputs(model) if name not in feeds]
+    if missing:
+        raise InvalidArgumentError(f"inputs: no value for {', '.join(map(repr, missing))} (give every model input, "
+                                   "or leave inputs out to synthesize them)")
+    for name, value in feeds.items():
+        if np.asarray(value).dtype.kind not in "biufc":
+            raise InvalidArgumentError(f"inputs[{name!r}] must be a numeric or bool array, not {type(value).__name__}")
 
 
 def _feeds(inputs) -> list[dict] | None:

@@ -11,7 +11,7 @@ match therefore leaves the graph exactly as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import onnx_graphsurgeon as gs
 
@@ -30,6 +30,9 @@ class NodeOutcome:
     applied: bool
     detail: str
     expected: str = ""  # the cost policy's word on an applied rewrite: expected speed-up and why
+    speedup: float | None = None  # the cost policy's number: expected (or measured) speed-up of this form
+    measured: bool = False  # speedup was measured (--tune), not predicted
+    declined_for_speed: bool = False  # the pass matched; the cost policy declined the rewrite
 
     def to_dict(self) -> dict:
         return {
@@ -39,6 +42,9 @@ class NodeOutcome:
             "applied": self.applied,
             "detail": self.detail,
             "expected": self.expected,
+            "speedup": self.speedup,
+            "measured": self.measured,
+            "declined_for_speed": self.declined_for_speed,
         }
 
 
@@ -82,6 +88,8 @@ class PassContext:
     # the graph between calls is valid while this stays the same
     edits: int = 0
     memo: dict = field(default_factory=dict)
+    # called with (Scans done, Scans in total) as a pass walks the Scans (scanopt.progress)
+    progress: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,10 @@ class ScanPass(Pass):
         result = ScanPassResult(graph, modified=False)
         # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
         # everything nested in it is settled before.
-        for level, node in sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth):
+        found_scans = sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth)
+        for done, (level, node) in enumerate(found_scans):
+            if ctx.progress is not None:
+                ctx.progress(done, len(found_scans))
             if is_removed(node):  # by an earlier rewrite in this run
                 continue
             label = node_label(node)
@@ -143,14 +154,19 @@ class ScanPass(Pass):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
                 continue
             estimate = ctx.cost.decide(self.name, label, node, view, found, ctx, level) if ctx.cost is not None else None
+            speed = {} if estimate is None else {
+                "speedup": estimate.speedup, "measured": (self.name, label) in getattr(ctx.cost, "measured", {})}
             if estimate is not None and not estimate.apply:
-                result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note))
+                result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note, **speed,
+                                                   declined_for_speed=True))
                 continue
             detail = self.rewrite(node, found, level, ctx)
             ctx.edits += 1
             result.modified = True
             expected = estimate.note if estimate is not None else ""
-            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected))
+            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected, **speed))
+        if ctx.progress is not None and found_scans:
+            ctx.progress(len(found_scans), len(found_scans))
         return result
 
 

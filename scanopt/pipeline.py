@@ -18,7 +18,7 @@ import onnx
 
 from scanopt.cost import TARGETS, CostPolicy
 from scanopt.errors import ScanoptError
-from scanopt.graph import NameAllocator
+from scanopt.graph import NameAllocator, node_label
 from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
 from scanopt.pass_api import Pass, PassContext, op_nodes, registered_passes, scan_nodes
@@ -331,6 +331,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         denied=denied,
         selected=tuple(p.name for p in chosen),
         cost=CostPolicy.from_options(options),
+        progress=getattr(progress, "count", None),  # a scanopt.progress.Progress also counts Scans
     )
     has_scan = any(True for _ in scan_nodes(graph)) or any(True for _ in op_nodes(graph, "Loop"))
     report.scans = describe_scans(graph, ctx) if has_scan else []
@@ -354,6 +355,9 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
     if not report.modified:
         report.ops_after = report.ops_before
         return model, report
+    remaining = {(node_label(node), level.path) for level, node in scan_nodes(graph)}
+    for scan in report.scans:  # a Scan can go with another's rewrite (a bidirectional partner)
+        scan["kept"] = (scan["node"], scan["graph_path"]) in remaining
     optimized = export_model(graph, model)
     report.ops_after = count_ops(optimized)
     return optimized, report

@@ -97,7 +97,7 @@ def test_axes_move_to_zero_with_transposes_outside_and_names_kept():
     assert [o.name for o in out.graph.output] == ["s_n", "Y", "D"]
     perms = {n.output[0]: list(n.attribute[0].ints) for n in out.graph.node if n.op_type == "Transpose"}
     assert perms["Y"] == [1, 2, 0] and perms["D"] == [1, 0, 2]
-    assert "scan output 1 ('D'): axis -2 -> 0, Transpose[1, 0, 2] after" in applied_detail(report)
+    assert "scan output 1 (outer tensor 'D'): axis -2 -> 0, Transpose[1, 0, 2] after" in applied_detail(report)
     assert_equivalent(m, out)
 
 
@@ -123,7 +123,7 @@ def test_unknown_rank_keeps_the_axis_and_says_why():
     out, report = canon(m)
     assert out is m
     assert skip_reason(report) == (
-        "not canonical: scan input 0 ('X') keeps axis 1: its rank is unknown (declare its shape)"
+        "not canonical: scan input 0 (outer tensor 'X') keeps axis 1: its rank is unknown (declare its shape)"
     )
 
 
@@ -137,7 +137,7 @@ def test_unknown_output_rank_keeps_the_axis_and_says_why():
     out, report = canon(m)
     assert out is m
     assert skip_reason(report) == (
-        "not canonical: scan output 0 ('Y') keeps axis 1: its rank is unknown (declare its shape)"
+        "not canonical: scan output 0 (outer tensor 'Y') keeps axis 1: its rank is unknown (declare its shape)"
     )
 
 
@@ -149,8 +149,8 @@ def test_unknown_rank_does_not_block_the_other_rewrites():
     ), opset=16)
     out, report = canon(m)
     detail = applied_detail(report)
-    assert detail.startswith("removed unread scan output 1 ('D')")
-    assert detail.endswith("(left: scan input 0 ('X') keeps axis 1: its rank is unknown (declare its shape))")
+    assert detail.startswith("removed scan output 1 (outer tensor 'D'), which nothing reads")
+    assert detail.endswith("(left: scan input 0 (outer tensor 'X') keeps axis 1: its rank is unknown (declare its shape))")
     node, attrs = scan_of(out)
     assert attrs["scan_input_axes"] == [1] and len(node.output) == 2 and ops(out)["Mul"] == 0
     feeds = [{"s0": np.ones((2, 3), np.float32), "X": np.arange(24, dtype=np.float32).reshape(2, 4, 3)}]
@@ -167,7 +167,7 @@ def test_unread_scan_output_and_its_body_nodes_are_removed():
     out, report = canon(m)
     node, _ = scan_of(out)
     assert list(node.output) == ["s_n", "Y"] and ops(out)["Mul"] == 0
-    assert applied_detail(report) == "removed unread scan output 1 ('D')"
+    assert applied_detail(report) == "removed scan output 1 (outer tensor 'D'), which nothing reads"
     assert_equivalent(m, out)
 
 
@@ -191,7 +191,7 @@ def test_state_nothing_reads_is_removed(read):
     ), opset=16)
     out, report = canon(m)
     node, _ = scan_of(out)
-    assert "removed dead state 1 ('b_n' unread, nothing kept depends on it)" in applied_detail(report)
+    assert "removed dead state 1 (its final value, outer tensor 'b_n', is unread and nothing kept depends on it)" in applied_detail(report)
     assert list(node.input) == ["a0", "X"] and ops(out)["Mul"] == 0
     assert_equivalent(m, out)
 
@@ -206,7 +206,7 @@ def test_state_another_kept_state_depends_on_is_kept():
     out, report = canon(m)
     node, _ = scan_of(out)
     assert list(node.input) == ["a0", "b0", "X"] and list(node.output) == ["a_n", "b_n"]
-    assert applied_detail(report) == "removed unread scan output 0 ('Y')"
+    assert applied_detail(report) == "removed scan output 0 (outer tensor 'Y'), which nothing reads"
     assert_equivalent(m, out)
 
 
@@ -242,7 +242,7 @@ def test_output_read_only_inside_a_later_body_is_kept():
     out, report = canon(m)
     node, _ = scan_of(out)
     assert list(node.output) == ["s_n", "D"]
-    assert applied_detail(report) == "removed unread scan output 0 ('Y')"
+    assert applied_detail(report) == "removed scan output 0 (outer tensor 'Y'), which nothing reads"
     assert_equivalent(m, out)
 
 
@@ -281,7 +281,7 @@ def test_loop_invariant_state_reads_the_initial_value_from_outside(reader):
     out, report = canon(m)
     node, _ = scan_of(out)
     assert list(node.input) == ["s0", "X"] and list(node.output) == ["s_n", "Y", "WY"]
-    assert applied_detail(report) == "removed loop-invariant state 0 (the body reads 'w0' directly)"
+    assert applied_detail(report) == "removed loop-invariant state 0: the body reads its initial value, outer tensor 'w0', directly"
     body_graph = node.attribute[0].g
     assert [i.name for i in body_graph.input] == ["s", "x"]
     assert next(n for n in body_graph.node if n.op_type == "Mul").input[1] == "w0"
@@ -345,7 +345,7 @@ def test_invariant_state_is_kept_when_the_body_reuses_its_initial_value_name(oth
             "not canonical: state 0 is loop-invariant but the body defines another value named 'w0'"
         )
     else:
-        assert applied_detail(report) == "removed loop-invariant state 0 (the body reads 'w0' directly)"
+        assert applied_detail(report) == "removed loop-invariant state 0: the body reads its initial value, outer tensor 'w0', directly"
         assert_equivalent(m, out)
 
 
@@ -357,7 +357,7 @@ def test_skl2onnx_knn_pairwise_distance_state():
     out, report = canon(m)
     node, _ = scan_of(out)
     assert len(node.input) == 1 and len(node.output) == 1
-    assert applied_detail(report, "Sc_Scan") == "removed loop-invariant state 0 (the body reads 'X' directly)"
+    assert applied_detail(report, "Sc_Scan") == "removed loop-invariant state 0: the body reads its initial value, outer tensor 'X', directly"
     expected = np.load(MODELS / "skl_knn_regressor.expected.npz")
     _assert_outputs(out, {"X": expected["X"]}, {"variable": expected["variable"]})
     assert_equivalent(m, out)
@@ -380,7 +380,7 @@ def test_same_scan_input_twice_in_the_same_direction_is_merged():
     out, report = canon(m)
     node, attrs = scan_of(out)
     assert list(node.input) == ["X"] and attrs["num_scan_inputs"] == 1
-    assert applied_detail(report) == "merged scan input 1 ('X') into 0"
+    assert applied_detail(report) == "merged scan input 1 (outer tensor 'X') into scan input 0"
     assert_equivalent(m, out)
 
 
@@ -403,7 +403,7 @@ def test_scan_input_the_body_never_reads_is_removed_but_one_always_stays():
     out, report = canon(m)
     node, attrs = scan_of(out)
     assert list(node.input) == ["s0", "X1"] and attrs["num_scan_inputs"] == 1
-    assert applied_detail(report) == "removed scan input 1 ('X2'): the body never reads it"
+    assert applied_detail(report) == "stopped passing outer tensor 'X2' to the Scan (scan input 1): the body never reads it"
     assert_equivalent(m, out)
 
 
@@ -420,7 +420,7 @@ def test_duplicate_scan_outputs_merge_and_another_layout_becomes_a_transpose():
     node, attrs = scan_of(out)
     assert list(node.output) == ["s_n", "Y"] and set(attrs) == {"body", "num_scan_inputs"}
     assert ops(out)["Transpose"] == 1 and ops(out)["Identity"] == 2  # y in the body, Y2 outside
-    assert "merged scan output 1 ('Y2') into 0 (same body value); merged scan output 2 ('Y3') into 0" in applied_detail(report)
+    assert "merged scan output 1 (outer tensor 'Y2') into scan output 0 (same body value); merged scan output 2 (outer tensor 'Y3') into scan output 0" in applied_detail(report)
     assert_equivalent(m, out)
 
 
@@ -445,8 +445,8 @@ def test_lone_reversals_around_the_scan_fold_into_directions():
     assert ops(out)["Slice"] == 0 and list(node.input) == ["h0", "X"] and list(node.output) == ["h_n", "Y"]
     assert attrs["scan_input_directions"] == [1] and attrs["scan_output_directions"] == [1]
     assert applied_detail(report) == (
-        "folded the reversal 'flip_in' of scan input 0 into its direction; "
-        "folded the reversal 'flip_out' of scan output 0 into its direction"
+        "folded the reversal node 'flip_in' of scan input 0 into its direction; "
+        "folded the reversal node 'flip_out' of scan output 0 into its direction"
     )
     assert not out.graph.initializer  # the Slice constants went with the Slices
     assert_equivalent(m, out)
@@ -548,7 +548,7 @@ def test_state_read_only_by_a_nested_body_counts_as_needed():
     out, report = canon(m)
     node, _ = scan_of(out)
     assert list(node.input) == ["c0", "X"] and list(node.output) == ["c_n", "Y"] and ops(out)["Neg"] == 0
-    assert applied_detail(report, "outer") == "removed unread scan output 1 ('Z')"
+    assert applied_detail(report, "outer") == "removed scan output 1 (outer tensor 'Z'), which nothing reads"
     assert_equivalent(m, out)
 
 

@@ -156,7 +156,7 @@ def _plan_outputs(plan, node, view, read, level, ctx):
             plan.output_flips[i] = flip
             dirs[i] ^= 1
         if rank is None and axis != 0:
-            plan.left.append(f"scan output {i} ('{ys[i].name}') keeps axis {axes[i]}: {UNKNOWN_RANK}")
+            plan.left.append(f"scan output {i} (outer tensor '{ys[i].name}') keeps axis {axes[i]}: {UNKNOWN_RANK}")
             continue
         if axis != 0:
             plan.output_perms[i] = list(range(1, axis + 1)) + [0] + list(range(axis + 1, rank))
@@ -216,7 +216,7 @@ def _plan_inputs(plan, node, view, needed, level, ctx) -> list[int]:
     for i in plan.keep_inputs:
         axis, rank = view.input_axes[i], view.input_ranks[i]
         if axis != 0 and rank is None:
-            plan.left.append(f"scan input {i} ('{xs[i].name}') keeps axis {axis}: {UNKNOWN_RANK}")
+            plan.left.append(f"scan input {i} (outer tensor '{xs[i].name}') keeps axis {axis}: {UNKNOWN_RANK}")
         elif axis != 0:
             plan.input_perms[i] = [axis] + [d for d in range(rank) if d != axis]
     return dirs

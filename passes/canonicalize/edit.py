@@ -136,24 +136,24 @@ def _describe(plan, attrs: dict, inits, xs, ys, finals) -> str:
     """One line: every change, then what stays non-canonical."""
     in_axes = attrs.get("scan_input_axes", [0] * len(xs))
     out_axes = attrs.get("scan_output_axes", [0] * len(ys))
-    parts = [f"removed unread scan output {i} ('{ys[i].name}')" for i in plan.dead_outputs]
+    parts = [f"removed scan output {i} (outer tensor '{ys[i].name}'), which nothing reads" for i in plan.dead_outputs]
     parts += [
-        f"merged scan output {d} ('{ys[d].name}') into {k} (same body value)" for d, k in plan.merged_outputs.items()
+        f"merged scan output {d} (outer tensor '{ys[d].name}') into scan output {k} (same body value)" for d, k in plan.merged_outputs.items()
     ]
     parts += [
-        f"removed loop-invariant state {j} (the body reads '{inits[j].name}' directly)" for j in plan.invariant_states
+        f"removed loop-invariant state {j}: the body reads its initial value, outer tensor '{inits[j].name}', directly" for j in plan.invariant_states
     ]
     parts += [
-        f"removed dead state {j} ('{finals[j].name}' unread, nothing kept depends on it)" for j in plan.dead_states
+        f"removed dead state {j} (its final value, outer tensor '{finals[j].name}', is unread and nothing kept depends on it)" for j in plan.dead_states
     ]
-    parts += [f"merged scan input {d} ('{xs[d].name}') into {k}" for d, k in plan.merged_inputs.items()]
-    parts += [f"removed scan input {i} ('{xs[i].name}'): the body never reads it" for i in plan.unused_inputs]
+    parts += [f"merged scan input {d} (outer tensor '{xs[d].name}') into scan input {k}" for d, k in plan.merged_inputs.items()]
+    parts += [f"stopped passing outer tensor '{xs[i].name}' to the Scan (scan input {i}): the body never reads it" for i in plan.unused_inputs]
     for kind, flips in (("input", plan.input_flips), ("output", plan.output_flips)):
-        parts += [f"folded the reversal '{f.name}' of scan {kind} {i} into its direction" for i, f in flips.items()]
+        parts += [f"folded the reversal node '{f.name}' of scan {kind} {i} into its direction" for i, f in flips.items()]
     for i, perm in plan.input_perms.items():
-        parts.append(f"scan input {i} ('{xs[i].name}'): axis {in_axes[i]} -> 0, Transpose{perm} before")
+        parts.append(f"scan input {i} (outer tensor '{xs[i].name}'): axis {in_axes[i]} -> 0, Transpose{perm} before the Scan")
     for i, perm in plan.output_perms.items():
-        parts.append(f"scan output {i} ('{ys[i].name}'): axis {out_axes[i]} -> 0, Transpose{perm} after")
+        parts.append(f"scan output {i} (outer tensor '{ys[i].name}'): axis {out_axes[i]} -> 0, Transpose{perm} after the Scan")
     if plan.dropped:
         parts.append("dropped default attributes " + ", ".join(plan.dropped))
     line = "; ".join(parts)

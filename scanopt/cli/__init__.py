@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from scanopt.cli.interrupts import describe, exit_code, handled_signals
-from scanopt.errors import ScanoptError, printable
+from scanopt.errors import ScanoptError, did_you_mean, printable
 
 # Subcommand modules in the order --help lists them.
 SUBCOMMANDS = ("optimize", "upgrade", "inspect", "run", "verify")
@@ -36,9 +37,23 @@ nothing written)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line instead of the usage block on errors."""
+    """argparse that exits 2 with one line instead of the usage block on errors, and names
+    the closest flag, subcommand or choice to a misspelled one."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        flags = [a for a in extras if a.startswith("-") and len(a) > 1]
+        if flags:  # each (sub)parser judges its own flags: it knows which it has
+            known = [o for o in self._option_string_actions if o.startswith("--")]
+            hints = [f"{flag}{did_you_mean(flag.split('=', 1)[0], known)}" for flag in flags]
+            self.error(f"unrecognized arguments: {' '.join(hints)}")
+        return parsed, extras
 
     def error(self, message: str):  # noqa: D401 - argparse API
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice and "did you mean" not in message:
+            options = [c.strip().strip("'") for c in choice.group(2).split(",")]
+            message += did_you_mean(choice.group(1), options)
         self.exit(2, f"scanopt: {message} (see --help)\n")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import contextmanager
 
 from scanopt.errors import ScanoptError, printable
 from scanopt.cli.feeds import feed_files
@@ -44,7 +45,26 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, verb: str) -> None:
     parser.add_argument("--seeds", type=positive_int, default=2, metavar="N", help="synthesized input sets to verify on (default 2)")
     parser.add_argument("--in-place", action="store_true", help="allow OUT to be IN (replaced atomically)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show progress and every pass's verdict")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show progress and every pass's verdict on every Scan")
+    parser.add_argument("--progress", action="store_true",
+                        help="show each phase with its counters and time on stderr also when stderr is not a terminal "
+                             "(on a terminal it is shown anyway; -q hides it)")
+
+
+@contextmanager
+def job_progress(args):
+    """The job's scanopt.progress.Progress on stderr, closed when the job ends, or None:
+    shown on a terminal, with --progress or -v anywhere, never with -q."""
+    from scanopt.progress import Progress, is_terminal
+
+    if args.quiet or not (args.progress or args.verbose or is_terminal(sys.stderr)):
+        yield None
+        return
+    progress = Progress(sys.stderr)
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 def input_files(loaded: LoadedModel, label: str = "IN") -> list[tuple[str, str]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from scanopt.cli.common import add_job_arguments, comma_list, info, start_job, text_writer
+from scanopt.cli.common import add_job_arguments, comma_list, job_progress, start_job, text_writer
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
-from scanopt.errors import ScanoptError, VerificationError
+from scanopt.errors import ScanoptError, VerificationError, did_you_mean
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
 from scanopt.pipeline import optimize, select_passes
 
@@ -59,7 +59,8 @@ def _pass_option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     known = tunables()
     if not sep or key not in known:
-        raise ScanoptError(f"--pass-option {text}: expected KEY=VALUE with KEY one of {', '.join(known)}")
+        raise ScanoptError(f"--pass-option {text}: expected KEY=VALUE with KEY one of {', '.join(known)}"
+                           + did_you_mean(key, known))
     kind = known[key][0]
     try:
         parsed = kind(value)
@@ -85,8 +86,14 @@ def _order_paragraph() -> str:
 
 
 def run(args) -> int:
+    with job_progress(args) as progress:
+        return _run(args, progress)
+
+
+def _run(args, progress) -> int:
+    if progress is not None:
+        progress(f"loading {args.input}")
     loaded, feeds, plan = start_job(args)
-    progress = info if args.verbose and not args.quiet else None
     result, report = optimize(
         loaded.model,
         passes=args.passes,
@@ -112,7 +119,11 @@ def run(args) -> int:
     outputs = [(args.output, writer)]
     if args.report:
         outputs.append((args.report, text_writer(report.to_json() + "\n")))
+    if progress is not None:
+        progress(f"writing {args.output}")
     plan.write(outputs)
+    if progress is not None:
+        progress.close()
     if not args.quiet:
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from scanopt.cli.common import add_job_arguments, info, start_job, text_writer
+from scanopt.cli.common import add_job_arguments, job_progress, start_job, text_writer
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.deploy import check_input_shapes
 from scanopt.errors import ScanoptError, printable_lines
@@ -51,9 +51,16 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    with job_progress(args) as progress:
+        return _run(args, progress)
+
+
+def _run(args, progress) -> int:
+    if progress is not None:
+        progress(f"loading {args.input}")
     loaded, feeds, plan = start_job(args)
-    if args.verbose and not args.quiet:
-        info(f"moving {args.input} to opset {args.target_opset}")
+    if progress is not None:
+        progress(f"moving {args.input} to opset {args.target_opset}" + ("" if args.no_verify else ", verified"))
     options = {} if args.strategy == "auto" else {"upgrade_strategy": args.strategy}
     deployment = deploy_options(args, feeds)
     declared = check_input_shapes(loaded.model, deployment["input_shapes"])
@@ -71,7 +78,11 @@ def run(args) -> int:
     outputs = [(args.output, model_writer(migration.model, args.output, external_data=loaded.had_external_data or None))]
     if args.report:
         outputs.append((args.report, text_writer(json.dumps(report, indent=2) + "\n")))
+    if progress is not None:
+        progress(f"writing {args.output}")
     plan.write(outputs)
+    if progress is not None:
+        progress.close()
     if not args.quiet:
         print(_format(report))
         print(f"wrote {args.output} (opset {migration.target_opset})")
