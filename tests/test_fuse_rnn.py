@@ -170,9 +170,25 @@ def test_pre_activation_as_extra_scan_output_is_declined():
 
 
 def test_unprovable_batch_sizes_are_declined():
+    # nothing ties the batches: names differ outside and in the body, and the cell's
+    # x.W + h.R only broadcasts (a size-1 state batch would run in the Scan)
     model = rnn_model()
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "other"
+    body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")
+    body.input[-1].type.tensor_type.shape.dim[0].dim_param = "other_x"
+    for k, value in enumerate(model.graph.output):  # h_n [batch, H] would tie h's batch to X's
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param:
+                dim.dim_param = f"out{k}_{axis}"
     assert "cannot prove the batch sizes" in declined(model)
+
+
+def test_batch_sizes_named_apart_outside_but_one_symbol_in_the_body_fuse():
+    # the body declares x and h with one batch symbol: the Scan contract carries it outside
+    model = rnn_model()
+    model.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "other"
+    out, outcomes = cb.fuse(model)
+    assert [o.applied for o in outcomes] == [True], outcomes[0].detail
 
 
 def test_double_cell_is_declined():
