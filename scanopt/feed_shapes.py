@@ -14,6 +14,8 @@ every graph input is a variable; declarations unify them:
   one Scan share one sequence length (its trip count) and, for Scan-8, one batch;
 - Loop's: a body's loop-carried input has the shape of the node's operand;
 - onnx shape inference, for operands computed from graph inputs (symbolic dims carry);
+- what ops require (scanopt.dims: Concat, MatMul, broadcasting, Shape provenance...), so
+  dims exporters name apart (tf2onnx's ``unk__N``) get one size when they are one dim;
 - hints where a size is only likely: initializer dims an input meets in an elementwise
   op, MatMul/Gemm weights, Reshape and Expand targets.
 
@@ -30,6 +32,7 @@ from typing import Iterator
 
 import onnx
 
+from scanopt.dims import ELEMENTWISE, SHAPE_PRESERVING, DimClasses, find_root
 from scanopt.shapes import inferred_model
 from scanopt.protos import in_default_domain, walk_proto_graphs
 from scanopt.validate import default_opset
@@ -37,23 +40,20 @@ from scanopt.validate import default_opset
 # Sizes given to free dims: the i-th distinct symbolic name gets DIM_SIZES[(seed + i) % len],
 # unnamed dims share DIM_SIZES[seed % len] (two of them often meet in one elementwise op).
 DIM_SIZES = (2, 1, 3, 4)
-# Sizes given to free trip counts (a Scan's sequence axis): from one step to well past the
-# unroll threshold (4) and past where rewrites change behaviour (issue 11: lengths 1 ... >= 9).
-TRIP_SIZES = (9, 1, 5, 3, 12, 2)
+# Sizes given to free trip counts (a Scan's sequence axis). Seed 0 runs a long sequence
+# (LONG_TRIP, issue 19: wrong only past step 12 must be caught, and float drift that grows
+# with the length must show), seed 1 a single step, later seeds the sizes in between that
+# sit around the unroll threshold (4). Every trip count a rewrite depends on is static (the
+# unroll pass takes only static lengths), and a static length is fed as declared, so
+# LONG_TRIP only has to be long, not larger than a threshold. The synthesizer shortens it
+# when the feeds would not fit the memory budget (scanopt.inputs).
+LONG_TRIP = 64
+TRIP_SIZES = (LONG_TRIP, 1, 9, 5, 3, 12, 2)
 # Fallback attempts after the seed's preferred sizes, in order: (free size, use hints).
 FALLBACKS = ((1, True), (1, False), (2, True), (3, True))
 
 # Ops whose output has their first input's shape: an undeclared input behind a chain of
-# them gets the shape its consumer implies.
-SHAPE_PRESERVING = frozenset(
-    "Identity Cast CastLike Neg Abs Relu LeakyRelu Elu Selu Sigmoid HardSigmoid Tanh Exp Log Sqrt Reciprocal "
-    "Floor Ceil Round Sign Sin Cos Erf Not Softsign Softplus Clip Dropout".split()
-)
-
-ELEMENTWISE = frozenset(
-    "Add Sub Mul Div Pow Mod Max Min Sum Mean And Or Xor Equal Greater Less GreaterOrEqual LessOrEqual "
-    "BitShift PRelu Where".split()
-)
+# them gets the shape its consumer implies (SHAPE_PRESERVING, from scanopt.dims).
 
 
 class _Dims:
@@ -77,12 +77,7 @@ class _Dims:
         return var
 
     def find(self, var: int) -> int:
-        root = var
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[var] != root:  # path compression, iteratively
-            self.parent[var], var = root, self.parent[var]
-        return root
+        return find_root(self.parent, var)
 
     def union(self, a: int, b: int) -> None:
         ra, rb = self.find(a), self.find(b)
@@ -151,7 +146,20 @@ class InputShapes:
             self._constrain(graph, env, opset)
         except Exception as exc:  # noqa: BLE001 - a model this walk misreads still gets its declared shapes
             self.dims.conflicts.append(f"shape derivation stopped: {type(exc).__name__}: {exc}")
+        self._unify_by_ops(model)
         # An input no declaration reaches keeps an unknown rank (None).
+
+    def _unify_by_ops(self, model: onnx.ModelProto) -> None:
+        """One variable per class of scanopt.dims (what ops require, not what names say:
+        tf2onnx's ``unk__N`` dims are all distinct), broadcasting included: feeds must be
+        consistent, they need not prove anything."""
+        classes = DimClasses(model)
+        first: dict = {}
+        for name in self.names:
+            for axis, var in enumerate(self.templates.get(name) or ()):
+                root = classes.root(name, axis, likely=True)
+                if root is not None:
+                    self.dims.union(first.setdefault(root, var), var)
 
     # -- templates ---------------------------------------------------------------------
 
@@ -439,16 +447,26 @@ class InputShapes:
     def unknown_rank(self) -> list[str]:
         return [n for n in self.names if self.templates.get(n) is None]
 
-    def attempts(self, seed: int) -> Iterator[Attempt]:
-        """The seed's preferred sizes, then the fallbacks (duplicates left out)."""
+    def attempts(self, seed: int, *, trip: int | None = None) -> Iterator[Attempt]:
+        """The seed's preferred sizes, then the fallbacks (duplicates left out). ``trip``
+        replaces the seed's size for free trip counts (to fit a memory budget)."""
         seen = set()
-        for attempt in (self._assign(seed, None, True), *(self._assign(seed, f, h) for f, h in FALLBACKS)):
+        preferred = self._assign(seed, None, True, trip)
+        for attempt in (preferred, *(self._assign(seed, f, h) for f, h in FALLBACKS)):
             key = tuple(sorted(attempt.shapes.items()))
             if key not in seen:
                 seen.add(key)
                 yield attempt
 
-    def _assign(self, seed: int, free: int | None, hints: bool) -> Attempt:
+    def trip_size(self, seed: int) -> int | None:
+        """The size the seed gives free trip counts, or None when the inputs have none."""
+        d = self.dims
+        roots = {d.find(v) for n in self.names for v in self.templates.get(n) or ()}
+        if any(r in d.trip and r not in d.fixed for r in roots):
+            return TRIP_SIZES[seed % len(TRIP_SIZES)]
+        return None
+
+    def _assign(self, seed: int, free: int | None, hints: bool, trip: int | None = None) -> Attempt:
         d = self.dims
         symbols = {d.find(v): i for i, v in reversed(list(enumerate(self._main_symbols)))}
         sizes: dict[int, int] = {}
@@ -466,7 +484,7 @@ class InputShapes:
                 elif free is not None:
                     size = free
                 elif root in d.trip:
-                    size = TRIP_SIZES[seed % len(TRIP_SIZES)]
+                    size = trip if trip is not None else TRIP_SIZES[seed % len(TRIP_SIZES)]
                 elif root in symbols:
                     size = DIM_SIZES[(seed + symbols[root]) % len(DIM_SIZES)]
                 else:

@@ -3,7 +3,7 @@
 Synthesized feeds must be inputs the model accepts, or verification proves nothing:
 dims are bound by everything the model declares (scanopt.feed_shapes), Scan-8
 ``sequence_lens`` stay inside the sequence length, and integer indices stay inside the
-axis they index. Sizes change from seed to seed (1 included, trip counts up to 12), so a
+axis they index. Sizes change from seed to seed (1 included, seed 0's trip counts 64), so a
 rewrite that hard-codes a size, mishandles a single step or breaks past a threshold is
 caught; float values reach the saturated regions of the activations. Feeds are bounded
 in memory (FEED_BUDGET_BYTES).
@@ -92,6 +92,8 @@ def output_specs(model: onnx.ModelProto) -> list[TensorSpec]:
 # Synthesized feeds of one input set may take at most this many bytes in total; a model
 # whose declared inputs need more cannot be verified on synthesized inputs (pass --inputs).
 FEED_BUDGET_BYTES = 256 * 2**20
+# A long trip count is shortened to fit the budget, but not below this (the other seeds' sizes).
+MIN_FITTED_TRIP = 12
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,18 @@ class InputSynthesizer:
         self._initializer_dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
 
     def attempts(self, seed: int) -> list[Attempt]:
-        """Sizes to try for ``seed``: its preferred ones first, then all-ones and a few others."""
-        return list(self.input_shapes.attempts(seed))
+        """Sizes to try for ``seed``: its preferred ones first, then all-ones and a few others.
+
+        A long trip count (seed 0) whose feeds would not fit FEED_BUDGET_BYTES is halved until
+        they do (down to MIN_FITTED_TRIP); the budget error is then left to :meth:`feeds`.
+        """
+        trip = self.input_shapes.trip_size(seed)
+        while trip is not None and trip > MIN_FITTED_TRIP:
+            preferred = next(iter(self.input_shapes.attempts(seed, trip=trip)))
+            if self._bytes(preferred.shapes)[0] <= FEED_BUDGET_BYTES:
+                break
+            trip //= 2
+        return list(self.input_shapes.attempts(seed, trip=trip))
 
     def shapes(self, seed: int) -> dict[str, tuple[int, ...]]:
         """The preferred shape of every required input for ``seed``."""
@@ -156,16 +168,21 @@ class InputSynthesizer:
                 high = self._index_bound(shape, self.index_uses[spec.name], known)
                 feeds[spec.name] = rng.integers(0, high, size=shape).astype(spec.dtype)
             else:
-                feeds[spec.name] = random_array(rng, spec.dtype, shape, wide=seed >= 2)
+                feeds[spec.name] = random_array(rng, spec.dtype, shape, wide=seed != 1)
         return feeds
 
-    def _check_budget(self, shapes: dict[str, tuple[int, ...]]) -> None:
+    def _bytes(self, shapes: dict[str, tuple[int, ...]]) -> tuple[int, tuple | None]:
+        """(total bytes, (bytes, name, shape) of the biggest input) of feeds of these shapes."""
         total, biggest = 0, None
         for spec in self.specs:
             size = math.prod(shapes[spec.name]) * max(spec.dtype.itemsize, 8 if spec.dtype.kind == "O" else 1)
             total += size
             if biggest is None or size > biggest[0]:
                 biggest = (size, spec.name, shapes[spec.name])
+        return total, biggest
+
+    def _check_budget(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        total, biggest = self._bytes(shapes)
         if total > FEED_BUDGET_BYTES:
             _, name, shape = biggest
             raise FeedBudgetError(
@@ -225,10 +242,13 @@ def synthesize_inputs(model: onnx.ModelProto, seed: int = 0, *, engine: str = "o
 
 
 # Floats: mostly standard normal, plus outliers in the saturated regions of tanh/sigmoid
-# (|x| in [SATURATED_LOW, SATURATED_HIGH], both signs), a signed zero, and from seed 2 on a
-# large magnitude (LARGE). Never NaN or inf: they would spread to every output of both models
-# and make the comparison vacuous.
+# (|x| in [SATURATED_LOW, SATURATED_HIGH], both signs), a signed zero, and on "wide" seeds
+# (every seed but 1: the default two seeds have one wide, one narrow) outliers up to
+# DEEP_SATURATION with at least one beyond DEEP_SATURATION_LOW (issue 19: a candidate wrong
+# only for |x| > 12 must be caught) and one of magnitude LARGE. Never NaN or inf: they would
+# spread to every output of both models and make the comparison vacuous.
 SATURATED_LOW, SATURATED_HIGH = 5.5, 12.0
+DEEP_SATURATION_LOW, DEEP_SATURATION = 20.0, 30.0
 LARGE = 60.0
 OUTLIER_SHARE = 6  # one element in this many is an outlier (at least one per array)
 
@@ -253,7 +273,10 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
         count = max(1, flat.size // OUTLIER_SHARE)
         where = rng.permutation(flat.size)
         signs = np.where(np.arange(count) % 2 == 0, 1.0, -1.0) * rng.choice([1.0, -1.0])
-        flat[where[:count]] = signs * rng.uniform(SATURATED_LOW, SATURATED_HIGH, count)
+        high = DEEP_SATURATION if wide else SATURATED_HIGH
+        flat[where[:count]] = signs * rng.uniform(SATURATED_LOW, high, count)
+        if wide:  # at least one deep in saturation, whatever the draw
+            flat[where[0]] = signs[0] * rng.uniform(DEEP_SATURATION_LOW, DEEP_SATURATION)
         if flat.size > count:
             flat[where[count]] = -0.0 if rng.random() < 0.5 else 0.0
         if wide and flat.size > count + 1:

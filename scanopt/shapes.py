@@ -26,11 +26,22 @@ class ShapeTable:
         self._table: dict[str, tuple[int | None, list[Dim] | None]] = {}
         self._derived: dict[int, tuple[gs.Tensor, int | None]] = {}  # id -> (tensor, rank) of derived_rank
         inferred = inferred_model(model) or model
+        self._inferred = inferred  # for dims(), on first use
+        self._dims = None
         for graph in walk_proto_graphs(inferred.graph):
             for value in list(graph.input) + list(graph.output) + list(graph.value_info):
                 self._table.setdefault(value.name, _type_of(value))
             for init in graph.initializer:
                 self._table.setdefault(init.name, (init.data_type, list(init.dims)))
+
+    @property
+    def dims(self):
+        """Which dims the model's ops prove equal (scanopt.dims.DimClasses), built on first use."""
+        if self._dims is None:
+            from scanopt.dims import DimClasses  # it builds on this module
+
+            self._dims = DimClasses(self._inferred, inferred=True)
+        return self._dims
 
     def shape(self, tensor: gs.Tensor) -> list[Dim] | None:
         """The tensor's shape: gs's own when set, else inferred, else (rank known, dims

@@ -26,8 +26,24 @@ from scanopt.inputs import (
     output_specs,
 )
 
-# (rtol, atol) per dtype; an element passes when |candidate - original| <= atol + rtol * |original|.
-# The one place tolerances live. Dtypes not listed (integers, bool, strings) compare exactly.
+# The tolerance rule, in one place (:func:`tolerance` applies it). An element passes when
+# |candidate - original| <= atol + rtol * |original|, where for a floating dtype
+#   (rtol, atol) = TOLERANCES[dtype], then
+#   atol = max(atol, SPREAD_FACTOR * spread)   spread: the original's own disagreement between
+#       engines (max |onnxruntime - reference executor| over that output, same feeds): how
+#       exactly float arithmetic pins this output down here. It carries the growth with the
+#       sequence length: it is measured at the feeds' T, not modelled. Only computed for an
+#       output the table's tolerance fails, only when both engines run the original, and only
+#       counted while the engines agree within the grown bound below (beyond it one engine is
+#       wrong, which says nothing about rounding).
+#   both * max(1, steps / ACCUMULATION_STEPS)   only where no spread can be measured: the two
+#       engines compared with each other on the original (--engine both). Rounding errors of a
+#       recurrence that does not amplify them add up at most linearly in its length; the
+#       table is for sequences up to ACCUMULATION_STEPS.
+# --rtol/--atol replace the table and switch both adjustments off. Dtypes not listed
+# (integers, bool, strings) compare exactly.
+SPREAD_FACTOR = 16
+ACCUMULATION_STEPS = 16
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-9, 1e-12),
     "complex128": (1e-9, 1e-12),
@@ -45,13 +61,30 @@ ENGINE_CHOICES = ("auto", "ort", "reference", "both")
 MAX_LISTED = 10  # failure lines that format() lists before summarizing the rest
 
 
-def tolerance(dtype: np.dtype, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
-    """(rtol, atol) for ``dtype``; overrides apply to the dtypes of the table, never to exact ones."""
+def tolerance(
+    dtype: np.dtype,
+    rtol: float | None = None,
+    atol: float | None = None,
+    *,
+    spread: float | None = None,
+    steps: int | None = None,
+) -> tuple[float, float]:
+    """(rtol, atol) for ``dtype`` by the rule above: the table, widened to SPREAD_FACTOR times
+    the original's engine ``spread`` or, without one, grown linearly past ACCUMULATION_STEPS
+    ``steps``. Overrides apply to the dtypes of the table, never to exact ones, and are final."""
     name = np.dtype(dtype).name
     if name not in TOLERANCES:
         return 0.0, 0.0
-    default_rtol, default_atol = TOLERANCES[name]
-    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+    if rtol is not None or atol is not None:
+        default_rtol, default_atol = TOLERANCES[name]
+        return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+    rtol, atol = TOLERANCES[name]
+    if spread is not None:
+        atol = max(atol, SPREAD_FACTOR * spread)
+    elif steps is not None and steps > ACCUMULATION_STEPS:
+        growth = steps / ACCUMULATION_STEPS
+        rtol, atol = rtol * growth, atol * growth
+    return rtol, atol
 
 
 @dataclass
@@ -70,6 +103,7 @@ class OutputCheck:
     worst_index: tuple[int, ...] | None = None  # where the largest error is, when it fails
     worst_values: tuple | None = None  # (original, candidate) at worst_index
     note: str = ""  # why it failed when no number says it: dtype, shape, missing output
+    spread: float | None = None  # the original's engine disagreement the tolerance was widened by
 
     def describe(self) -> str:
         """One line saying how this output failed."""
@@ -83,6 +117,8 @@ class OutputCheck:
                 line += f" at {self.worst_index} (expected {original}, got {candidate})"
         if self.rtol or self.atol:
             line += f"; tolerance rtol {self.rtol:g} atol {self.atol:g}"
+        if self.spread is not None:
+            line += f" (the original's engines disagree by {_num(self.spread)})"
         return line
 
     def to_dict(self) -> dict:
@@ -98,6 +134,7 @@ class OutputCheck:
             "mismatches": self.mismatches,
             "worst_index": None if self.worst_index is None else list(self.worst_index),
             "note": self.note,
+            "engine_spread": _json_float(self.spread),
         }
 
 
@@ -215,17 +252,25 @@ CHUNK_ELEMENTS = 2**18  # elements compared per step: float64 temporaries stay b
 
 
 def compare_arrays(
-    name: str, expected: np.ndarray, actual: np.ndarray, *, rtol: float | None = None, atol: float | None = None
+    name: str,
+    expected: np.ndarray,
+    actual: np.ndarray,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    spread: float | None = None,
+    steps: int | None = None,
 ) -> OutputCheck:
-    """Compare one output: dtype and shape exactly, values within the dtype's tolerance."""
+    """Compare one output: dtype and shape exactly, values within the dtype's tolerance
+    (:func:`tolerance`; ``spread`` and ``steps`` as there)."""
     expected, actual = np.asarray(expected), np.asarray(actual)
     base = {"name": name, "dtype": str(expected.dtype), "shape": tuple(expected.shape)}
     if actual.dtype != expected.dtype:
         return OutputCheck(**base, passed=False, note=f"dtype is {actual.dtype}, expected {expected.dtype}")
     if actual.shape != expected.shape:
         return OutputCheck(**base, passed=False, note=f"shape is {actual.shape}, expected {expected.shape}")
-    r, a = tolerance(expected.dtype, rtol, atol)
-    check = OutputCheck(**base, passed=True, rtol=r, atol=a)
+    r, a = tolerance(expected.dtype, rtol, atol, spread=spread, steps=steps)
+    check = OutputCheck(**base, passed=True, rtol=r, atol=a, spread=spread)
     flat_expected, flat_actual = expected.reshape(-1), actual.reshape(-1)
     worst = None  # (error, flat index) of the worst mismatch so far
     for start in range(0, max(flat_expected.size, 1), CHUNK_ELEMENTS):
@@ -280,6 +325,7 @@ def compare_outputs(
     *,
     rtol: float | None = None,
     atol: float | None = None,
+    steps: int | None = None,
 ) -> list[OutputCheck]:
     """Every output of ``expected`` against the same-named output of ``actual``, and the
     order of the outputs: a consumer that reads outputs by position (onnxruntime's
@@ -296,16 +342,17 @@ def compare_outputs(
             value = np.asarray(value)
             checks.append(OutputCheck(name, str(value.dtype), tuple(value.shape), False, note="output is missing"))
         else:
-            checks.append(compare_values(name, value, actual[name], rtol=rtol, atol=atol))
+            checks.append(compare_values(name, value, actual[name], rtol=rtol, atol=atol, steps=steps))
     return checks
 
 
-def compare_values(name: str, expected, actual, *, rtol: float | None = None, atol: float | None = None) -> OutputCheck:
+def compare_values(name: str, expected, actual, *, rtol: float | None = None, atol: float | None = None,
+                   steps: int | None = None) -> OutputCheck:
     """:func:`compare_arrays` for an output of any type: a sequence (a list, as onnxruntime
     returns it) or a map (a dict) compares element by element, same length or same keys,
     each element with its dtype's tolerance; the first element that differs is named."""
     if not isinstance(expected, (list, tuple, dict)) and not isinstance(actual, (list, tuple, dict)):
-        return compare_arrays(name, expected, actual, rtol=rtol, atol=atol)
+        return compare_arrays(name, expected, actual, rtol=rtol, atol=atol, steps=steps)
     kind = "map" if isinstance(expected, dict) else "sequence" if isinstance(expected, (list, tuple)) else "tensor"
     got = "map" if isinstance(actual, dict) else "sequence" if isinstance(actual, (list, tuple)) else "tensor"
     check = OutputCheck(name, kind, (len(expected),) if kind != "tensor" else (), False)
@@ -318,7 +365,7 @@ def compare_values(name: str, expected, actual, *, rtol: float | None = None, at
             f"{sorted(actual)}, expected {sorted(keys)}" if kind == "map" else f"{len(actual)}, expected {len(keys)}")
         return check
     for key in keys:
-        inner = compare_values(f"{name}[{key!r}]", expected[key], actual[key], rtol=rtol, atol=atol)
+        inner = compare_values(f"{name}[{key!r}]", expected[key], actual[key], rtol=rtol, atol=atol, steps=steps)
         if inner.max_abs is not None:
             check.max_abs = max(check.max_abs or 0.0, inner.max_abs)
             check.max_rel = max(check.max_rel or 0.0, inner.max_rel or 0.0)
@@ -330,6 +377,26 @@ def compare_values(name: str, expected, actual, *, rtol: float | None = None, at
             return check
     check.passed = True
     return check
+
+
+def engine_spread(ort_outputs: Mapping[str, np.ndarray], reference_outputs: Mapping[str, np.ndarray], name: str) -> float | None:
+    """max |onnxruntime - reference| of one floating output of the original, or None."""
+    a, b = ort_outputs.get(name), reference_outputs.get(name)
+    if a is None or b is None:
+        return None
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.name not in TOLERANCES or a.dtype != b.dtype:
+        return None
+    wide = np.complex128 if a.dtype.kind == "c" else np.float64
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(a.astype(wide) - b.astype(wide))
+    finite = diff[np.isfinite(diff)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+def feed_steps(feeds: Mapping[str, np.ndarray]) -> int:
+    """An upper bound on the sequence length of these feeds: their longest axis."""
+    return max((max(np.shape(v), default=1) for v in feeds.values()), default=1)
 
 
 # -- signatures ----------------------------------------------------------------------------------
@@ -427,20 +494,89 @@ def compare_models(
     resolved = "both" if len(pairs) == 2 else pairs[0][0]
 
     comparisons = []
+    widen = rtol is None and atol is None  # the user's tolerances are final
+    other = _OtherEngine(original, original_path, pairs)
     for label, feeds, expected_by_engine in runs:  # one input set at a time: its outputs die with it
         ran = {}
+        spread = _Spread(feeds, expected_by_engine, other)
         for name, _, candidate_runner in pairs:
             expected = expected_by_engine[name]
             comp = Comparison(label, ("original", name), ("candidate", name))
             actual = _run_candidate(candidate_runner, feeds, comp)
             if actual is not None:
                 comp.checks = compare_outputs(expected, actual, rtol=rtol, atol=atol)
+                if widen:
+                    _widen_by_spread(comp, expected, actual, spread)
             comparisons.append(comp)
             ran[name] = (expected, actual)
         if resolved == "both":
-            comparisons += _cross_check(label, ran, rtol, atol)
-        del feeds, expected_by_engine, expected, actual, ran  # before the next set's runs
+            comparisons += _cross_check(label, ran, rtol, atol, feed_steps(feeds) if widen else None, spread if widen else None)
+        del feeds, expected_by_engine, expected, actual, ran, spread  # before the next set's runs
     return VerifyResult(resolved, comparisons, notes, sizes)
+
+
+class _OtherEngine:
+    """The engine the comparison does not use, for the original only, prepared on first need."""
+
+    def __init__(self, original, original_path, pairs):
+        engines = [name for name, _, _ in pairs]
+        self.missing = None if len(engines) == 2 else ("reference" if engines == ["ort"] else "ort")
+        self._model, self._path = original, original_path
+        self._runner: Runner | None | bool = False  # False: not prepared yet; None: cannot
+
+    def run(self, feeds) -> dict | None:
+        if self.missing is None:
+            return None
+        if self._runner is False:
+            try:
+                self._runner = prepare(self._model, self.missing, path=self._path)
+            except EngineError:
+                self._runner = None
+        if self._runner is None:
+            return None
+        try:
+            return self._runner(feeds)
+        except EngineError:
+            return None
+
+
+class _Spread:
+    """The original's engine disagreement per output on one feed set (see TOLERANCES),
+    measured on first need: the other engine runs the original once per feed set."""
+
+    def __init__(self, feeds, expected_by_engine, other: _OtherEngine):
+        self._feeds, self._expected, self._other = feeds, expected_by_engine, other
+        self._pair: tuple | None | bool = False
+
+    def __call__(self, output: str) -> float | None:
+        if self._pair is False:
+            if "ort" in self._expected and "reference" in self._expected:
+                self._pair = (self._expected["ort"], self._expected["reference"])
+            else:
+                (engine, outputs), = self._expected.items()
+                more = self._other.run(self._feeds)
+                self._pair = None if more is None else ((outputs, more) if engine == "ort" else (more, outputs))
+        if self._pair is None:
+            return None
+        ort_out, ref_out = self._pair
+        if output not in ort_out or output not in ref_out:
+            return None
+        # Beyond float noise (onnxruntime known to miscompute a model, a broken engine) the
+        # disagreement says nothing about rounding: no widening then.
+        if not compare_arrays(output, ort_out[output], ref_out[output], steps=feed_steps(self._feeds)).passed:
+            return None
+        return engine_spread(ort_out, ref_out, output)
+
+
+def _widen_by_spread(comp: Comparison, expected, actual, spread: _Spread) -> None:
+    """Re-check each floating output that failed the table's tolerance with the rule's
+    widened one (the original's own engine disagreement), when it can be measured."""
+    for i, check in enumerate(comp.checks):
+        if check.passed or check.note or check.dtype not in TOLERANCES or check.name not in expected:
+            continue
+        measured = spread(check.name)
+        if measured is not None:
+            comp.checks[i] = compare_arrays(check.name, expected[check.name], actual[check.name], spread=measured)
 
 
 def runnable_feeds(model: ModelLike, *, seeds: int = 2, engine: str = "auto") -> list[dict]:
@@ -610,15 +746,19 @@ def _run_candidate(runner: Runner | str, feeds, comp: Comparison) -> dict | None
         return None
 
 
-def _cross_check(label: str, ran: dict, rtol, atol) -> list[Comparison]:
-    """onnxruntime against the reference executor on each model (only "both")."""
+def _cross_check(label: str, ran: dict, rtol, atol, steps: int | None, spread: _Spread | None) -> list[Comparison]:
+    """onnxruntime against the reference executor on each model (only "both"): the original's
+    by the table grown over ``steps`` (its disagreement *is* the spread), the candidate's
+    widened by the original's spread like any candidate output."""
     comparisons = []
     for index, model in enumerate(("original", "candidate")):
         ort_out, ref_out = ran["ort"][index], ran["reference"][index]
         if ort_out is None or ref_out is None:
             continue  # the candidate failed to run: already reported
         comp = Comparison(label, (model, "ort"), (model, "reference"))
-        comp.checks = compare_outputs(ort_out, ref_out, rtol=rtol, atol=atol)
+        comp.checks = compare_outputs(ort_out, ref_out, rtol=rtol, atol=atol, steps=steps if index == 0 else None)
+        if index == 1 and spread is not None:
+            _widen_by_spread(comp, ort_out, ref_out, spread)
         comparisons.append(comp)
     return comparisons
 

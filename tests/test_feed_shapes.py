@@ -95,11 +95,27 @@ def test_a_matmul_weight_sizes_the_contracted_dim():
     assert compare_models(model, model, seeds=3).passed
 
 
-def test_when_the_preferred_sizes_fail_a_fallback_is_used_and_reported():
-    # Concat on axis 1 needs N == M, which nothing declares: seed 0 draws N != M.
+def test_a_concat_makes_differently_named_dims_one_size():
+    # Concat on axis 1 needs N == M: scanopt.dims unifies them, so no seed draws N != M.
     graph = h.make_graph(
         [h.make_node("Concat", ["x", "y"], ["z"], axis=1)], "cat",
         [builders.vi("x", ["N", 2]), builders.vi("y", ["M", 3])], [builders.vi("z", None)],
+    )
+    model = builders.model(graph)
+    result = compare_models(model, model, engine="ort", seeds=2)
+    assert result.passed and not result.notes
+    for seed in (0, 1):
+        shapes = InputSynthesizer(model).shapes(seed)
+        assert shapes["x"][0] == shapes["y"][0]
+    assert InputSynthesizer(model).shapes(0)["x"][0] == 2
+
+
+def test_when_the_preferred_sizes_fail_a_fallback_is_used_and_reported():
+    # InstanceNormalization needs the scale's length M to be x's channels N, which nothing
+    # declares and scanopt.dims does not read: seed 0 draws N != M.
+    graph = h.make_graph(
+        [h.make_node("InstanceNormalization", ["x", "y", "y"], ["z"])], "norm",
+        [builders.vi("x", [1, "N", 4]), builders.vi("y", ["M"])], [builders.vi("z", None)],
     )
     model = builders.model(graph)
     result = compare_models(model, model, engine="ort", seeds=2)

@@ -177,6 +177,14 @@ def test_unprovable_batch_sizes_fuse_with_both_expanded_to_the_common_batch():
     assert ops(out)["Expand"] == 2
 
 
+def test_batch_sizes_named_apart_outside_but_one_symbol_in_the_body_fuse():
+    # the body declares x and h with one batch symbol: the Scan contract carries it outside
+    model = rnn_model()
+    model.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "other"
+    out, outcomes = cb.fuse(model)
+    assert [o.applied for o in outcomes] == [True], outcomes[0].detail
+
+
 def test_double_cell_is_declined():
     model = rnn_model()
     body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")

@@ -262,6 +262,9 @@ def _batch_problem(node, view, ctx, state_positions) -> str | None:
         dims.append(shape[one] if shape and len(shape) > one else None)
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
+    x = node.inputs[-1].name
+    if all(ctx.shapes.dims.same((x, batch_axis), (node.inputs[i].name, 0)) for i in state_positions):
+        return None  # the graph's ops make them one dim, whatever they are named (tf2onnx's unk__N)
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
             "the Scan would broadcast a size-1 batch, the native op would not")
 

@@ -1,0 +1,124 @@
+"""scanopt.dims: dims unified by what ops require, not by their names (issue 20)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+import builders
+from scanopt.dims import DimClasses
+
+TF2ONNX_STYLE = os.path.join(os.path.dirname(__file__), "..", "models", "tf2onnx_style")
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = h.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return builders.model(graph, opset)
+
+
+def _i64(name, values):
+    return builders.init(name, np.array(values, np.int64))
+
+
+def test_concat_unifies_every_dim_but_the_axis():
+    m = _model([h.make_node("Concat", ["a", "b"], ["c"], axis=1)],
+               [builders.vi("a", ["u1", "u2"]), builders.vi("b", ["u3", "u4"])], [builders.vi("c", None)])
+    d = DimClasses(m)
+    assert d.same(("a", 0), ("b", 0)) and d.same(("a", 0), ("c", 0))
+    assert not d.same(("a", 1), ("b", 1))  # the concat axis: any sizes
+
+
+def test_matmul_and_gemm_unify_contraction_dims_only():
+    m = _model(
+        [h.make_node("MatMul", ["a", "b"], ["ab"]), h.make_node("Gemm", ["ab", "c"], ["y"], transB=1)],
+        [builders.vi("a", ["u1", "u2"]), builders.vi("b", ["u3", "u4"]), builders.vi("c", ["u5", "u6"])],
+        [builders.vi("y", None)],
+    )
+    d = DimClasses(m)
+    assert d.same(("a", 1), ("b", 0))
+    assert d.same(("b", 1), ("c", 1))  # ab's columns meet c's columns (transB)
+    assert d.same(("y", 0), ("a", 0)) and d.same(("y", 1), ("c", 0))
+    assert not d.same(("a", 0), ("b", 1))
+
+
+def test_broadcasting_is_only_likely_and_a_declared_one_never_unifies():
+    m = _model(
+        [h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Mul", ["s", "one"], ["y"])],
+        [builders.vi("a", ["u1", 3]), builders.vi("b", ["u2", 3]), builders.vi("one", [1, "u3"])],
+        [builders.vi("y", None)],
+    )
+    d = DimClasses(m)
+    assert d.same(("a", 0), ("b", 0), likely=True)
+    assert not d.same(("a", 0), ("b", 0))  # one of them may be 1 at run time
+    assert not d.same(("one", 0), ("a", 0), likely=True)
+
+
+def test_shape_provenance_to_constant_of_shape_expand_and_reshape():
+    nodes = [
+        h.make_node("Shape", ["x"], ["sx"]),
+        h.make_node("Gather", ["sx", "i1"], ["n"], axis=0),
+        h.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+        h.make_node("Concat", ["n1", "four"], ["shape"], axis=0),
+        h.make_node("ConstantOfShape", ["shape"], ["zeros"]),
+        h.make_node("Expand", ["row", "shape"], ["expanded"]),
+        h.make_node("Slice", ["sx", "s0", "s1"], ["lead"]),
+        h.make_node("Concat", ["lead", "minus1"], ["flat_shape"], axis=0),
+        h.make_node("Reshape", ["x", "flat_shape"], ["flat"]),
+    ]
+    m = _model(
+        nodes,
+        [builders.vi("x", ["u1", "u2", 5]), builders.vi("row", [1, 4])],
+        [builders.vi(n, None) for n in ("zeros", "expanded", "flat")],
+        [_i64("i1", 1), _i64("ax0", [0]), _i64("four", [4]), _i64("s0", [0]), _i64("s1", [1]), _i64("minus1", [-1])],
+    )
+    d = DimClasses(m)
+    assert d.same(("zeros", 0), ("x", 1)) and d.size("zeros", 1) == 4
+    assert d.same(("expanded", 0), ("x", 1))
+    assert d.same(("flat", 0), ("x", 0))
+    assert not d.same(("zeros", 0), ("x", 0))
+
+
+def test_scan8_contract_shares_batch_and_length_and_reaches_sequence_lens():
+    m = builders.scan8_sum(batch="unk__1", steps="unk__2")
+    d = DimClasses(m)
+    names = [v.name for v in m.graph.input]
+    lens, state, scan_input = names[0], names[1], names[-1]
+    assert d.same((lens, 0), (scan_input, 0)) and d.same((state, 0), (scan_input, 0))
+    out = m.graph.output[-1].name
+    assert d.same((out, 1), (scan_input, 1)) and not d.same((scan_input, 0), (scan_input, 1))
+
+
+@pytest.mark.parametrize("state_input", [False, True])
+def test_tf2onnx_batch_of_x_and_initial_state_is_one_class(state_input):
+    m = onnx.load(os.path.join(TF2ONNX_STYLE, f"dynamic_rnn_tanh_{'state_input' if state_input else 'zero_state'}.onnx"))
+    state = "h0:0" if state_input else "rnn/zeros:0"
+    d = DimClasses(m)
+    assert d.same(("rnn/transpose:0", 1), (state, 0))  # what fusion needs
+    assert d.same(("X:0", 0), ("Y:0", 0)) and d.same(("X:0", 1), ("Y:0", 1))
+    assert not d.same(("X:0", 0), ("X:0", 1))
+
+
+def test_unknown_names_and_axes_are_never_the_same():
+    m = _model([h.make_node("Identity", ["a"], ["b"])], [builders.vi("a", ["u", 2])], [builders.vi("b", None)])
+    d = DimClasses(m)
+    assert d.same(("a", 0), ("b", 0)) and d.same(("a", -1), ("b", 1))
+    assert not d.same(("a", 0), ("nowhere", 0)) and not d.same(("a", 5), ("b", 5))
+
+
+def test_loop_carried_values_may_change_shape_so_they_are_only_likely():
+    body = h.make_graph(
+        [h.make_node("Identity", ["cond_in"], ["cond_out"]), h.make_node("Concat", ["acc", "acc"], ["acc_next"], axis=0)],
+        "grow",
+        [builders.vi("i", [], TP.INT64), builders.vi("cond_in", [], TP.BOOL), builders.vi("acc", ["u_in"])],
+        [builders.vi("cond_out", [], TP.BOOL), builders.vi("acc_next", ["u_out"])],
+    )
+    m = _model([h.make_node("Loop", ["n", "", "a0"], ["a_final"], body=body)],
+               [builders.vi("n", [], TP.INT64), builders.vi("a0", ["u0"])], [builders.vi("a_final", None)])
+    d = DimClasses(m)
+    assert d.same(("a0", 0), ("a_final", 0), likely=True)
+    assert not d.same(("a0", 0), ("a_final", 0))  # it doubles every iteration
