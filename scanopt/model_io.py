@@ -85,7 +85,7 @@ def load(path: str) -> LoadedModel:
     try:
         warnings = validate_model(model, name=path, serialized=serialized)
         sorted_nodes = sort_nodes(model)
-    except ScanoptError:
+    except (ScanoptError, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001 - last resort: validation refuses what it knows by name
         raise InvalidModelError(f"{path}: not a valid model ({type(exc).__name__} while checking it: "
