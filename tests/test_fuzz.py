@@ -111,3 +111,23 @@ def test_an_unexpected_error_while_checking_is_one_line_naming_the_file(cli, tmp
     result = cli("inspect", path)
     assert result.code == 2 and result.err.count("\n") == 1
     assert result.err.startswith(f"scanopt: {path}: not a valid model (UnicodeDecodeError while checking it")
+
+
+@pytest.mark.parametrize("leave_open", ["empty type", "elem_type 0"])
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_body_value_whose_type_leaves_the_dtype_open_is_accepted(cli, tmp_path, leave_open, where):
+    """Missing information, not a contradiction: every command runs (gs records such a dtype as
+    0 or an empty message, which the passes took for a dtype)."""
+    m = b.scan9_sum(steps=3)
+    value = getattr(m.graph.node[0].attribute[0].g, where)[1]
+    if leave_open == "empty type":
+        value.type.Clear()
+        value.type.SetInParent()
+    else:
+        value.type.tensor_type.elem_type = 0
+        value.type.tensor_type.ClearField("shape")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    for command in ("optimize", "inspect", "run", "verify"):
+        result = cli(*fuzz_models.command_line(command, str(path), str(tmp_path)))
+        assert result.code == 0, (command, result)
