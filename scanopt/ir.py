@@ -14,6 +14,7 @@ from collections import ChainMap
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
@@ -82,7 +83,32 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
     setattr(graph, ORDER, order)
     setattr(graph, VALUE_METADATA, value_metadata)
     setattr(graph, EXTERNAL, _defer_external_values(gs_graph for _, gs_graph, _ in pairs))
+    _open_dtypes_as_none(gs_graph for _, gs_graph, _ in pairs)
     return graph
+
+
+def _open_dtypes_as_none(graphs) -> None:
+    """A value whose type leaves the dtype open (elem_type 0, or a type field with nothing
+    in it) is one gs records with dtype 0 or an empty message; scanopt's helpers know
+    "no dtype" as None, as for a value declared without a type."""
+    for graph in graphs:
+        for tensor in graph.tensors().values():
+            if tensor.dtype is not None and not isinstance(tensor, gs.Constant) and _left_open(tensor.dtype):
+                tensor.dtype = None
+
+
+_ONNX_DTYPES = frozenset(onnx.helper.get_all_tensor_dtypes()) - {onnx.TensorProto.UNDEFINED}
+
+
+def _left_open(dtype) -> bool:
+    """gs keeps an ONNX dtype number where numpy has no dtype (bfloat16): that one is known."""
+    if isinstance(dtype, int):
+        return dtype not in _ONNX_DTYPES
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return True
+    return False
 
 
 def _defer_external_values(graphs) -> list:

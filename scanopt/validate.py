@@ -84,8 +84,9 @@ _MESSAGE = FieldDescriptor.TYPE_MESSAGE
 def _check_fields(model: onnx.ModelProto) -> None:
     """What protobuf parses but nothing downstream can take (hostile or damaged bytes):
     a string field that is not UTF-8 (protobuf hands it over as bytes), a data type
-    number onnx does not know, a negative dim. One walk over every message, fields that
-    hold tensor data never touched; a message is named by the nearest named one above it."""
+    number onnx does not know, a negative dim, a small tensor whose data does not fill its
+    dims. One walk over every message, fields that hold tensor data never read (reading
+    raw_data copies it); a message is named by the nearest named one above it."""
     stack: list[tuple[object, str]] = [(model, "")]
     while stack:
         message, where = stack.pop()
@@ -93,7 +94,9 @@ def _check_fields(model: onnx.ModelProto) -> None:
         name = getattr(message, "name", None) if kind in _NAMED else None
         if isinstance(name, str) and name:
             where = f"{_NAMED[kind]} '{printable(name)}': "
-        for field, value in message.ListFields():
+        if kind == "TensorProto":
+            _check_tensor_size(message, where)
+        for field, value in _fields(message, kind):
             if field.type == _MESSAGE:
                 if kind == "ValueInfoProto" and field.name == "type" and value.WhichOneof("value") in _UNSUPPORTED_TYPES:
                     raise UnsupportedModelError(
@@ -115,6 +118,58 @@ def _check_fields(model: onnx.ModelProto) -> None:
                 raise InvalidModelError(f"{where}declares a negative dim ({value})")
             elif kind == "TensorProto" and field.name == "dims" and any(d < 0 for d in value):
                 raise InvalidModelError(f"{where}has a negative dim ({list(value)})")
+
+
+_DATA_FIELDS = frozenset({"raw_data", "string_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"})
+
+
+def _fields(message, kind: str):
+    """``message.ListFields()``, without a tensor's data fields (ListFields would copy raw_data)."""
+    if kind != "TensorProto":
+        yield from message.ListFields()
+        return
+    for field in message.DESCRIPTOR.fields:
+        if field.name in _DATA_FIELDS:
+            continue
+        value = getattr(message, field.name)
+        if (len(value) if _repeated(field) else message.HasField(field.name)):
+            yield field, value
+
+
+TP_ = onnx.TensorProto
+# Bytes per element in raw_data, and the typed field with its entries per element, for the
+# types whose elements are whole bytes (sub-byte types are packed: not checked).
+_ELEMENT = {
+    TP_.FLOAT: (4, "float_data", 1), TP_.COMPLEX64: (8, "float_data", 2), TP_.DOUBLE: (8, "double_data", 1),
+    TP_.COMPLEX128: (16, "double_data", 2), TP_.INT64: (8, "int64_data", 1), TP_.UINT64: (8, "uint64_data", 1),
+    TP_.UINT32: (4, "uint64_data", 1), TP_.INT32: (4, "int32_data", 1), TP_.INT16: (2, "int32_data", 1),
+    TP_.UINT16: (2, "int32_data", 1), TP_.INT8: (1, "int32_data", 1), TP_.UINT8: (1, "int32_data", 1),
+    TP_.BOOL: (1, "int32_data", 1), TP_.FLOAT16: (2, "int32_data", 1), TP_.BFLOAT16: (2, "int32_data", 1),
+}
+# raw_data is measured only up to this size: reading it copies the bytes.
+_MEASURED_RAW_BYTES = 1 << 20
+
+
+def _check_tensor_size(tensor: onnx.TensorProto, where: str) -> None:
+    """A tensor's data must fill its dims exactly (numpy_helper would fail to reshape it deep
+    inside a pass). External data is checked where it is read."""
+    element = _ELEMENT.get(tensor.data_type)
+    if element is None or tensor.data_location == TP_.EXTERNAL or len(tensor.external_data):
+        return
+    if any(d < 0 for d in tensor.dims):
+        return  # refused by the dims check
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    size, field, per = element
+    if tensor.HasField("raw_data"):
+        if count * size > _MEASURED_RAW_BYTES:
+            return
+        have, want, unit = len(tensor.raw_data), count * size, "bytes"
+    else:
+        have, want, unit = len(getattr(tensor, field)), count * per, f"{field} entries"
+    if have != want:
+        raise InvalidModelError(f"{where}its data holds {have} {unit}, but dims {list(tensor.dims)} need {want}")
 
 
 def _repeated(field: FieldDescriptor) -> bool:

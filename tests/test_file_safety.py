@@ -248,7 +248,7 @@ def test_character_device_out_is_refused(cli, tmp_path):
 
 KILLED_RUN = textwrap.dedent(
     """
-    import signal, sys, time
+    import os, signal, sys, time
     # a terminal's Ctrl-C: a shell that starts the suite in the background has its
     # children ignore SIGINT, and Python then installs no KeyboardInterrupt handler
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -261,7 +261,7 @@ KILLED_RUN = textwrap.dedent(
             with open(path, "wb") as handle:
                 handle.write(data[: len(data) // 2])
             print("staged", flush=True)
-            time.sleep(120)
+            time.sleep(float(os.environ.get("PAUSE", "120")))
             write(path)
         return staged
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import onnx
 import pytest
 
@@ -111,3 +112,41 @@ def test_an_unexpected_error_while_checking_is_one_line_naming_the_file(cli, tmp
     result = cli("inspect", path)
     assert result.code == 2 and result.err.count("\n") == 1
     assert result.err.startswith(f"scanopt: {path}: not a valid model (UnicodeDecodeError while checking it")
+
+
+@pytest.mark.parametrize("leave_open", ["empty type", "elem_type 0"])
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_body_value_whose_type_leaves_the_dtype_open_is_accepted(cli, tmp_path, leave_open, where):
+    """Missing information, not a contradiction: every command runs (gs records such a dtype as
+    0 or an empty message, which the passes took for a dtype)."""
+    m = b.scan9_sum(steps=3)
+    value = getattr(m.graph.node[0].attribute[0].g, where)[1]
+    if leave_open == "empty type":
+        value.type.Clear()
+        value.type.SetInParent()
+    else:
+        value.type.tensor_type.elem_type = 0
+        value.type.tensor_type.ClearField("shape")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    for command in ("optimize", "inspect", "run", "verify"):
+        result = cli(*fuzz_models.command_line(command, str(path), str(tmp_path)))
+        assert result.code == 0, (command, result)
+
+
+@pytest.mark.parametrize("form", ["raw_data", "float_data"])
+def test_a_tensor_whose_data_does_not_fill_its_dims(cli, tmp_path, form):
+    """In a body's Constant, which onnx.checker does not size-check (numpy_helper then failed
+    to reshape it inside the fuse pass)."""
+    m = b.scan9_sum(steps=3)
+    body = m.graph.node[0].attribute[0].g
+    value = onnx.TensorProto(name="k", data_type=onnx.TensorProto.FLOAT, dims=[3])
+    if form == "raw_data":
+        value.raw_data = np.arange(5, dtype=np.float32).tobytes()
+    else:
+        value.float_data.extend([1.0, 2.0, 3.0, 4.0, 5.0])
+    body.node.insert(0, onnx.helper.make_node("Constant", [], ["k"], value=value))
+    body.node[1].input[1] = "k_x"
+    body.node.insert(1, onnx.helper.make_node("Mul", ["x", "k"], ["k_x"]))
+    said = "holds 20 bytes, but dims [3] need 12" if form == "raw_data" else "holds 5 float_data entries, but dims [3] need 3"
+    _refused(cli, tmp_path, m.SerializeToString(), f"tensor 'k': its data {said}")

@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 import builders as b
+from test_file_safety import KILLED_RUN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("onnx", "onnxruntime", "onnx_graphsurgeon", "numpy", "google.protobuf")
@@ -43,28 +44,8 @@ def _model(tmp_path):
     return src
 
 
-# The run stops in the middle of writing OUT: half the bytes staged, then a pause.
-WRITING = textwrap.dedent(
-    """
-    import os, sys, time
-    import scanopt.cli.optimize_cmd as cmd
-    real = cmd.bytes_writer
-
-    def slow_writer(data):
-        write = real(data)
-        def staged(path):
-            with open(path, "wb") as handle:
-                handle.write(data[: len(data) // 2])
-            print("staged", flush=True)
-            time.sleep(float(os.environ.get("PAUSE", "120")))
-            write(path)
-        return staged
-
-    cmd.bytes_writer = slow_writer
-    from scanopt.cli import main
-    sys.exit(main(sys.argv[1:]))
-    """
-)
+# The run stops in the middle of writing OUT: half the bytes staged, then a pause ($PAUSE s).
+WRITING = KILLED_RUN
 
 # What the console script does (`from scanopt.cli import main; sys.exit(main())`), with the
 # import of onnx held up so the signal lands while the heavy modules load.

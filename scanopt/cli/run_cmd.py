@@ -99,7 +99,7 @@ def _npz_writer(outputs: dict[str, np.ndarray]):
 
 
 def _table(arrays: dict[str, np.ndarray]) -> str:
-    rows = [(printable(name), str(a.dtype), str(tuple(a.shape)), summarize(a)) for name, a in arrays.items()]
+    rows = [(printable(name), str(a.dtype), str(tuple(a.shape)), printable(summarize(a))) for name, a in arrays.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(3)] if rows else [0, 0, 0]
     return "\n".join("  " + "  ".join(v.ljust(w) for v, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
 
