@@ -35,9 +35,10 @@ SLOWER_BOUND = 1.05  # a modelled form is never chosen where it is more than 5% 
 # A rewritten form's modelled time counts this much more: the model's error. bench_cost.py
 # --emit gives the smallest factors with which no form chosen over the unknown range measured
 # >5% slower than the loop at a measured point (fuse 1.00, hoist 1.15 in the run the constants
-# come from); these leave room for what that grid did not cover.
+# come from); these leave room for what that grid did not cover (T=1024: with fuse 1.2,
+# bench_policy.py measured a native GRU 1.08x the loop at one point of the range).
 # unroll: 1, its pass keeps to its own measured bound (unroll_max) and shares the loop's FLOPs
-MODEL_MARGIN = {"fuse": 1.2, "hoist": 1.25, "unroll": 1.0}
+MODEL_MARGIN = {"fuse": 1.4, "hoist": 1.25, "unroll": 1.0}
 
 # Seconds per unit on onnxruntime 1.32 CPU with one intra-op thread, fitted by
 # ``python benchmarks/bench_cost.py --emit`` (the model is linear in them).
