@@ -28,26 +28,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from generate import HERE, export_in_fresh_process, save_npz, strip_stack_traces  # noqa: E402
+from generate import HERE, export_in_fresh_process, save_npz  # noqa: E402
+from generate_cells import _export as export_cell  # noqa: E402 - the one torch export helper
+
+
+def _export(module, args, names, outputs, dynamic=None):
+    return export_cell(module, args, names, dynamic, outputs)
 
 import onnx  # noqa: E402
 
 OUT = os.path.join(HERE, "linrec")
 T, B, H = 16, 2, 8
-
-
-def _export(module, args, names, outputs, dynamic=None):
-    import torch
-
-    program = torch.onnx.export(module, args, dynamo=True, input_names=names, output_names=outputs,
-                                dynamic_shapes=dynamic, verbose=False)
-    m = program.model_proto
-    strip_stack_traces(m)
-    with torch.no_grad():
-        got = module(*args)
-    expected = {n: a.numpy() for n, a in zip(names, args)}
-    expected.update({n: v.numpy() for n, v in zip(outputs, got)})
-    return m, expected
 
 
 def _scan_module(step_factory, params=None):

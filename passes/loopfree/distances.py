@@ -84,7 +84,7 @@ class GemmDistances(ScanPass):
         squared = emit_distances(e, rows, queries, value_dtype(rows, ctx.shapes))
         rebind_outputs(node, list(node.inputs[:n]) + [from_processing_order(e, squared, view, 0, 1)], graph)
         added = place_appended(graph, position, start - 1)
-        return f"pairwise squared distances as one GEMM, clamped at 0 ({added} nodes, no loop)"
+        return f"pairwise squared distances as one matrix product, clamped at 0 ({added} nodes, no Scan left)"
 
 
 def find_distances(node: gs.Node, view, opset: int) -> Distances | None:

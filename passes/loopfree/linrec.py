@@ -79,7 +79,7 @@ class LinrecMatch(Match):
 @register_pass
 class Linrec(ScanPass):
     name = "linrec"
-    summary = "linear recurrences h' = a*h + b -> CumSum or a chunked parallel scan (no loop)"
+    summary = "linear recurrences h' = a*h + b -> CumSum/CumProd, a chunked parallel scan, or linear attention's chunked matmul form"
     tunables = {
         "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default: {DEFAULT_CHUNK} for doubling, "
                               "about sqrt(T) for the positions loop)"),
