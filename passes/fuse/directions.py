@@ -130,7 +130,8 @@ def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, 
     rank = ctx.shapes.rank(node.attrs["body"].inputs[n])
     broadcast: tuple[str, ...] | Skip = ()
     if rank == 2:
-        problem = _batch_problem(node, view, ctx, [i for kind, i in states if kind != "invariant"])
+        positions = [i for kind, i in states if kind != "invariant"]
+        problem = _batch_problem_of_one(node, ctx, positions) if one else _batch_problem(node, view, ctx, positions)
         if problem:
             broadcast = _broadcast_batches(problem, _guard(finals_read, view), ctx.opset)
             if isinstance(broadcast, Skip):
@@ -254,12 +255,24 @@ def _batch_of_one(node, view, ctx, states) -> bool:
 def _batch_problem(node, view, ctx, state_positions) -> str | None:
     """Why the batch sizes of X and the initial states may differ, or None if provably equal."""
     x_shape = ctx.shapes.shape(node.inputs[-1])
-    one = int(view.batched)  # a Scan-8 over a batch of one: X [1, T, B, I], states [1, B, H]
-    batch_axis = one + (1 if one or view.input_axes[0] % 3 == 0 else 0)
-    dims = [x_shape[batch_axis] if x_shape and len(x_shape) > batch_axis else None]
+    batch_axis = 1 if view.input_axes[0] % 3 == 0 else 0
+    dims = [x_shape[batch_axis] if x_shape else None]
     for i in state_positions:
-        shape = ctx.shapes.shape(node.inputs[one + i])
-        dims.append(shape[one] if shape and len(shape) > one else None)
+        shape = ctx.shapes.shape(node.inputs[i])
+        dims.append(shape[0] if shape else None)
+    if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
+        return None
+    return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
+            "the Scan would broadcast a size-1 batch, the native op would not")
+
+
+def _batch_problem_of_one(node, ctx, state_positions) -> str | None:
+    """:func:`_batch_problem` for a Scan-8 over a batch of one: X [1, T, B, I], states [1, B, H]."""
+    x_shape = ctx.shapes.shape(node.inputs[-1])
+    dims = [x_shape[2] if x_shape and len(x_shape) == 4 else None]
+    for i in state_positions:
+        shape = ctx.shapes.shape(node.inputs[1 + i])
+        dims.append(shape[1] if shape and len(shape) == 3 else None)
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
