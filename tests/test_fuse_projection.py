@@ -179,3 +179,15 @@ def test_batch_major_reverse_scan_over_a_projection():
     out = _fused(model, "RNN")
     _, attrs = cb.native(out)
     assert attrs["direction"] == b"reverse" or attrs["direction"] == "reverse"
+
+
+def test_a_hoisted_bidirectional_pair_merges_into_one_native_op():
+    """PyTorch's bidirectional GRU: after hoist the reverse Scan reads a projection of the
+    reversed X; both are read through to X and merge into one bidirectional GRU."""
+    original = onnx.load(str(CELLS / "torch_bigru.onnx"))
+    hoisted, _ = scanopt.optimize(original, passes=["canonicalize", "hoist", "cleanup"], verify=False,
+                                  options={"target": "portable"})
+    out, outcomes = cb.fuse(hoisted)
+    assert ops(out)["GRU"] == 1 and ops(out)["Scan"] == 0, [o.detail for o in outcomes]
+    assert cb.native(out)[1]["direction"] == b"bidirectional"
+    assert_equivalent(original, out)

@@ -18,21 +18,28 @@ statically >= 1 is selected by T > 0. Scan-8 is fused at its opset (8): sequence
 becomes the native op's (int32) sequence_lens; final states of length-0 items, where the
 native op leaves exact zeros, become ``Y_h + h0 ⊙ (len == 0)`` (opset 8 has no Where;
 exact for finite initial states). A Scan-8 reverse scan output needs ReverseSequence
-(opset 10) and is declined.
+(opset 10) and is declined. A Scan-8 over a batch of one whose body holds the real batch
+(tf2onnx's opset-8 form, no sequence_lens) is fused as the Scan-9 over its one item.
+
+Scan inputs that are input projections ``X·W + b`` computed outside the loop (whole or cut
+per gate into several scan inputs; scanopt's hoist writes them) are read through
+(``projection``): the native op takes X with the projection folded into W and B. Where the
+batch sizes of X and the initial states cannot be proven equal, both are expanded to their
+common batch at run time, which is what the Scan computes whenever it runs.
 
 Declines (with the reason) anything else: other scan outputs, a non-float32 cell (a float16
 Scan rounds each op and the state to float16 per step, which no native op reproduces),
 ThresholdedRelu (the op zeroes x == alpha, the recurrent activation keeps it), linear
-recurrences that read h only elementwise (EMA, running sum), batch sizes of x and the states
-that cannot be proven equal (a size-1 x would broadcast in the Scan but not in the native op),
-reversals needing Slice steps before opset 10.
+recurrences that read h only elementwise (EMA, running sum), unproven batch sizes where a
+zero-length sequence needs its final state cut back before opset 10, reversals needing Slice
+steps before opset 10.
 
 The package: ``fuse_pass`` (the pass: match, rewrite), ``directions`` (one Scan as one
 direction of the native op, bidirectional partners), ``reversal`` (X reversed outside the Scan), ``glue`` (the ops
 around the native op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as
 polynomials), ``cuts`` (last-axis cuts), ``layout`` (nodes that keep last-axis rows),
 ``recognize`` with ``reader``/``gru``/``lstm`` (cells, Affine included), ``cell`` and ``linear``
-(their terms).
+(their terms), ``projection`` (scan inputs computed as X·W + b outside).
 """
 
 from scanopt.passes.fuse.fuse_pass import Fuse

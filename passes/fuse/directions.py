@@ -14,7 +14,7 @@ from scanopt.pass_api import Match, Skip
 from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.poly import NoMatch
-from scanopt.passes.fuse.projection import projected_inputs
+from scanopt.passes.fuse.projection import flipped, is_reversal_of, projected_inputs, projection_readers, projects
 from scanopt.passes.fuse.recognize import recognize
 from scanopt.passes.fuse.reversal import reversed_source
 from scanopt.rewrite import is_read
@@ -130,18 +130,22 @@ def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, 
     rank = ctx.shapes.rank(node.attrs["body"].inputs[n])
     broadcast: tuple[str, ...] | Skip = ()
     if rank == 2:
-        problem = _batch_problem(node, view, ctx, [i for kind, i in states if kind != "invariant"])
+        positions = [i for kind, i in states if kind != "invariant"]
+        problem = _batch_problem_of_one(node, ctx, positions) if one else _batch_problem(node, view, ctx, positions)
         if problem:
             broadcast = _broadcast_batches(problem, _guard(finals_read, view), ctx.opset)
             if isinstance(broadcast, Skip):
                 return broadcast
     in_axis = 0 if one else view.input_axes[0] % (rank + 1)
-    if proj is not None:  # the native op reads X and folds the projection into W and B
-        source, note = proj.source, f"input projection of '{proj.source.name}' folded into W and B"
-    else:
-        source, note = (None, None) if one else reversed_source(node.inputs[-1], in_axis, rank + 1, ctx, folder)
-    if source is not None and proj is None:  # a Scan over reverse(X) is a Scan over X in the other direction
+    scanned = node.inputs[-1] if proj is None else proj.source  # what the native op reads, unless reversed
+    source, note = (None, None) if one else reversed_source(scanned, in_axis, rank + 1, ctx, folder)
+    if source is not None:  # a Scan over reverse(X) is a Scan over X in the other direction
         reverse = not reverse
+    if proj is not None:  # the native op reads X and folds the projection into W and B (a row-wise
+        # projection commutes with reversing the scan axis)
+        folded = f"input projection of '{proj.source.name}' folded into W and B"
+        note = folded if note is None else f"{folded}, {note}"
+        source = proj.source if source is None else source
     out_axes = [0] * view.num_scan_outputs if one else [a % (rank + 1) for a in view.output_axes]
     out_dirs = [0] * view.num_scan_outputs if one else view.output_directions
     outputs = [(bool(d) != reverse, a) for d, a in zip(out_dirs, out_axes)]
@@ -197,10 +201,10 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None, re
 
 
 def _reads_whole(scan: gs.Node, x: gs.Tensor) -> bool:
-    """``scan``'s scan input is ``x`` or the output of a Slice/ReverseSequence of ``x``."""
+    """``scan``'s scan input is ``x``, the output of a Slice/ReverseSequence of ``x``, or a
+    projection of ``x`` (:func:`projection_readers`)."""
     last = scan.inputs[-1]
-    return last is x or any(p.inputs and p.inputs[0] is x and (is_op(p, "Slice") or is_op(p, "ReverseSequence"))
-                            for p in last.inputs)
+    return last is x or is_reversal_of(last, x) or projects(last, x)
 
 
 def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
@@ -224,8 +228,9 @@ def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
         return cached[1]
     found: dict[bool, list] = {False: [], True: []}
     seen: set[int] = set()
+    projected = projection_readers(x)
     candidates = list(x.outputs) + [r for t in x.outputs if is_op(t, "Slice") or is_op(t, "ReverseSequence")
-                                    for o in t.outputs for r in o.outputs]
+                                    for o in t.outputs for r in o.outputs] + projected
     for other in candidates:
         if id(other) in seen or not is_op(other, "Scan") or not other.inputs or not _reads_whole(other, x):
             continue
@@ -234,9 +239,9 @@ def _scan_readers(x: gs.Tensor, ctx, readers: dict | None) -> dict[bool, list]:
             view = ScanView.from_gs(other, ctx.opset, ctx.shapes)
         except ScanoptError:
             continue
-        if view.batched or view.num_scan_inputs != 1:
+        if view.batched or (view.num_scan_inputs != 1 and not any(other is p for p in projected)):
             continue
-        found[bool(view.input_directions[0]) != (other.inputs[-1] is not x)].append((other, view))
+        found[bool(view.input_directions[0]) != flipped(other, x)].append((other, view))
     readers[id(x)] = (x, found)
     return found
 
@@ -254,12 +259,24 @@ def _batch_of_one(node, view, ctx, states) -> bool:
 def _batch_problem(node, view, ctx, state_positions) -> str | None:
     """Why the batch sizes of X and the initial states may differ, or None if provably equal."""
     x_shape = ctx.shapes.shape(node.inputs[-1])
-    one = int(view.batched)  # a Scan-8 over a batch of one: X [1, T, B, I], states [1, B, H]
-    batch_axis = one + (1 if one or view.input_axes[0] % 3 == 0 else 0)
-    dims = [x_shape[batch_axis] if x_shape and len(x_shape) > batch_axis else None]
+    batch_axis = 1 if view.input_axes[0] % 3 == 0 else 0
+    dims = [x_shape[batch_axis] if x_shape else None]
     for i in state_positions:
-        shape = ctx.shapes.shape(node.inputs[one + i])
-        dims.append(shape[one] if shape and len(shape) > one else None)
+        shape = ctx.shapes.shape(node.inputs[i])
+        dims.append(shape[0] if shape else None)
+    if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
+        return None
+    return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
+            "the Scan would broadcast a size-1 batch, the native op would not")
+
+
+def _batch_problem_of_one(node, ctx, state_positions) -> str | None:
+    """:func:`_batch_problem` for a Scan-8 over a batch of one: X [1, T, B, I], states [1, B, H]."""
+    x_shape = ctx.shapes.shape(node.inputs[-1])
+    dims = [x_shape[2] if x_shape and len(x_shape) == 4 else None]
+    for i in state_positions:
+        shape = ctx.shapes.shape(node.inputs[1 + i])
+        dims.append(shape[1] if shape and len(shape) == 3 else None)
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
     x = node.inputs[-1].name

@@ -105,3 +105,49 @@ def _row(value: np.ndarray, width: int) -> np.ndarray:
     if row is None:
         raise NoMatch("the bias does not fit the projection")
     return row.copy()
+
+
+# -- finding the Scans that read a projection of X (bidirectional partners) ----------------
+
+def projected_from(t: gs.Tensor, depth: int = 0) -> gs.Tensor | None:
+    """The value a projection chain (the ops of :func:`projection_readers`) computes ``t``
+    from, or None."""
+    node = t.inputs[0] if len(t.inputs) == 1 else None
+    if node is None or depth > 4:
+        return None
+    if is_op(node, "MatMul") or is_op(node, "Gemm"):
+        return node.inputs[0] if node.inputs else None
+    if is_op(node, "Add"):
+        return next((s for s in (projected_from(i, depth + 1) for i in node.inputs) if s is not None), None)
+    return projected_from(node.inputs[0], depth + 1) if is_op(node, "Split") or is_op(node, "Slice") else None
+
+
+def projects(t: gs.Tensor, x: gs.Tensor) -> bool:
+    """``t`` is a projection of ``x`` or of a reversal of ``x``."""
+    source = projected_from(t)
+    return source is not None and (source is x or is_reversal_of(source, x))
+
+
+def flipped(scan: gs.Node, x: gs.Tensor) -> bool:
+    """``scan`` reads a reversal of ``x`` (directly or through a projection)."""
+    last = scan.inputs[-1]
+    source = projected_from(last)
+    return is_reversal_of(last if source is None else source, x)
+
+
+def is_reversal_of(t: gs.Tensor, x: gs.Tensor) -> bool:
+    """``t`` is a Slice or ReverseSequence output of ``x`` (whether it reverses is decided elsewhere)."""
+    return any(p.inputs and p.inputs[0] is x and (is_op(p, "Slice") or is_op(p, "ReverseSequence")) for p in t.inputs)
+
+
+def projection_readers(x: gs.Tensor) -> list[gs.Node]:
+    """Scans reading ``x`` (or a reversal of it) through a projection chain (MatMul/Gemm, then
+    Add and last-axis cuts, at most four ops): candidates only, the direction analysis decides."""
+    starts = [x] + [o for r in x.outputs if is_op(r, "Slice") or is_op(r, "ReverseSequence") for o in r.outputs]
+    found, frontier = [], [r for t in starts for r in t.outputs
+                           if (is_op(r, "MatMul") or is_op(r, "Gemm")) and r.inputs and r.inputs[0] is t]
+    for _ in range(4):
+        readers = [reader for node in frontier for out in node.outputs for reader in out.outputs]
+        found += [r for r in readers if is_op(r, "Scan")]
+        frontier = [r for r in readers if any(is_op(r, op) for op in ("Add", "Split", "Slice"))]
+    return list({id(n): n for n in found}.values())
