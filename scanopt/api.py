@@ -53,7 +53,7 @@ def optimize(
     {options}
 
     and each pass's tunables: fuse_layout (fuse), linrec_chunk, linrec_min_steps,
-    linrec_max_state, linrec_form (linrec), unroll_max_nodes, unroll_max_bytes (unroll),
+    linrec_max_state, linrec_form, linrec_attention_chunk (linrec), unroll_max_nodes, unroll_max_bytes (unroll),
     vectorize_max_bytes (vectorize, hoist); ``scanopt.options.describe_options()``
     lists every key with its type, default and meaning. An unknown key raises, naming the
     closest known one.
@@ -64,7 +64,13 @@ def optimize(
                                 engine=engine, seeds=seeds, options=options, progress=progress)
     model, warnings, from_file = _model(model_or_path)
     if arguments["options"].get("input_shapes") is not None:
-        _known_inputs(model, arguments["options"]["input_shapes"])
+        from scanopt.deploy import check_input_shapes
+        from scanopt.errors import ScanoptError
+
+        try:  # the pipeline checks them too; here they are an argument error, raised before any work
+            check_input_shapes(model, arguments["options"]["input_shapes"])
+        except ScanoptError as exc:
+            raise InvalidArgumentError(str(exc)) from None
     for feeds in arguments["inputs"] or ():
         _check_feeds(model, feeds)
     result, report = run_pipeline(model, **arguments, validated=warnings)
@@ -151,7 +157,7 @@ def _input_shapes(shapes) -> dict[str, list[int]]:
             dims = None
         if not isinstance(name, str) or dims is None or any(
                 isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
-            raise InvalidArgumentError(f"input_shapes[{name!r}] must be a list of whole numbers >= 0, not {shapes[name]!r}")
+            raise InvalidArgumentError(f"input_shapes[{name!r}] must be a list of whole numbers (sizes 0 or more), not {shapes[name]!r}")
         checked[name] = dims
     return checked
 

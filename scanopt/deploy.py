@@ -15,7 +15,7 @@ from typing import Mapping
 
 import onnx
 
-from scanopt.errors import ScanoptError
+from scanopt.errors import ScanoptError, did_you_mean
 
 
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
@@ -56,7 +56,7 @@ def check_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]] |
     checked: dict[str, list[int]] = {}
     for name, dims in shapes.items():
         if name not in inputs:
-            raise ScanoptError(f"input shape for '{name}': the model has no such input "
+            raise ScanoptError(f"input shape for '{name}': the model has no such input{did_you_mean(name, inputs)} "
                                f"(inputs: {', '.join(inputs) or 'none'})")
         try:
             dims = [int(d) for d in dims]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from scanopt.errors import printable_lines
+from scanopt.errors import printable, printable_lines
 from scanopt.pass_api import NodeOutcome
 from scanopt.protos import walk_proto_graphs
 
@@ -284,7 +284,9 @@ def _cut(line: str) -> str:
 
 
 def _wrapped(line: str, indent: str, most: int | None = None) -> list[str]:
-    """``line`` wrapped at WIDTH, continued after ``indent``; at most ``most`` lines."""
+    """``line`` wrapped at WIDTH, continued after ``indent``; at most ``most`` lines. Escaped
+    first: wrapping would turn a newline inside a model's name into a space."""
+    line = printable(line)
     lines = textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [line]
     if most is not None and len(lines) > most:
         lines = lines[:most]

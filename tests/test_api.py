@@ -100,7 +100,7 @@ def test_a_missing_file_and_a_wrong_type_are_scanopt_errors(tmp_path):
     ({"inputs": [1, 2]}, "inputs must be a dict"),
     ({"inputs": []}, "inputs must be a dict"),
     ({"input_shapes": {"X": [2, "T"]}}, "input_shapes['X'] must be a list of whole numbers"),
-    ({"input_shapes": {"X0": [1, 2]}}, "the model has no input 'X0' (did you mean 'X'?)"),
+    ({"input_shapes": {"X0": [1, 2]}}, "'X0': the model has no such input (did you mean 'X'?)"),
     ({"input_shapes": [2, 3]}, "input_shapes must be a dict"),
     ({"progress": "stderr"}, "progress must be callable"),
     ({"inputs": {"nope": np.zeros(2), "s0": np.zeros(2), "X": np.zeros((3, 2))}},
@@ -122,12 +122,12 @@ def test_valid_arguments_reach_the_pipeline(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(scanopt.pipeline, "optimize", lambda model, **kw: seen.update(kw) or (model, None))
-    scanopt.optimize(b.scan9_sum(), passes="fuse, cleanup", skip=("unroll",), input_shapes={"X": (4, 2)},
+    scanopt.optimize(b.scan9_sum(), passes="fuse, cleanup", skip=("unroll",), input_shapes={"X": (3, 2)},
                      inputs={"X": np.zeros((3, 2), np.float32), "s0": np.zeros(2, np.float32)}, engine="both", seeds=3,
                      options={"unroll_max": 0, "tune": None, "threads": 2, "tune_seconds": 1.5})
     assert seen["passes"] == ["fuse", "cleanup"] and seen["skip"] == ["unroll"]
     assert seen["options"] == {"unroll_max": 0, "tune": None, "threads": 2, "tune_seconds": 1.5,
-                               "input_shapes": {"X": [4, 2]}}
+                               "input_shapes": {"X": [3, 2]}}
     assert seen["engine"] == "both" and seen["seeds"] == 3 and len(seen["inputs"]) == 1
 
 

@@ -206,8 +206,8 @@ def test_library_checks_the_deployment_options_before_any_work():
     model = onnx.load(RNN)
     for options, why in (({"input_shapes": {"nope": [1]}}, "no such input"),
                          ({"input_shapes": {"X": [4, -1, 3]}}, "0 or more"),
-                         ({"input_shapes": {"X": "4,1,3"}}, "not a list of whole numbers"),
-                         ({"threads": 0}, "at least 1"), ({"threads": 1.5}, "at least 1")):
+                         ({"input_shapes": {"X": "4,1,3"}}, "must be a list of whole numbers"),
+                         ({"threads": 0}, "at least 1"), ({"threads": 1.5}, "must be int")):
         with pytest.raises(ScanoptError, match=why):
             scanopt.optimize(model, options=options)
 
