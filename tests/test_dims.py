@@ -91,6 +91,7 @@ def test_scan8_contract_shares_batch_and_length_and_reaches_sequence_lens():
     assert d.same((lens, 0), (scan_input, 0)) and d.same((state, 0), (scan_input, 0))
     out = m.graph.output[-1].name
     assert d.same((out, 1), (scan_input, 1)) and not d.same((scan_input, 0), (scan_input, 1))
+    assert d.is_trip_count(scan_input, 1) and not d.is_trip_count(scan_input, 0) and not d.is_trip_count(state, 0)
 
 
 @pytest.mark.parametrize("state_input", [False, True])
@@ -122,3 +123,23 @@ def test_loop_carried_values_may_change_shape_so_they_are_only_likely():
     d = DimClasses(m)
     assert d.same(("a0", 0), ("a_final", 0), likely=True)
     assert not d.same(("a0", 0), ("a_final", 0))  # it doubles every iteration
+
+
+def test_an_operand_alone_at_an_axis_gives_the_output_that_axis_exactly():
+    # tf2onnx's sequence mask: GreaterOrEqual(step, lens [L]) -> Reshape [-1, 1] -> Mul with h [B, H]
+    m = _model(
+        [
+            h.make_node("GreaterOrEqual", ["step", "lens"], ["done"]),
+            h.make_node("Reshape", ["done", "col"], ["done_col"]),
+            h.make_node("Cast", ["done_col"], ["mask"], to=TP.FLOAT),
+            h.make_node("Mul", ["hidden", "mask"], ["masked"]),
+        ],
+        [builders.vi("step", [], TP.INT32), builders.vi("lens", ["u_len"], TP.INT32), builders.vi("hidden", ["u_b", 6])],
+        [builders.vi("masked", None)],
+        [_i64("col", [-1, 1])],
+    )
+    d = DimClasses(m)
+    assert d.same(("done", 0), ("lens", 0))  # the scalar step does not reach axis 0
+    assert d.same(("done_col", 0), ("lens", 0))  # the Reshape's -1 is the one unsized dim
+    assert d.same(("mask", 0), ("hidden", 0), likely=True) and not d.same(("mask", 0), ("hidden", 0))
+    assert d.same(("masked", 1), ("hidden", 1))  # mask is declared 1 there: hidden alone
