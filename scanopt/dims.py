@@ -102,7 +102,11 @@ class DimClasses:
         if not inferred:  # ``inferred``: the caller passes a model shape inference already ran on
             model = inferred_model(model) or model
         self._main = model.graph
-        self._walk(model.graph)
+        self.incomplete: str | None = None  # why the walk stopped early, if it did
+        try:
+            self._walk(model.graph)
+        except Exception as exc:  # noqa: BLE001 - every fact found so far is still true
+            self.incomplete = f"{type(exc).__name__}: {exc}"
 
     # -- queries -----------------------------------------------------------------------------
 

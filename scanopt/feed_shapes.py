@@ -158,6 +158,8 @@ class InputShapes:
         consistent, they need not prove anything."""
         inferred = getattr(self, "_inferred_model", None)
         classes = DimClasses(inferred, inferred=True) if inferred is not None else DimClasses(model)
+        if classes.incomplete:
+            self.dims.conflicts.append(f"dim unification stopped: {classes.incomplete}")
         first: dict = {}
         for name in self.names:
             for axis, var in enumerate(self.templates.get(name) or ()):

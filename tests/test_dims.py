@@ -143,3 +143,20 @@ def test_an_operand_alone_at_an_axis_gives_the_output_that_axis_exactly():
     assert d.same(("done_col", 0), ("lens", 0))  # the Reshape's -1 is the one unsized dim
     assert d.same(("mask", 0), ("hidden", 0), likely=True) and not d.same(("mask", 0), ("hidden", 0))
     assert d.same(("masked", 1), ("hidden", 1))  # mask is declared 1 there: hidden alone
+
+
+def test_a_model_the_walk_misreads_keeps_the_facts_found_so_far(monkeypatch):
+    m = _model([h.make_node("Identity", ["a"], ["b"]), h.make_node("Transpose", ["b"], ["c"])],
+               [builders.vi("a", ["u", 2])], [builders.vi("c", None)])
+
+    real_node = DimClasses._node
+
+    def node(self, n, graph):
+        if n.op_type == "Transpose":
+            raise TypeError("unexpected")
+        return real_node(self, n, graph)
+
+    monkeypatch.setattr(DimClasses, "_node", node)
+    d = DimClasses(m)
+    assert d.incomplete and "TypeError" in d.incomplete
+    assert d.same(("a", 0), ("b", 0))  # found before the walk stopped
