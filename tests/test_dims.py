@@ -7,11 +7,13 @@ import os
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
 from onnx import TensorProto as TP
 from onnx import helper as h
 
 import builders
 from scanopt.dims import DimClasses
+from test_reference_scan_random import SETTINGS, build8, build9, cases8, cases9
 
 TF2ONNX_STYLE = os.path.join(os.path.dirname(__file__), "..", "models", "tf2onnx_style")
 
@@ -211,3 +213,22 @@ def test_exact_classes_hold_on_every_sample_model_as_it_runs():
             assert _unsound_pairs(model, sizes) == [], path
             checked += 1
     assert checked >= 130
+
+
+def _sound_on_synthesized_runs(model):
+    from scanopt.verify import runnable_feeds
+
+    for feeds in runnable_feeds(model, seeds=2, engine="ort"):
+        assert _unsound_pairs(model, _run_sizes(model, feeds)) == []
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(cases9(min_length=1))
+def test_exact_classes_hold_on_random_scan9_runs(case):
+    _sound_on_synthesized_runs(build9(case)[0])
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(cases8(min_len=1))
+def test_exact_classes_hold_on_random_scan8_runs(case):
+    _sound_on_synthesized_runs(build8(case)[0])
