@@ -26,6 +26,8 @@ but proves nothing with them.
 
 from __future__ import annotations
 
+import math
+
 import onnx
 
 from scanopt.protos import in_default_domain
@@ -96,11 +98,15 @@ class DimClasses:
         self._likely = _UnionFind()
         self._rank: dict[str, int] = {}
         self._elements: dict[str, list[Element]] = {}  # 1-D int tensors: what each element is
-        self._graph_of_symbol: dict[int, int] = {}
+        self._trips: list[Key] = []  # one per Scan: its trip count
         if not inferred:  # ``inferred``: the caller passes a model shape inference already ran on
             model = inferred_model(model) or model
         self._main = model.graph
-        self._walk(model.graph)
+        self.incomplete: str | None = None  # why the walk stopped early, if it did
+        try:
+            self._walk(model.graph)
+        except Exception as exc:  # noqa: BLE001 - every fact found so far is still true
+            self.incomplete = f"{type(exc).__name__}: {exc}"
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -117,6 +123,14 @@ class DimClasses:
         if key is None:
             return None
         return (self._likely if likely else self._exact).find(key)
+
+    def is_trip_count(self, name: str, axis: int) -> bool:
+        """True when ``name``'s ``axis`` is (likely) some Scan's sequence length."""
+        key = self._key(name, axis)
+        if key is None:
+            return False
+        root = self._likely.find(key)
+        return any(self._likely.find(trip) == root for trip in self._trips)
 
     def size(self, name: str, axis: int) -> int | None:
         """The fixed size the class of ``name``'s ``axis`` is declared to have, if any."""
@@ -265,16 +279,27 @@ class DimClasses:
                 self._elements[out] = [e for p in parts for e in p]
 
     def _broadcast(self, ins: list[str], out: str) -> None:
-        """Equal-rank operands (neither axis declared 1): equal unless one is 1 at run time."""
+        """Multidirectional broadcasting, axes aligned from the right. Where one operand alone
+        reaches an output axis (the others are shorter or declared 1 there) the output axis
+        is that operand's: exact. Where several do, each is equal to the others unless it is 1
+        at run time: likely only."""
         ranked = [n for n in ins if n and n in self._rank]
-        if len(ranked) < 2 or len({self._rank[n] for n in ranked}) != 1:
+        if not ranked or len(ranked) < len([n for n in ins if n]):
             return
-        rank = self._rank[ranked[0]]
+        rank = max(self._rank[n] for n in ranked)
+        if self._rank.get(out, rank) != rank:
+            return
+        self._rank.setdefault(out, rank)
         for axis in range(rank):
-            keys = [("v", n, axis) for n in ranked if self._exact.size.get(self._exact.find(("v", n, axis))) != 1]
-            for key in keys[1:]:
+            keys = []
+            for name in ranked:
+                own = axis - (rank - self._rank[name])
+                if own >= 0 and self._exact.size.get(self._exact.find(("v", name, own))) != 1:
+                    keys.append(("v", name, own))
+            if len(keys) == 1:
+                self._equal(keys[0], ("v", out, axis))
+            for key in keys[1:] if len(keys) > 1 else ():
                 self._maybe_equal(keys[0], key)
-            if keys and self._rank.get(out) == rank:
                 self._maybe_equal(keys[0], ("v", out, axis))
 
     def _matmul(self, a: str, b: str, out: str) -> None:
@@ -317,11 +342,13 @@ class DimClasses:
                 self._bind(out, axis, element)
         elif op == "Reshape" and len(ins) >= 2 and ins[1] in elements:
             allowzero = bool(attrs["allowzero"].i) if "allowzero" in attrs else False
-            for axis, element in enumerate(elements[ins[1]]):
+            target = elements[ins[1]]
+            for axis, element in enumerate(target):
                 if element == 0 and not allowzero:
                     self._equal(self._axis(out, axis), self._axis(ins[0], axis))
                 else:
                     self._bind(out, axis, element)
+            self._reshape_inferred_axis(ins[0], out, target)
         elif op == "Expand" and len(ins) >= 2 and ins[1] in elements:
             target = elements[ins[1]]
             rank = self._rank.get(ins[0])
@@ -334,6 +361,18 @@ class DimClasses:
                     self._bind(out, axis, element)  # the target alone decides this axis
                 elif element == 1 and source_axis is not None and source_axis >= 0:
                     self._equal(self._axis(out, axis), self._axis(ins[0], source_axis))
+
+    def _reshape_inferred_axis(self, source: str, out: str, target: list[Element]) -> None:
+        """A Reshape's -1 is the one unsized dim of its input when every other dim on both
+        sides is a known size and the sizes match (tf2onnx's Reshape(mask [B], [-1, 1]))."""
+        rank = self._rank.get(source)
+        if rank is None or target.count(-1) != 1 or not all(isinstance(e, int) and e > 0 for e in target if e != -1):
+            return
+        sizes = [self._exact.size.get(self._exact.find(("v", source, a))) for a in range(rank)]
+        unsized = [a for a, size in enumerate(sizes) if size is None]
+        known = [s for s in sizes if s is not None]
+        if len(unsized) == 1 and math.prod(known) == math.prod(e for e in target if e != -1):
+            self._equal(("v", out, target.index(-1)), ("v", source, unsized[0]))
 
     def _bind(self, name: str, axis: int, element: Element) -> None:
         key = self._axis(name, axis) or ("v", name, axis)
@@ -356,6 +395,7 @@ class DimClasses:
             return
         lead = [("scan", id(node), "batch")] if v8 else []
         trip = ("scan", id(node), "trip")
+        self._trips.append(trip)
         in_axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * m
         out_axes = list(attrs["scan_output_axes"].ints) if "scan_output_axes" in attrs else [0] * (len(node.output) - n)
         if v8 and node.input and node.input[0]:

@@ -49,6 +49,9 @@ DIM_SIZES = (2, 1, 3, 4)
 # when the feeds would not fit the memory budget (scanopt.inputs).
 LONG_TRIP = 64
 TRIP_SIZES = (LONG_TRIP, 1, 9, 5, 3, 12, 2)
+# Only one free trip count (the first, in input order) gets a long length; others get at most
+# this: nested Scans multiply their lengths, and the reference executor steps in Python.
+OTHER_TRIP_MAX = 12
 # Fallback attempts after the seed's preferred sizes, in order: (free size, use hints).
 FALLBACKS = ((1, True), (1, False), (2, True), (3, True))
 
@@ -153,7 +156,10 @@ class InputShapes:
         """One variable per class of scanopt.dims (what ops require, not what names say:
         tf2onnx's ``unk__N`` dims are all distinct), broadcasting included: feeds must be
         consistent, they need not prove anything."""
-        classes = DimClasses(model)
+        inferred = getattr(self, "_inferred_model", None)
+        classes = DimClasses(inferred, inferred=True) if inferred is not None else DimClasses(model)
+        if classes.incomplete:
+            self.dims.conflicts.append(f"dim unification stopped: {classes.incomplete}")
         first: dict = {}
         for name in self.names:
             for axis, var in enumerate(self.templates.get(name) or ()):
@@ -203,6 +209,7 @@ class InputShapes:
     def _read_inference(self, model: onnx.ModelProto) -> None:
         """Shapes onnx infers for computed values (symbolic dims propagate by name)."""
         inferred = inferred_model(model)  # shared with the pipeline's ShapeTable of this model
+        self._inferred_model = inferred  # for _unify_by_ops: one inference, not two
         if inferred is None:
             return
         for graph in walk_proto_graphs(inferred.graph):
@@ -471,6 +478,7 @@ class InputShapes:
         symbols = {d.find(v): i for i, v in reversed(list(enumerate(self._main_symbols)))}
         sizes: dict[int, int] = {}
         labels: dict[str, int] = {}
+        long_given = False
         for name in self.names:
             for var in self.templates.get(name) or ():
                 root = d.find(var)
@@ -485,6 +493,9 @@ class InputShapes:
                     size = free
                 elif root in d.trip:
                     size = trip if trip is not None else TRIP_SIZES[seed % len(TRIP_SIZES)]
+                    if long_given:
+                        size = min(size, OTHER_TRIP_MAX)
+                    long_given = long_given or size > OTHER_TRIP_MAX
                 elif root in symbols:
                     size = DIM_SIZES[(seed + symbols[root]) % len(DIM_SIZES)]
                 else:

@@ -39,7 +39,8 @@ from scanopt.inputs import (
 #   both * max(1, steps / ACCUMULATION_STEPS)   only where no spread can be measured: the two
 #       engines compared with each other on the original (--engine both). Rounding errors of a
 #       recurrence that does not amplify them add up at most linearly in its length; the
-#       table is for sequences up to ACCUMULATION_STEPS.
+#       table is for sequences up to ACCUMULATION_STEPS. ``steps``: the longest Scan sequence
+#       of the feeds (SequenceLength).
 # --rtol/--atol replace the table and switch both adjustments off. Dtypes not listed
 # (integers, bool, strings) compare exactly.
 SPREAD_FACTOR = 16
@@ -394,9 +395,22 @@ def engine_spread(ort_outputs: Mapping[str, np.ndarray], reference_outputs: Mapp
     return float(finite.max()) if finite.size else 0.0
 
 
-def feed_steps(feeds: Mapping[str, np.ndarray]) -> int:
-    """An upper bound on the sequence length of these feeds: their longest axis."""
-    return max((max(np.shape(v), default=1) for v in feeds.values()), default=1)
+class SequenceLength:
+    """The longest Scan sequence of a feed set of ``model``: the largest feed axis that is
+    some Scan's trip count (scanopt.dims), 1 when none is. Analyses the model on first use."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._model = model
+        self._axes: list[tuple[str, int]] | None = None
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> int:
+        if self._axes is None:
+            from scanopt.dims import DimClasses
+
+            classes = DimClasses(self._model)
+            self._axes = [(s.name, a) for s in input_specs(self._model) for a in range(s.rank or 0)
+                          if classes.is_trip_count(s.name, a)]
+        return max((np.shape(feeds[n])[a] for n, a in self._axes if n in feeds and a < np.ndim(feeds[n])), default=1)
 
 
 # -- signatures ----------------------------------------------------------------------------------
@@ -496,9 +510,10 @@ def compare_models(
     comparisons = []
     widen = rtol is None and atol is None  # the user's tolerances are final
     other = _OtherEngine(original, original_path, pairs)
+    length = SequenceLength(original)
     for label, feeds, expected_by_engine in runs:  # one input set at a time: its outputs die with it
         ran = {}
-        spread = _Spread(feeds, expected_by_engine, other)
+        spread = _Spread(feeds, expected_by_engine, other, length)
         for name, _, candidate_runner in pairs:
             expected = expected_by_engine[name]
             comp = Comparison(label, ("original", name), ("candidate", name))
@@ -510,7 +525,7 @@ def compare_models(
             comparisons.append(comp)
             ran[name] = (expected, actual)
         if resolved == "both":
-            comparisons += _cross_check(label, ran, rtol, atol, feed_steps(feeds) if widen else None, spread if widen else None)
+            comparisons += _cross_check(label, ran, rtol, atol, length(feeds) if widen else None, spread if widen else None)
         del feeds, expected_by_engine, expected, actual, ran, spread  # before the next set's runs
     return VerifyResult(resolved, comparisons, notes, sizes)
 
@@ -544,8 +559,8 @@ class _Spread:
     """The original's engine disagreement per output on one feed set (see TOLERANCES),
     measured on first need: the other engine runs the original once per feed set."""
 
-    def __init__(self, feeds, expected_by_engine, other: _OtherEngine):
-        self._feeds, self._expected, self._other = feeds, expected_by_engine, other
+    def __init__(self, feeds, expected_by_engine, other: _OtherEngine, length: SequenceLength):
+        self._feeds, self._expected, self._other, self._length = feeds, expected_by_engine, other, length
         self._pair: tuple | None | bool = False
 
     def __call__(self, output: str) -> float | None:
@@ -563,7 +578,7 @@ class _Spread:
             return None
         # Beyond float noise (onnxruntime known to miscompute a model, a broken engine) the
         # disagreement says nothing about rounding: no widening then.
-        if not compare_arrays(output, ort_out[output], ref_out[output], steps=feed_steps(self._feeds)).passed:
+        if not compare_arrays(output, ort_out[output], ref_out[output], steps=self._length(self._feeds)).passed:
             return None
         return engine_spread(ort_out, ref_out, output)
 

@@ -7,11 +7,13 @@ import os
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
 from onnx import TensorProto as TP
 from onnx import helper as h
 
 import builders
 from scanopt.dims import DimClasses
+from test_reference_scan_random import SETTINGS, build8, build9, cases8, cases9
 
 TF2ONNX_STYLE = os.path.join(os.path.dirname(__file__), "..", "models", "tf2onnx_style")
 
@@ -91,6 +93,7 @@ def test_scan8_contract_shares_batch_and_length_and_reaches_sequence_lens():
     assert d.same((lens, 0), (scan_input, 0)) and d.same((state, 0), (scan_input, 0))
     out = m.graph.output[-1].name
     assert d.same((out, 1), (scan_input, 1)) and not d.same((scan_input, 0), (scan_input, 1))
+    assert d.is_trip_count(scan_input, 1) and not d.is_trip_count(scan_input, 0) and not d.is_trip_count(state, 0)
 
 
 @pytest.mark.parametrize("state_input", [False, True])
@@ -122,3 +125,110 @@ def test_loop_carried_values_may_change_shape_so_they_are_only_likely():
     d = DimClasses(m)
     assert d.same(("a0", 0), ("a_final", 0), likely=True)
     assert not d.same(("a0", 0), ("a_final", 0))  # it doubles every iteration
+
+
+def test_an_operand_alone_at_an_axis_gives_the_output_that_axis_exactly():
+    # tf2onnx's sequence mask: GreaterOrEqual(step, lens [L]) -> Reshape [-1, 1] -> Mul with h [B, H]
+    m = _model(
+        [
+            h.make_node("GreaterOrEqual", ["step", "lens"], ["done"]),
+            h.make_node("Reshape", ["done", "col"], ["done_col"]),
+            h.make_node("Cast", ["done_col"], ["mask"], to=TP.FLOAT),
+            h.make_node("Mul", ["hidden", "mask"], ["masked"]),
+        ],
+        [builders.vi("step", [], TP.INT32), builders.vi("lens", ["u_len"], TP.INT32), builders.vi("hidden", ["u_b", 6])],
+        [builders.vi("masked", None)],
+        [_i64("col", [-1, 1])],
+    )
+    d = DimClasses(m)
+    assert d.same(("done", 0), ("lens", 0))  # the scalar step does not reach axis 0
+    assert d.same(("done_col", 0), ("lens", 0))  # the Reshape's -1 is the one unsized dim
+    assert d.same(("mask", 0), ("hidden", 0), likely=True) and not d.same(("mask", 0), ("hidden", 0))
+    assert d.same(("masked", 1), ("hidden", 1))  # mask is declared 1 there: hidden alone
+
+
+def test_a_model_the_walk_misreads_keeps_the_facts_found_so_far(monkeypatch):
+    m = _model([h.make_node("Identity", ["a"], ["b"]), h.make_node("Transpose", ["b"], ["c"])],
+               [builders.vi("a", ["u", 2])], [builders.vi("c", None)])
+
+    real_node = DimClasses._node
+
+    def node(self, n, graph):
+        if n.op_type == "Transpose":
+            raise TypeError("unexpected")
+        return real_node(self, n, graph)
+
+    monkeypatch.setattr(DimClasses, "_node", node)
+    d = DimClasses(m)
+    assert d.incomplete and "TypeError" in d.incomplete
+    assert d.same(("a", 0), ("b", 0))  # found before the walk stopped
+
+
+def _run_sizes(model, feeds) -> dict:
+    from scanopt.engines import prepare
+
+    outputs = prepare(model, "ort")(feeds)
+    return {**{k: np.shape(v) for k, v in feeds.items()}, **{k: np.shape(v) for k, v in outputs.items()}}
+
+
+def _unsound_pairs(model, sizes) -> list:
+    import itertools
+
+    d = DimClasses(model)
+    axes = [(name, a) for name, shape in sizes.items() for a in range(len(shape))]
+    return [(x, y) for x, y in itertools.combinations(axes, 2)
+            if d.same(x, y) and sizes[x[0]][x[1]] != sizes[y[0]][y[1]]]
+
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_exact_classes_hold_on_every_sample_model_as_it_runs():
+    """Soundness: dims the ops are said to prove equal are equal in real runs, on the
+    exporters' own inputs (.expected.npz, sized by the source framework, not by scanopt)
+    and on synthesized ones (their outputs are sized by the model)."""
+    import glob
+
+    from scanopt.verify import runnable_feeds
+
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(MODELS, "**", "*.onnx"), recursive=True)):
+        model = onnx.load(path)
+        expected = path[:-5] + ".expected.npz"
+        feed_sets = []
+        if os.path.exists(expected):
+            with np.load(expected) as npz:
+                names = {v.name for v in model.graph.input}
+                feed_sets.append({k: npz[k] for k in npz.files if k in names})
+        try:
+            feed_sets += runnable_feeds(model, seeds=1, engine="ort")
+        except Exception:  # noqa: BLE001 - models onnxruntime cannot run say nothing here
+            pass
+        for feeds in feed_sets:
+            try:
+                sizes = _run_sizes(model, feeds)
+            except Exception:  # noqa: BLE001
+                continue
+            assert _unsound_pairs(model, sizes) == [], path
+            checked += 1
+    assert checked >= 130
+
+
+def _sound_on_synthesized_runs(model):
+    from scanopt.verify import runnable_feeds
+
+    for feeds in runnable_feeds(model, seeds=2, engine="ort"):
+        assert _unsound_pairs(model, _run_sizes(model, feeds)) == []
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(cases9(min_length=1))
+def test_exact_classes_hold_on_random_scan9_runs(case):
+    _sound_on_synthesized_runs(build9(case)[0])
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(cases8(min_len=1))
+def test_exact_classes_hold_on_random_scan8_runs(case):
+    _sound_on_synthesized_runs(build8(case)[0])

@@ -275,3 +275,39 @@ def test_bfloat16_npy_records_are_read_back_as_bfloat16(tmp_path):
     feeds = load_feeds(model, npz=str(tmp_path / "f.npz"))
     assert feeds["a"].dtype.name == "bfloat16"
     np.testing.assert_array_equal(feeds["a"].astype(np.float32), [1.5, -2.0])
+
+
+def test_seed_0_runs_a_long_sequence_shortened_to_fit_the_memory_budget(monkeypatch):
+    from scanopt import inputs
+    from scanopt.feed_shapes import LONG_TRIP
+    from scanopt.inputs import MIN_FITTED_TRIP, InputSynthesizer
+
+    budget = 100 * 2**10  # 64 steps of 1 KiB floats need 256 KiB; 16 fit
+    monkeypatch.setattr(inputs, "FEED_BUDGET_BYTES", budget)
+
+    def model(width):
+        body = builders.sum_body(width=width)
+        node = h.make_node("Scan", ["s0", "X"], ["s_final", "Y"], body=body, num_scan_inputs=1)
+        graph = h.make_graph([node], "main", [builders.vi("s0", [width]), builders.vi("X", ["T", width])],
+                             [builders.vi("s_final", [width]), builders.vi("Y", ["T", width])])
+        return builders.model(graph)
+
+    assert InputSynthesizer(model(2)).shapes(0)["X"] == (LONG_TRIP, 2)
+    assert InputSynthesizer(model(2)).shapes(1)["X"] == (1, 2)
+    wide = 1024
+    steps = InputSynthesizer(model(wide)).shapes(0)["X"][0]
+    assert MIN_FITTED_TRIP <= steps < LONG_TRIP and (steps + 1) * wide * 4 <= budget
+
+
+def test_only_one_trip_count_gets_the_long_length():
+    from scanopt.feed_shapes import LONG_TRIP, OTHER_TRIP_MAX
+
+    nodes = [h.make_node("Scan", [f"s{k}", f"X{k}"], [f"f{k}", f"Y{k}"], body=builders.sum_body(prefix=f"b{k}_"),
+                         num_scan_inputs=1) for k in (1, 2)]
+    graph = h.make_graph(
+        nodes, "two",
+        [builders.vi(n, shape) for k in (1, 2) for n, shape in ((f"s{k}", [2]), (f"X{k}", [f"T{k}", 2]))],
+        [builders.vi(f"{o}{k}", None) for k in (1, 2) for o in ("f", "Y")],
+    )
+    shapes = InputSynthesizer(builders.model(graph)).shapes(0)
+    assert sorted([shapes["X1"][0], shapes["X2"][0]]) == [OTHER_TRIP_MAX, LONG_TRIP]

@@ -14,12 +14,22 @@ import scanopt
 from scanopt.inputs import InputSynthesizer
 from scanopt.verify import compare_models
 
-DIR = os.path.join(os.path.dirname(__file__), "..", "models", "tf2onnx_style")
+MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
+DIR = os.path.join(MODELS, "tf2onnx_style")
 SAMPLES = sorted(f[:-5] for f in os.listdir(DIR) if f.endswith(".onnx"))
+# tf2onnx's own output, where the exporter samples are present (models/tf2onnx/)
+REAL = os.path.join(MODELS, "tf2onnx")
+REAL_SAMPLES = sorted(f for f in os.listdir(REAL) if f.endswith(".onnx")) if os.path.isdir(REAL) else []
 
 
 def _load(name):
     return onnx.load(os.path.join(DIR, f"{name}.onnx"))
+
+
+def _long_batched_feed(model) -> bool:
+    """Seed 0 gives some input a batch >= 2 and a sequence >= 64 (issue 20: not all ones)."""
+    shapes = InputSynthesizer(model).shapes(0)
+    return any(len(s) >= 2 and min(s[:2]) >= 2 and max(s[:2]) >= 64 for s in shapes.values())
 
 
 def test_there_are_samples():
@@ -45,3 +55,12 @@ def test_fuses_because_the_graph_proves_the_batches_equal(name):
     assert report.verification["passed"], report.verification["summary"]
     assert "Scan" not in {n.op_type for n in optimized.graph.node}
     assert compare_models(model, optimized, engine="both", seeds=2).passed
+
+
+@pytest.mark.parametrize("name", REAL_SAMPLES)
+def test_real_tf2onnx_models_get_consistent_long_batched_feeds(name):
+    model = onnx.load(os.path.join(REAL, name))
+    result = compare_models(model, model, seeds=2)
+    assert result.passed, result.summary()
+    assert not any("the original fails at" in note for note in result.notes), result.notes
+    assert _long_batched_feed(model)

@@ -140,3 +140,9 @@ def test_drift_case_is_the_native_kernel_per_step_not_accumulation_and_the_rule_
     # ...beyond it (draw 8: 95x, 7.5e-4 while the engines agree to 7.9e-6) it is not.
     beyond = compare_models(model, fused, inputs=_feeds(200, 8), engine="ort")
     assert not beyond.passed and "the original's engines disagree by" in beyond.summary()
+
+
+def test_the_sequence_length_is_the_scan_axis_not_the_longest_one():
+    length = verify.SequenceLength(original())
+    feeds = {"h0": np.zeros((300, 4), np.float32), "X": np.zeros((7, 300, 3), np.float32)}
+    assert length(feeds) == 7

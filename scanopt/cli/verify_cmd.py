@@ -11,7 +11,7 @@ from scanopt.cli.feeds import user_feeds
 from scanopt.cli.run_cmd import add_input_arguments
 from scanopt.errors import printable
 from scanopt.model_io import load
-from scanopt.verify import ENGINE_CHOICES, TOLERANCES, SignatureMismatchError, compare_models
+from scanopt.verify import ENGINE_CHOICES, SPREAD_FACTOR, TOLERANCES, SignatureMismatchError, compare_models
 
 def _tolerance_lines() -> str:
     listed = ", ".join(f"{name} {r:g}/{a:g}" for name, (r, a) in TOLERANCES.items())
@@ -29,7 +29,9 @@ not given are synthesized per seed to agree with the given ones) and every
 output must match: same dtype and shape, values within |got - expected| <= atol +
 rtol * |expected|, NaN where the original has NaN. Default rtol/atol per dtype:
 {_tolerance_lines()}
-integers and bool exactly. --rtol/--atol replace them for every floating dtype.
+integers and bool exactly; an output they fail passes within {SPREAD_FACTOR}x the original's own
+onnxruntime-vs-reference disagreement (see the README). --rtol/--atol replace them
+for every floating dtype, with no widening.
 --engine auto uses onnxruntime when it loads both models, else the reference
 executor; both runs each engine on each model and also compares the engines.
 
