@@ -171,8 +171,16 @@ def test_pre_activation_as_extra_scan_output_is_declined():
 
 def test_unprovable_batch_sizes_fuse_with_both_expanded_to_the_common_batch():
     """Broadcasting batches are checked in tests/test_tf2onnx.py; here the form and the numbers."""
+    # nothing ties the batches: names differ outside and in the body (the body's one symbol,
+    # or h_n's [batch, H], would promise them equal), and x.W + h.R only broadcasts
     model = rnn_model()
     model.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "other"
+    body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")
+    body.input[-1].type.tensor_type.shape.dim[0].dim_param = "other_x"
+    for k, value in enumerate(model.graph.output):
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param:
+                dim.dim_param = f"out{k}_{axis}"
     out = check_fused(model, "RNN", inputs=False)
     assert ops(out)["Expand"] == 2
 

@@ -72,6 +72,26 @@ def _rnn_with_own_state_batch(kind="RNN"):
     for value in list(model.graph.input) + list(model.graph.output):
         if value.name != "X" and not value.name.startswith("Y"):
             value.type.tensor_type.shape.dim[0].dim_param = "hb"
+        elif value.name.startswith("Y"):  # the step outputs' batch is whichever side is not 1
+            for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+                if dim.dim_param == "batch":
+                    dim.dim_param = f"{value.name}_{axis}"
+    return _bodies_name_batches_apart(model)
+
+
+def _bodies_name_batches_apart(model):
+    """Each Scan body declares its states' batch apart from x's too, and its outputs' as
+    whichever side's: else the body's own declarations (one "batch" symbol) would promise the
+    batches equal, and dims would rightly prove it."""
+    for node in model.graph.node:
+        scan_body = next((a.g for a in node.attribute if a.name == "body"), None)
+        if scan_body is None:
+            continue
+        n_states = len(scan_body.input) - 1
+        for k, value in enumerate(list(scan_body.input[:n_states]) + list(scan_body.output)):
+            dims = value.type.tensor_type.shape.dim
+            if dims and dims[0].dim_param:
+                dims[0].dim_param = f"{node.name}_hb_body" if k < n_states else f"{node.name}_{value.name}_b"
     return model
 
 
@@ -212,6 +232,11 @@ def test_a_bidirectional_pair_with_initial_states_of_their_own_batches():
     for value in list(model.graph.input) + list(model.graph.output):
         if value.name != "X" and not value.name.startswith("Y"):
             value.type.tensor_type.shape.dim[0].dim_param = "hb_b" if value.name.endswith("_b") else "hb"
+        elif value.name.startswith("Y"):
+            for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+                if dim.dim_param == "batch":
+                    dim.dim_param = f"{value.name}_{axis}"
+    _bodies_name_batches_apart(model)
     out, outcomes = cb.fuse(model)
     assert all(o.applied for o in outcomes) and ops(out)["LSTM"] == 1, [o.detail for o in outcomes]
     assert cb.native(out)[1]["direction"] == b"bidirectional"

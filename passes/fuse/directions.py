@@ -266,6 +266,9 @@ def _batch_problem(node, view, ctx, state_positions) -> str | None:
         dims.append(shape[0] if shape else None)
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
+    x = node.inputs[-1].name
+    if all(ctx.shapes.dims.same((x, batch_axis), (node.inputs[i].name, 0)) for i in state_positions):
+        return None  # the graph's ops make them one dim, whatever they are named (tf2onnx's unk__N)
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
             "the Scan would broadcast a size-1 batch, the native op would not")
 
@@ -280,7 +283,7 @@ def _batch_problem_of_one(node, ctx, state_positions) -> str | None:
     if all(isinstance(d, (int, str)) and d != "" for d in dims) and len(set(dims)) == 1:
         return None
     x = node.inputs[-1].name
-    if all(ctx.shapes.dims.same((x, batch_axis), (node.inputs[i].name, 0)) for i in state_positions):
+    if all(ctx.shapes.dims.same((x, 2), (node.inputs[1 + i].name, 1)) for i in state_positions):
         return None  # the graph's ops make them one dim, whatever they are named (tf2onnx's unk__N)
     return (f"cannot prove the batch sizes of X and the initial states equal ({', '.join(map(str, dims))}); "
             "the Scan would broadcast a size-1 batch, the native op would not")
