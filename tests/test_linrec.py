@@ -286,7 +286,9 @@ def test_torch_scan_exports_match_torch(name):
     the Scan with linrec, and the result equals what torch computed and the loop."""
     m = onnx.load(LINREC / f"{name}.onnx")
     expected = dict(np.load(LINREC / f"{name}.expected.npz"))
-    out, report = optimize(m, verify=False)
+    # linrec's own form: in the default pipeline loop_to_scan then turns a chunk-positions Loop
+    # into a Scan (minGRU, T=1024: 0.26 ms against 0.33 ms as a Loop, 2.75 ms the original)
+    out, report = optimize(m, verify=False, skip=["loop_to_scan"])
     done = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
     assert len(done) == 1 and EXPORTS[name] in done[0], report.format()
     assert "Scan" not in ops(out)
