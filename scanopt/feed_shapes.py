@@ -39,7 +39,7 @@ from scanopt.validate import default_opset
 
 # Sizes given to free dims: the i-th distinct symbolic name gets DIM_SIZES[(seed + i) % len],
 # unnamed dims share DIM_SIZES[seed % len] (two of them often meet in one elementwise op).
-DIM_SIZES = (2, 1, 3, 4)
+DIM_SIZES = (8, 1, 3, 2)
 # Sizes given to free trip counts (a Scan's sequence axis). Seed 0 runs a long sequence
 # (LONG_TRIP, issue 19: wrong only past step 12 must be caught, and float drift that grows
 # with the length must show), seed 1 a single step, later seeds the sizes in between that

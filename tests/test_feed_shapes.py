@@ -12,7 +12,7 @@ from onnx import helper as h
 import builders
 from ort_scan_cases import counting_concat_split_body, counting_concat_split_model, crossing_model
 from scanopt import engines
-from scanopt.feed_shapes import TRIP_SIZES
+from scanopt.feed_shapes import DIM_SIZES, TRIP_SIZES
 from scanopt.inputs import FEED_BUDGET_BYTES, InputSynthesizer, synthesize_inputs
 from scanopt.pipeline import optimize
 from scanopt.verify import CannotVerifyError, compare_models
@@ -107,7 +107,7 @@ def test_a_concat_makes_differently_named_dims_one_size():
     for seed in (0, 1):
         shapes = InputSynthesizer(model).shapes(seed)
         assert shapes["x"][0] == shapes["y"][0]
-    assert InputSynthesizer(model).shapes(0)["x"][0] == 2
+    assert InputSynthesizer(model).shapes(0)["x"][0] == DIM_SIZES[0]
 
 
 def test_when_the_preferred_sizes_fail_a_fallback_is_used_and_reported():
@@ -121,7 +121,8 @@ def test_when_the_preferred_sizes_fail_a_fallback_is_used_and_reported():
     result = compare_models(model, model, engine="ort", seeds=2)
     assert result.passed
     assert result.sizes["seed 0"] == "N=1 M=1"  # all-ones is the first fallback
-    assert any(n.startswith("seed 0: the original fails at N=2 M=1") and "used N=1 M=1" in n for n in result.notes)
+    assert any(n.startswith(f"seed 0: the original fails at N={DIM_SIZES[0]} M=1") and "used N=1 M=1" in n
+               for n in result.notes)
     assert "sizes seed 0 N=1 M=1" in result.summary()
 
 
