@@ -76,6 +76,7 @@ class Estimate:
     apply: bool
     speedup: float | None  # original / rewritten time; None when nothing predicts it
     note: str  # for the report: the numbers behind the choice, or why the rewrite was not applied
+    measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
 
 
 @dataclass(frozen=True)
@@ -256,12 +257,13 @@ def _measured_verdict(pass_name: str, choice: dict) -> Estimate:
             + (f"; {same}" if same else ""))
     if pass_name in choice["passes"]:
         head = f"{best} applied: {times[best] * 1e3:.3g} ms vs loop {times[loop] * 1e3:.3g} ms ({speedup:.2f}x)"
-        return Estimate(True, speedup, head + (f", {others}" if others else "") + f"; {tail}")
+        return Estimate(True, speedup, head + (f", {others}" if others else "") + f"; {tail}", measured=True)
     mine_time = times.get(mine)
     head = f"not applied: {best} kept" + (f" ({times[best] * 1e3:.3g} ms)" if best != loop else
                                           f" ({times[loop] * 1e3:.3g} ms; no form faster beyond the noise)")
     head += f"; {mine} {mine_time * 1e3:.3g} ms" if mine_time is not None and mine != best else ""
-    return Estimate(False, times[loop] / mine_time if mine_time else None, head + (f"; others: {others}" if others else "") + f"; {tail}")
+    return Estimate(False, times[loop] / mine_time if mine_time else None,
+                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True)
 
 
 # upgrade strategy (c) at batch 1 with sequence_lens against the Scan-8 it replaces

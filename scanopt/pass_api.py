@@ -155,7 +155,7 @@ class ScanPass(Pass):
                 continue
             estimate = ctx.cost.decide(self.name, label, node, view, found, ctx, level) if ctx.cost is not None else None
             speed = {} if estimate is None else {
-                "speedup": estimate.speedup, "measured": (self.name, label) in getattr(ctx.cost, "measured", {})}
+                "speedup": estimate.speedup, "measured": estimate.measured}
             if estimate is not None and not estimate.apply:
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note, **speed,
                                                    declined_for_speed=True))

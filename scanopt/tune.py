@@ -111,7 +111,9 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
 
 def _line(label: str, choice: dict) -> str:
     """The report's line for a measured Scan: every form's time and the one kept."""
-    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in choice["times"].items())
+    # the loop first, then fastest first: the same line whether measured now or read from the cache
+    order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
+    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
     return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
             + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
             + ")")
