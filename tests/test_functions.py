@@ -58,6 +58,21 @@ def test_a_function_called_twice_is_rewritten_in_place(name):
         assert_equivalent(model, optimized, inputs=[feeds(True), feeds(False)], engine="both")
 
 
+def test_a_loop_in_a_function_called_twice_becomes_a_scan_and_fuses():
+    """onnxscript's ``for i in range(...)`` over ``Gather(xs, i)`` in a function: loop_to_scan
+    runs on the function body too, then fuse."""
+    model = load("fn_loop_twice")
+    optimized, report = scanopt.optimize(model, options={"target": "portable"})
+    assert report.verification["passed"] is True
+    body = function_ops(optimized, "rnn_loop_layer")
+    assert "RNN" in body and "Loop" not in body and "Scan" not in body
+    assert any(o.pass_name == "loop_to_scan" and o.applied and o.path == "function layers.rnn_loop_layer"
+               for o in report.outcomes)
+    extra = feeds()
+    extra["w2"] = rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32)
+    assert_equivalent(model, optimized, inputs=[extra], engine="both")
+
+
 def test_a_function_called_once_is_inlined_and_fused():
     model = load("fn_rnn_once")
     optimized, report = scanopt.optimize(model, options={"target": "portable"})

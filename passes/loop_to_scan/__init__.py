@@ -103,6 +103,8 @@ class LoopToScan(LoopPass):
             if stack.finisher is None and not grown.outputs and grown.inputs:  # the row's Unsqueeze
                 detach(grown.inputs[0], body)
             stack_values.append(stack.value)
+        for k in match.states:
+            _type_state(node.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k], ctx)
         state_outputs = [body.outputs[1 + k] for k in match.states]
         body_outputs = state_outputs + list(body.outputs[1 + n_carried:]) + stack_values
         body.inputs[:] = [body.inputs[2 + k] for k in match.states] + elements
@@ -246,6 +248,22 @@ def _typed(t: gs.Tensor, ctx: PassContext) -> gs.Tensor:
     if t.shape is None and shape is not None:
         t.shape = shape
     return t
+
+
+def _type_state(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, ctx: PassContext) -> None:
+    """A state's body input typed where the exporter left it open (onnxscript does): the
+    initial value's type, each dim kept where the step's new value has it too (all open
+    where the new value's shape is unknown: a hint for later passes, which verification
+    checks like any rewrite)."""
+    _typed(inside, ctx)
+    if inside.dtype is None:
+        inside.dtype = _typed(initial, ctx).dtype
+    if inside.shape is None:
+        before, after = ctx.shapes.shape(initial), ctx.shapes.shape(_typed(new, ctx))
+        if before is not None and after is None:
+            inside.shape = [None] * len(before)
+        elif before is not None and len(before) == len(after):
+            inside.shape = [a if a == b else None for a, b in zip(before, after)]
 
 
 def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
