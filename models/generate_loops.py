@@ -264,22 +264,25 @@ def write(name):
     save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
 
 
-NAMES = ["ts_rnn_iter", "ts_rnn_enumerate", "ts_rnn_unbind", "ts_rnn_final", "ts_rnn_stack_last", "ts_rnn_stack", "ts_rnn_cat", "ts_gru_stack", "ts_lstm_stack", "ts_rnn_reverse", "ts_rnn_batch_first",
-         "ts_map_stack", "ts_nested_map", "ts_counter_arith", "dyn_while_rnn", "dyn_while_rnn_sum"]
+NAMES = ["ts_rnn_iter", "ts_rnn_enumerate", "ts_rnn_unbind", "ts_rnn_final", "ts_rnn_stack_last", "ts_rnn_stack",
+         "ts_rnn_cat", "ts_gru_stack", "ts_lstm_stack", "ts_rnn_reverse", "ts_rnn_batch_first", "ts_map_stack",
+         "ts_nested_map", "ts_counter_arith", "dyn_while_rnn", "dyn_while_rnn_sum"]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", choices=NAMES)
+def run(script, doc, names, write_one, argv=None):
+    """The command line of a Loop sample generator: every sample (or --only ones), each
+    exported in a fresh process unless --in-process."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--only", action="append", choices=names)
     p.add_argument("--in-process", action="store_true", help="export here (default: a fresh process per sample)")
     args = p.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
-    for name in args.only or NAMES:
+    for name in args.only or names:
         if args.in_process:
-            write(name)
+            write_one(name)
         else:
-            export_in_fresh_process(__file__, name)
+            export_in_fresh_process(script, name)
 
 
 if __name__ == "__main__":
-    main()
+    run(__file__, __doc__, NAMES, write)
