@@ -191,6 +191,18 @@ def test_sequence_insert_then_concat_from_sequence_and_a_growing_concat():
     assert ops(optimized)["SequenceInsert"] == 0
 
 
+def test_stacking_the_state_before_its_update():
+    """``outs.append(h); h = f(x[i], h)``: the stacked value is a body input, which the Scan
+    writes through an Identity (onnxruntime miscomputes a body output that is a body input)."""
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), *rnn_step(),
+            oh.make_node("SequenceInsert", ["seq", "h"], ["seq_new"])]
+    model = loop_model(body, carried=["h", "seq"], carried_out=["h_new", "seq_new"], init_nodes=WEIGHTS,
+                       extra_inputs=[vi("h_0", ["B", 4])], outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
+                       after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["hs"], axis=0, new_axis=1)],
+                       outputs=[vi("hs", None), vi("h_final", None)])
+    assert_converts(model)
+
+
 def test_while_loop_with_a_counter_test():
     """torch.while_loop's form: no trip count, a counter c carried from 0, c+1 < n."""
     body = [oh.make_node("Gather", ["x", "c"], ["x_t"], axis=0), const("one", np.array(1, np.int64)),

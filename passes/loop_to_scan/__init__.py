@@ -267,10 +267,13 @@ def _type_state(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, ctx: Pass
 
 
 def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
-    """Body outputs with a repeated value written through an Identity (one value, one slot)."""
+    """Body outputs with a repeated value, or one no body node computes (a body input, an
+    outer value), written through an Identity: one value per slot, and onnxruntime
+    miscomputes a Scan body output that is a body input."""
+    made = {id(o) for n in inner.graph.nodes for o in n.outputs}
     seen, result = set(), []
     for t in outputs:
-        if id(t) in seen:
+        if id(t) in seen or id(t) not in made:
             t = inner.op("Identity", [t], dtype=t.dtype, shape=t.shape)
         seen.add(id(t))
         result.append(t)
@@ -284,6 +287,8 @@ def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int) -> str:
         parts.append(f"{len(match.stacks)} stacked output(s) from {' and '.join(kinds)}")
     if any(r.reverse for r in match.reads):
         parts.append("reversed reads")
+    if match.counter_slot is not None:
+        parts.append("bounded by a counter test")
     if cut:
         parts.append(f"{cut} input(s) cut to the trip count")
     return "Loop -> Scan: " + ", ".join(parts)
