@@ -265,12 +265,25 @@ def test_loops_that_are_not_scans_stay(build, reason):
     assert_declines(build(), reason)
 
 
-def test_sequence_concatenated_without_a_new_axis_stays():
-    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("SequenceInsert", ["seq", "x_t"], ["seq_new"])]
-    model = loop_model(body, carried=["seq"], carried_out=["seq_new"],
-                       outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
-                       after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["cat"], axis=0)], outputs=[vi("cat", None)])
-    assert_declines(model, "new_axis=0")
+def _concatenating_loop(x_shape, axis):
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Exp", ["x_t"], ["e_t"]),
+            oh.make_node("SequenceInsert", ["seq", "e_t"], ["seq_new"])]
+    return loop_model(body, carried=["seq"], carried_out=["seq_new"], x_shape=x_shape,
+                      outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
+                      after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["cat"], axis=axis)], outputs=[vi("cat", None)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_sequence_concatenated_without_a_new_axis_merges_the_step_axis(axis):
+    """torch.cat(outs, d): steps of a static length along d become one scan output whose
+    step axis is merged into d by a Reshape."""
+    optimized, detail = assert_converts(_concatenating_loop(["T", 2, 3], axis))
+    assert "concatenated" in detail and ops(optimized)["Reshape"] == 1
+
+
+def test_sequence_concatenated_along_a_dynamic_length_stays():
+    """The Loop takes steps of different lengths there; a Scan output would not."""
+    assert_declines(_concatenating_loop(["T", "B", 3], 0), "not static")
 
 
 def test_concat_growing_from_a_non_empty_start_stays():

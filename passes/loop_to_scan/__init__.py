@@ -21,7 +21,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.constexpr import ConstantFolder
-from scanopt.emit import Emitter
+from scanopt.emit import INT64_MAX, Emitter
 from scanopt.graph import HUGE, GraphLevel, is_op, node_label, remove_node
 from scanopt.pass_api import LoopPass, Match, PassContext, Skip, register_pass
 from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
@@ -113,11 +113,16 @@ class LoopToScan(LoopPass):
         _fold_static_dims(body, inner, ctx, folder)
 
         # The Scan, in the Loop's place.
-        stack_results = []
+        stack_results, merges = [], []
         for stack in match.stacks:
             if stack.finisher is not None:
                 detach(stack.finisher, graph)
-            stack_results.append(stack.result)
+            if stack.merge:
+                stacked = outer.variable("stacked", dtype=stack.result.dtype)
+                merges.append((stacked, stack))
+                stack_results.append(stacked)
+            else:
+                stack_results.append(stack.result)
         inputs = [node.inputs[2 + k] for k in match.states] + sources
         outputs = [node.outputs[k] for k in match.states] + list(node.outputs[n_carried:]) + stack_results
         n_loop_outs = len(node.outputs) - n_carried
@@ -134,6 +139,13 @@ class LoopToScan(LoopPass):
         label = node_label(node)
         detach(node, graph)
         graph.nodes.append(gs.Node("Scan", name=node.name, attrs=attrs, inputs=inputs, outputs=outputs))
+        for stacked, stack in merges:  # torch.cat(outs): [.., T, k, ..] -> [.., T*k, ..]
+            shape = outer.op("Shape", [stacked], dtype=np.int64)
+            head = outer.op("Slice", [shape, emit.ints("start", [0]), emit.ints("end", [stack.axis])], dtype=np.int64)
+            tail = outer.op("Slice", [shape, emit.ints("start", [stack.axis + 2]), emit.ints("end", [INT64_MAX])],
+                            dtype=np.int64)
+            merged = outer.op("Concat", [head, emit.ints("merged", [-1]), tail], axis=0, dtype=np.int64)
+            outer.op("Reshape", [stacked, merged], outputs=[stack.result])
         place_appended(graph, position, start - 1)
         return _describe(label, match, len(sources), cut)
 
@@ -283,7 +295,8 @@ def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
 def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int) -> str:
     parts = [f"{n_inputs} scan input(s)", f"{len(match.states)} state(s)"]
     if match.stacks:
-        kinds = sorted({"SequenceInsert" if s.finisher is not None else "growing Concat" for s in match.stacks})
+        kinds = sorted({("SequenceInsert, concatenated" if s.merge else "SequenceInsert") if s.finisher is not None
+                        else "growing Concat" for s in match.stacks})
         parts.append(f"{len(match.stacks)} stacked output(s) from {' and '.join(kinds)}")
     if any(r.reverse for r in match.reads):
         parts.append("reversed reads")

@@ -47,6 +47,7 @@ class Stack:
     grower: gs.Node  # the SequenceInsert / Concat in the body
     result: gs.Tensor  # the outer tensor holding the stacked result
     finisher: gs.Node | None  # the ConcatFromSequence after the Loop (None for a Concat)
+    merge: bool = False  # concatenated (new_axis=0): the stacked axis merges into the next one
 
 
 @dataclass
@@ -102,7 +103,7 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
     for k in range(len(node.inputs) - 2):
         if k == slot:
             continue
-        found = _stack(node, body, k, graph, shapes, folder)
+        found = _stack(node, body, k, graph, opset, shapes, folder)
         if isinstance(found, Skip):
             return found
         if found is None:
@@ -525,7 +526,7 @@ def shape_dim(t: gs.Tensor, folder: ConstantFolder) -> tuple[gs.Tensor, int] | N
     return shape_node.inputs[0], k + start
 
 
-def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, shapes: ShapeTable, folder) -> Stack | Skip | None:
+def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, opset: int, shapes: ShapeTable, folder) -> Stack | Skip | None:
     """Stack when carried value ``k`` only collects one value per step, None for a state."""
     initial, inside, out = loop.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k]
     grower = out.inputs[0] if len(out.inputs) == 1 else None
@@ -543,16 +544,24 @@ def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, shapes: Shape
         if len(finishers) != 1 or not is_op(finishers[0], "ConcatFromSequence") or any(o is result for o in graph.outputs):
             return Skip(f"the sequence built in carried value {k} is read other than by one ConcatFromSequence")
         finisher = finishers[0]
-        if int(finisher.attrs.get("new_axis", 0)) != 1:
-            return Skip("ConcatFromSequence concatenates (new_axis=0): the steps are not stacked")
         value = grower.inputs[1]
+        merge = int(finisher.attrs.get("new_axis", 0)) != 1
         axis = int(finisher.attrs["axis"])
+        rank = shapes.rank(value)
         if axis < 0:
-            rank = shapes.rank(value)
             if rank is None:
                 return Skip(f"the rank of '{value.name}' is unknown: the stacking axis cannot be placed")
-            axis += rank + 1
-        return Stack(k, value, axis, grower, finisher.outputs[0], finisher)
+            axis += rank + (0 if merge else 1)
+        if merge:
+            # torch.cat(outs): one scan output, its step axis merged into the next. Only where
+            # every step has the same length there (a static one); the Loop also takes ragged steps.
+            declared, inferred = shapes.shape(value), shapes.type_of(value.name)[1]  # an exporter may declare less
+            if not any(d is not None and axis < len(d) and isinstance(d[axis], (int, np.integer)) for d in (declared, inferred)):
+                return Skip("ConcatFromSequence concatenates (new_axis=0) steps whose length along the axis "
+                            "is not static: they may differ from step to step")
+            if opset < 10:
+                return Skip("ConcatFromSequence concatenates (new_axis=0): merging the axes needs Slice-10")
+        return Stack(k, value, axis, grower, finisher.outputs[0], finisher, merge)
     if is_op(grower, "Concat") and len(grower.inputs) == 2 and grower.inputs[0] is inside:
         row = grower.inputs[1]
         unsqueeze = row.inputs[0] if len(row.inputs) == 1 else None
