@@ -286,6 +286,17 @@ def test_sequence_concatenated_along_a_dynamic_length_stays():
     assert_declines(_concatenating_loop(["T", "B", 3], 0), "not static")
 
 
+def test_a_state_that_grows_each_step_stays():
+    """A history read in the step (acc = Concat(acc, x_t) then ReduceSum(acc)): a Scan state
+    keeps its shape, a Loop's carried value need not."""
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), const("axes0", np.array([0], np.int64)),
+            oh.make_node("Unsqueeze", ["x_t", "axes0"], ["row"]), oh.make_node("Concat", ["acc", "row"], ["acc_new"], axis=0),
+            oh.make_node("ReduceSum", ["acc_new"], ["y_t"], keepdims=0)]
+    model = loop_model(body, carried=["acc"], carried_out=["acc_new"], scan_outs=["y_t"], x_shape=["T", 2],
+                       outer=[const("acc_0", np.zeros((0, 2), np.float32))])
+    assert_declines(model, "grows each step")
+
+
 def test_concat_growing_from_a_non_empty_start_stays():
     body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), const("axes0", np.array([0], np.int64)),
             oh.make_node("Unsqueeze", ["x_t", "axes0"], ["row"]), oh.make_node("Concat", ["acc", "row"], ["acc_new"], axis=0)]

@@ -109,6 +109,9 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
         if found is None:
             if _is_sequence(body.inputs[2 + k]) or _is_sequence(node.inputs[2 + k]):
                 return Skip(f"carried value {k} is a sequence used other than by appending to it")
+            changes = _changes_shape(node.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k], shapes)
+            if changes:
+                return Skip(f"carried value {k} {changes}: a Scan state keeps its shape from step to step")
             states.append(k)
         else:
             stacks.append(found)
@@ -265,6 +268,24 @@ def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folde
     left, right = test.inputs if test.op == "Less" else test.inputs[::-1]
     value = folder.value(left)
     return value is not None and value.size == 1 and value.reshape(-1)[0] == 0 and same_value(right, bound, folder)
+
+
+def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes: ShapeTable) -> str:
+    """Why a carried value provably or likely changes shape across steps, else "": it grows
+    by a Concat of itself, or its new value's inferred rank or a static dim differs from the
+    initial value's (a symbolic dim against another is left to verification)."""
+    grower = new.inputs[0] if len(new.inputs) == 1 else None
+    if grower is not None and is_op(grower, "Concat") and any(t is inside for t in grower.inputs):
+        return "grows each step (a Concat of itself read in the step)"
+    before, after = shapes.type_of(initial.name)[1], shapes.type_of(new.name)[1]
+    if before is None or after is None:
+        return ""
+    if len(before) != len(after):
+        return f"changes rank ({len(before)} -> {len(after)})"
+    for a, b in zip(before, after):
+        if isinstance(a, (int, np.integer)) and a != b:
+            return f"changes shape ({before} -> {after})"
+    return ""
 
 
 def _is_true(t: gs.Tensor, folder: ConstantFolder) -> bool:
