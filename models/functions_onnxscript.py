@@ -57,3 +57,20 @@ def fn_map_twice(x: FLOAT["T", "B", 3], w: FLOAT[3, 4], w2: FLOAT[3, 4]) -> FLOA
 
 
 MODELS = {f.name: f for f in (fn_rnn_twice, fn_rnn_if_branches, fn_rnn_once, fn_map_twice)}
+
+
+@script(layers, default_opset=op)
+def rnn_loop_layer(xs: FLOAT["T", "B", 3], h0: FLOAT["B", 4], w: FLOAT[3, 4], r: FLOAT[4, 4]) -> FLOAT["B", 4]:
+    h = h0
+    for i in range(op.Gather(op.Shape(xs), 0)):
+        h = op.Tanh(op.Add(op.MatMul(op.Gather(xs, i), w), op.MatMul(h, r)))
+    return h
+
+
+@script(default_opset=op)
+def fn_loop_twice(x: FLOAT["T", "B", 3], h0: FLOAT["B", 4], w: FLOAT[3, 4], r: FLOAT[4, 4],
+                  w2: FLOAT[3, 4]) -> FLOAT["B", 4]:
+    return op.Add(rnn_loop_layer(x, h0, w, r), rnn_loop_layer(x, h0, w2, r))
+
+
+MODELS["fn_loop_twice"] = fn_loop_twice

@@ -5,6 +5,8 @@ in functions_onnxscript.py; needs ``pip install onnxscript``):
 - fn_rnn_if_branches: the same function called from both branches of an If
 - fn_rnn_once:        the same function called once (optimize inlines it)
 - fn_map_twice:       a map Scan (relu(x W)) in function layers.relu_map, called twice
+- fn_loop_twice:      a tanh RNN written ``for i in range(Shape(xs)[0])`` over ``Gather(xs, i)``
+                      (a Loop) in function layers.rnn_loop_layer, called twice
 
     python models/generate_functions.py
 """

@@ -21,6 +21,7 @@ dynamo=False)``) of scripted for-loops over ``range(x.size(0))`` reading ``x[i]`
                     onnxruntime and the spec disagree on the rows' rank)
 - ts_rnn_final:     only the final h, no stacked outputs
 - ts_rnn_stack_last: ``torch.stack(outs, -1)``
+- ts_rnn_cat_list:  ``torch.cat(outs, 1)`` (ConcatFromSequence new_axis=0: [B, T*H])
 Dynamo exporter of ``torch._higher_order_ops.while_loop`` (condition ``i < x.size(0)``,
 a counter of its own, ``x.index_select(0, i)``):
 - dyn_while_rnn:    tanh RNN carrying h
@@ -180,7 +181,15 @@ def _modules():
                 outs.append(h)
             return torch.stack(outs, -1), h
 
-    return dict(ts_rnn_iter=RNNIter, ts_rnn_enumerate=RNNEnumerate, ts_rnn_unbind=RNNUnbind, ts_rnn_final=RNNFinal,
+    class RNNCatList(RNNStack):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0)):
+                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                outs.append(h)
+            return torch.cat(outs, 1), h
+
+    return dict(ts_rnn_cat_list=RNNCatList, ts_rnn_iter=RNNIter, ts_rnn_enumerate=RNNEnumerate, ts_rnn_unbind=RNNUnbind, ts_rnn_final=RNNFinal,
                 ts_rnn_stack_last=RNNStackLast, ts_rnn_stack=RNNStack, ts_rnn_cat=RNNCat, ts_gru_stack=GRUStack, ts_lstm_stack=LSTMStack,
                 ts_rnn_reverse=RNNReverse, ts_rnn_batch_first=RNNBatchFirst, ts_map_stack=MapStack,
                 ts_nested_map=NestedMap, ts_counter_arith=CounterArith)
@@ -264,22 +273,25 @@ def write(name):
     save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
 
 
-NAMES = ["ts_rnn_iter", "ts_rnn_enumerate", "ts_rnn_unbind", "ts_rnn_final", "ts_rnn_stack_last", "ts_rnn_stack", "ts_rnn_cat", "ts_gru_stack", "ts_lstm_stack", "ts_rnn_reverse", "ts_rnn_batch_first",
-         "ts_map_stack", "ts_nested_map", "ts_counter_arith", "dyn_while_rnn", "dyn_while_rnn_sum"]
+NAMES = ["ts_rnn_cat_list", "ts_rnn_iter", "ts_rnn_enumerate", "ts_rnn_unbind", "ts_rnn_final", "ts_rnn_stack_last", "ts_rnn_stack",
+         "ts_rnn_cat", "ts_gru_stack", "ts_lstm_stack", "ts_rnn_reverse", "ts_rnn_batch_first", "ts_map_stack",
+         "ts_nested_map", "ts_counter_arith", "dyn_while_rnn", "dyn_while_rnn_sum"]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", choices=NAMES)
+def run(script, doc, names, write_one, argv=None):
+    """The command line of a Loop sample generator: every sample (or --only ones), each
+    exported in a fresh process unless --in-process."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--only", action="append", choices=names)
     p.add_argument("--in-process", action="store_true", help="export here (default: a fresh process per sample)")
     args = p.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
-    for name in args.only or NAMES:
+    for name in args.only or names:
         if args.in_process:
-            write(name)
+            write_one(name)
         else:
-            export_in_fresh_process(__file__, name)
+            export_in_fresh_process(script, name)
 
 
 if __name__ == "__main__":
-    main()
+    run(__file__, __doc__, NAMES, write)

@@ -11,18 +11,19 @@ the outputs as the Loop's scan outputs. Each sample is a tf.function over x [T, 
 - tf_map_fn:       ``tf.map_fn(lambda x_t: relu(x_t W), x)``
 - keras_simplernn: Keras 3 ``SimpleRNN(4, return_sequences=True)``
 - keras_gru:       Keras 3 ``GRU(4, return_sequences=True)`` (reset_after)
+Unlike the PyTorch samples, a rerun is not byte-identical: tf2onnx names and orders its
+folded constants differently from run to run (the graphs are the same).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 
-from generate import HERE, export_in_fresh_process, save_npz
+from generate import save_npz
+from generate_loops import OUT, run
 
-OUT = os.path.join(HERE, "loops")
 T, B, I, H = 5, 2, 3, 4
 NAMES = ["tf_scan_rnn", "tf_map_fn", "keras_simplernn", "keras_gru"]
 
@@ -67,19 +68,6 @@ def write(name):
     save_npz(os.path.join(OUT, f"{name}.expected.npz"), {"x": x, model.graph.output[0].name: fn(x).numpy()})
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", choices=NAMES)
-    p.add_argument("--in-process", action="store_true", help="export here (default: a fresh process per sample)")
-    args = p.parse_args(argv)
-    os.makedirs(OUT, exist_ok=True)
-    for name in args.only or NAMES:
-        if args.in_process:
-            write(name)
-        else:
-            export_in_fresh_process(__file__, name)
-
-
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    main()
+    run(__file__, __doc__, NAMES, write)

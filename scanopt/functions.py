@@ -22,6 +22,7 @@ import onnx
 import onnx.inliner
 from onnx import helper as oh
 
+from scanopt.errors import ScanoptError
 from scanopt.pass_api import NodeOutcome
 from scanopt.protos import attribute_graphs, walk_proto_graphs
 from scanopt.shapes import ShapeTable
@@ -93,7 +94,11 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify) -> PreparedMod
         if isinstance(body, str):
             prepared.outcomes.append(NodeOutcome("functions", label, "", False, body))
             continue
-        rewritten, report = run_passes(body)
+        try:
+            rewritten, report = run_passes(body)
+        except ScanoptError as exc:
+            prepared.outcomes.append(NodeOutcome("functions", label, "", False, f"its body cannot be optimized alone: {exc}"))
+            continue
         prefix = f"function {label}"
         outcomes = [NodeOutcome(o.pass_name, f"{label}: {o.node}", f"{prefix} > {o.path}" if o.path else prefix, o.applied,
                                 o.detail, o.expected) for o in report.outcomes]
@@ -147,7 +152,10 @@ def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto) -> onnx.ModelProt
     opsets = list(f.opset_import) or list(model.opset_import)
     body = oh.make_model(graph, opset_imports=opsets, ir_version=model.ir_version)
     body.functions.extend(g for g in model.functions if function_key(g) != function_key(f))
-    inferred = onnx.shape_inference.infer_shapes(body)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(body)
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        return f"shape inference fails on its body ({str(exc).splitlines()[0]})"
     for out, typed in zip(body.graph.output, inferred.graph.output):
         if typed.type.HasField("tensor_type") and typed.type.tensor_type.elem_type:
             out.CopyFrom(typed)

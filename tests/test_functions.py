@@ -58,6 +58,21 @@ def test_a_function_called_twice_is_rewritten_in_place(name):
         assert_equivalent(model, optimized, inputs=[feeds(True), feeds(False)], engine="both")
 
 
+def test_a_loop_in_a_function_called_twice_becomes_a_scan_and_fuses():
+    """onnxscript's ``for i in range(...)`` over ``Gather(xs, i)`` in a function: loop_to_scan
+    runs on the function body too, then fuse."""
+    model = load("fn_loop_twice")
+    optimized, report = scanopt.optimize(model, options={"target": "portable"})
+    assert report.verification["passed"] is True
+    body = function_ops(optimized, "rnn_loop_layer")
+    assert "RNN" in body and "Loop" not in body and "Scan" not in body
+    assert any(o.pass_name == "loop_to_scan" and o.applied and o.path == "function layers.rnn_loop_layer"
+               for o in report.outcomes)
+    extra = feeds()
+    extra["w2"] = rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32)
+    assert_equivalent(model, optimized, inputs=[extra], engine="both")
+
+
 def test_a_function_called_once_is_inlined_and_fused():
     model = load("fn_rnn_once")
     optimized, report = scanopt.optimize(model, options={"target": "portable"})
@@ -129,3 +144,33 @@ def test_call_sites_with_different_lengths_share_one_rewrite():
     assert report.verification["passed"] is True
     assert function_ops(optimized, "cumsum") == ["Neg"] or "Scan" not in function_ops(optimized, "cumsum")
     assert_equivalent(model, optimized, engine="both")
+
+
+def test_cli_reports_the_rewrite_inside_the_function(cli, tmp_path):
+    out = tmp_path / "out.onnx"
+    result = cli("optimize", os.path.join(FUNCTIONS, "fn_rnn_twice.onnx"), out, "--target", "portable")
+    assert result.code == 0
+    assert "layers.rnn_layer: n0: fuse applied: fused into RNN" in result.out
+    assert "verification: function layers.rnn_layer: equivalent" in result.out
+    assert "RNN" in function_ops(onnx.load(out), "rnn_layer")
+
+
+def test_a_loop_in_a_function_that_is_no_scan_stays_with_its_reason():
+    """A function whose Loop uses its counter in arithmetic, called twice: kept, with the
+    loop_to_scan reason named under the function."""
+    body = oh.make_graph([oh.make_node("Cast", ["i"], ["fi"], to=onnx.TensorProto.FLOAT),
+                          oh.make_node("Add", ["s", "fi"], ["s2"]), oh.make_node("Identity", ["c"], ["c2"])],
+                         "body", [vi("i", [], onnx.TensorProto.INT64), vi("c", [], onnx.TensorProto.BOOL),
+                                  oh.make_value_info("s", onnx.TypeProto())],
+                         [vi("c2", [], onnx.TensorProto.BOOL), oh.make_value_info("s2", onnx.TypeProto())])
+    fn = oh.make_function("local", "count", ["n", "s0"], ["sT"], [oh.make_node("Loop", ["n", "", "s0"], ["sT"], body=body)],
+                          opset_imports=[oh.make_opsetid("", 17)])
+    graph = oh.make_graph([oh.make_node("count", ["n", "s0"], ["a"], domain="local"),
+                           oh.make_node("count", ["n", "s1"], ["b"], domain="local")], "main",
+                          [vi("n", [], onnx.TensorProto.INT64), vi("s0", [2]), vi("s1", [2])], [vi("a", [2]), vi("b", [2])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)], ir_version=8,
+                          functions=[fn])
+    optimized, report = scanopt.optimize(model)
+    assert optimized is model and not report.modified
+    reasons = [o for o in report.outcomes if o.pass_name == "loop_to_scan"]
+    assert reasons and "used in arithmetic" in reasons[0].detail and reasons[0].path == "function local.count"

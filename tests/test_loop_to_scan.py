@@ -27,6 +27,7 @@ EXPECTED = {
     "ts_rnn_enumerate": "RNN",
     "ts_rnn_final": "RNN",
     "ts_rnn_stack_last": "RNN",
+    "ts_rnn_cat_list": "RNN",
     "dyn_while_rnn": "RNN",
     "ts_map_stack": "vectorized",
     "ts_nested_map": "vectorized",

@@ -191,6 +191,18 @@ def test_sequence_insert_then_concat_from_sequence_and_a_growing_concat():
     assert ops(optimized)["SequenceInsert"] == 0
 
 
+def test_stacking_the_state_before_its_update():
+    """``outs.append(h); h = f(x[i], h)``: the stacked value is a body input, which the Scan
+    writes through an Identity (onnxruntime miscomputes a body output that is a body input)."""
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), *rnn_step(),
+            oh.make_node("SequenceInsert", ["seq", "h"], ["seq_new"])]
+    model = loop_model(body, carried=["h", "seq"], carried_out=["h_new", "seq_new"], init_nodes=WEIGHTS,
+                       extra_inputs=[vi("h_0", ["B", 4])], outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
+                       after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["hs"], axis=0, new_axis=1)],
+                       outputs=[vi("hs", None), vi("h_final", None)])
+    assert_converts(model)
+
+
 def test_while_loop_with_a_counter_test():
     """torch.while_loop's form: no trip count, a counter c carried from 0, c+1 < n."""
     body = [oh.make_node("Gather", ["x", "c"], ["x_t"], axis=0), const("one", np.array(1, np.int64)),
@@ -253,12 +265,36 @@ def test_loops_that_are_not_scans_stay(build, reason):
     assert_declines(build(), reason)
 
 
-def test_sequence_concatenated_without_a_new_axis_stays():
-    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("SequenceInsert", ["seq", "x_t"], ["seq_new"])]
-    model = loop_model(body, carried=["seq"], carried_out=["seq_new"],
-                       outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
-                       after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["cat"], axis=0)], outputs=[vi("cat", None)])
-    assert_declines(model, "new_axis=0")
+def _concatenating_loop(x_shape, axis):
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Exp", ["x_t"], ["e_t"]),
+            oh.make_node("SequenceInsert", ["seq", "e_t"], ["seq_new"])]
+    return loop_model(body, carried=["seq"], carried_out=["seq_new"], x_shape=x_shape,
+                      outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
+                      after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["cat"], axis=axis)], outputs=[vi("cat", None)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_sequence_concatenated_without_a_new_axis_merges_the_step_axis(axis):
+    """torch.cat(outs, d): steps of a static length along d become one scan output whose
+    step axis is merged into d by a Reshape."""
+    optimized, detail = assert_converts(_concatenating_loop(["T", 2, 3], axis))
+    assert "concatenated" in detail and ops(optimized)["Reshape"] == 1
+
+
+def test_sequence_concatenated_along_a_dynamic_length_stays():
+    """The Loop takes steps of different lengths there; a Scan output would not."""
+    assert_declines(_concatenating_loop(["T", "B", 3], 0), "not static")
+
+
+def test_a_state_that_grows_each_step_stays():
+    """A history read in the step (acc = Concat(acc, x_t) then ReduceSum(acc)): a Scan state
+    keeps its shape, a Loop's carried value need not."""
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), const("axes0", np.array([0], np.int64)),
+            oh.make_node("Unsqueeze", ["x_t", "axes0"], ["row"]), oh.make_node("Concat", ["acc", "row"], ["acc_new"], axis=0),
+            oh.make_node("ReduceSum", ["acc_new"], ["y_t"], keepdims=0)]
+    model = loop_model(body, carried=["acc"], carried_out=["acc_new"], scan_outs=["y_t"], x_shape=["T", 2],
+                       outer=[const("acc_0", np.zeros((0, 2), np.float32))])
+    assert_declines(model, "grows each step")
 
 
 def test_concat_growing_from_a_non_empty_start_stays():

@@ -21,7 +21,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.constexpr import ConstantFolder
-from scanopt.emit import Emitter
+from scanopt.emit import INT64_MAX, Emitter
 from scanopt.graph import HUGE, GraphLevel, is_op, node_label, remove_node
 from scanopt.pass_api import LoopPass, Match, PassContext, Skip, register_pass
 from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
@@ -103,6 +103,8 @@ class LoopToScan(LoopPass):
             if stack.finisher is None and not grown.outputs and grown.inputs:  # the row's Unsqueeze
                 detach(grown.inputs[0], body)
             stack_values.append(stack.value)
+        for k in match.states:
+            _type_state(node.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k], ctx)
         state_outputs = [body.outputs[1 + k] for k in match.states]
         body_outputs = state_outputs + list(body.outputs[1 + n_carried:]) + stack_values
         body.inputs[:] = [body.inputs[2 + k] for k in match.states] + elements
@@ -111,11 +113,16 @@ class LoopToScan(LoopPass):
         _fold_static_dims(body, inner, ctx, folder)
 
         # The Scan, in the Loop's place.
-        stack_results = []
+        stack_results, merges = [], []
         for stack in match.stacks:
             if stack.finisher is not None:
                 detach(stack.finisher, graph)
-            stack_results.append(stack.result)
+            if stack.merge:
+                stacked = outer.variable("stacked", dtype=stack.result.dtype)
+                merges.append((stacked, stack))
+                stack_results.append(stacked)
+            else:
+                stack_results.append(stack.result)
         inputs = [node.inputs[2 + k] for k in match.states] + sources
         outputs = [node.outputs[k] for k in match.states] + list(node.outputs[n_carried:]) + stack_results
         n_loop_outs = len(node.outputs) - n_carried
@@ -132,6 +139,13 @@ class LoopToScan(LoopPass):
         label = node_label(node)
         detach(node, graph)
         graph.nodes.append(gs.Node("Scan", name=node.name, attrs=attrs, inputs=inputs, outputs=outputs))
+        for stacked, stack in merges:  # torch.cat(outs): [.., T, k, ..] -> [.., T*k, ..]
+            shape = outer.op("Shape", [stacked], dtype=np.int64)
+            head = outer.op("Slice", [shape, emit.ints("start", [0]), emit.ints("end", [stack.axis])], dtype=np.int64)
+            tail = outer.op("Slice", [shape, emit.ints("start", [stack.axis + 2]), emit.ints("end", [INT64_MAX])],
+                            dtype=np.int64)
+            merged = outer.op("Concat", [head, emit.ints("merged", [-1]), tail], axis=0, dtype=np.int64)
+            outer.op("Reshape", [stacked, merged], outputs=[stack.result])
         place_appended(graph, position, start - 1)
         return _describe(label, match, len(sources), cut)
 
@@ -248,11 +262,30 @@ def _typed(t: gs.Tensor, ctx: PassContext) -> gs.Tensor:
     return t
 
 
+def _type_state(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, ctx: PassContext) -> None:
+    """A state's body input typed where the exporter left it open (onnxscript does): the
+    initial value's type, each dim kept where the step's new value has it too (all open
+    where the new value's shape is unknown: a hint for later passes, which verification
+    checks like any rewrite)."""
+    _typed(inside, ctx)
+    if inside.dtype is None:
+        inside.dtype = _typed(initial, ctx).dtype
+    if inside.shape is None:
+        before, after = ctx.shapes.shape(initial), ctx.shapes.shape(_typed(new, ctx))
+        if before is not None and after is None:
+            inside.shape = [None] * len(before)
+        elif before is not None and len(before) == len(after):
+            inside.shape = [a if a == b else None for a, b in zip(before, after)]
+
+
 def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
-    """Body outputs with a repeated value written through an Identity (one value, one slot)."""
+    """Body outputs with a repeated value, or one no body node computes (a body input, an
+    outer value), written through an Identity: one value per slot, and onnxruntime
+    miscomputes a Scan body output that is a body input."""
+    made = {id(o) for n in inner.graph.nodes for o in n.outputs}
     seen, result = set(), []
     for t in outputs:
-        if id(t) in seen:
+        if id(t) in seen or id(t) not in made:
             t = inner.op("Identity", [t], dtype=t.dtype, shape=t.shape)
         seen.add(id(t))
         result.append(t)
@@ -262,10 +295,13 @@ def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
 def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int) -> str:
     parts = [f"{n_inputs} scan input(s)", f"{len(match.states)} state(s)"]
     if match.stacks:
-        kinds = sorted({"SequenceInsert" if s.finisher is not None else "growing Concat" for s in match.stacks})
+        kinds = sorted({("SequenceInsert, concatenated" if s.merge else "SequenceInsert") if s.finisher is not None
+                        else "growing Concat" for s in match.stacks})
         parts.append(f"{len(match.stacks)} stacked output(s) from {' and '.join(kinds)}")
     if any(r.reverse for r in match.reads):
         parts.append("reversed reads")
+    if match.counter_slot is not None:
+        parts.append("bounded by a counter test")
     if cut:
         parts.append(f"{cut} input(s) cut to the trip count")
     return "Loop -> Scan: " + ", ".join(parts)

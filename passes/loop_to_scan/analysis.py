@@ -47,6 +47,7 @@ class Stack:
     grower: gs.Node  # the SequenceInsert / Concat in the body
     result: gs.Tensor  # the outer tensor holding the stacked result
     finisher: gs.Node | None  # the ConcatFromSequence after the Loop (None for a Concat)
+    merge: bool = False  # concatenated (new_axis=0): the stacked axis merges into the next one
 
 
 @dataclass
@@ -102,12 +103,15 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
     for k in range(len(node.inputs) - 2):
         if k == slot:
             continue
-        found = _stack(node, body, k, graph, shapes, folder)
+        found = _stack(node, body, k, graph, opset, shapes, folder)
         if isinstance(found, Skip):
             return found
         if found is None:
             if _is_sequence(body.inputs[2 + k]) or _is_sequence(node.inputs[2 + k]):
                 return Skip(f"carried value {k} is a sequence used other than by appending to it")
+            changes = _changes_shape(node.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k], shapes)
+            if changes:
+                return Skip(f"carried value {k} {changes}: a Scan state keeps its shape from step to step")
             states.append(k)
         else:
             stacks.append(found)
@@ -264,6 +268,24 @@ def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folde
     left, right = test.inputs if test.op == "Less" else test.inputs[::-1]
     value = folder.value(left)
     return value is not None and value.size == 1 and value.reshape(-1)[0] == 0 and same_value(right, bound, folder)
+
+
+def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes: ShapeTable) -> str:
+    """Why a carried value provably or likely changes shape across steps, else "": it grows
+    by a Concat of itself, or its new value's inferred rank or a static dim differs from the
+    initial value's (a symbolic dim against another is left to verification)."""
+    grower = new.inputs[0] if len(new.inputs) == 1 else None
+    if grower is not None and is_op(grower, "Concat") and any(t is inside for t in grower.inputs):
+        return "grows each step (a Concat of itself read in the step)"
+    before, after = shapes.type_of(initial.name)[1], shapes.type_of(new.name)[1]
+    if before is None or after is None:
+        return ""
+    if len(before) != len(after):
+        return f"changes rank ({len(before)} -> {len(after)})"
+    for a, b in zip(before, after):
+        if isinstance(a, (int, np.integer)) and a != b:
+            return f"changes shape ({before} -> {after})"
+    return ""
 
 
 def _is_true(t: gs.Tensor, folder: ConstantFolder) -> bool:
@@ -525,7 +547,7 @@ def shape_dim(t: gs.Tensor, folder: ConstantFolder) -> tuple[gs.Tensor, int] | N
     return shape_node.inputs[0], k + start
 
 
-def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, shapes: ShapeTable, folder) -> Stack | Skip | None:
+def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, opset: int, shapes: ShapeTable, folder) -> Stack | Skip | None:
     """Stack when carried value ``k`` only collects one value per step, None for a state."""
     initial, inside, out = loop.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k]
     grower = out.inputs[0] if len(out.inputs) == 1 else None
@@ -543,16 +565,24 @@ def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, shapes: Shape
         if len(finishers) != 1 or not is_op(finishers[0], "ConcatFromSequence") or any(o is result for o in graph.outputs):
             return Skip(f"the sequence built in carried value {k} is read other than by one ConcatFromSequence")
         finisher = finishers[0]
-        if int(finisher.attrs.get("new_axis", 0)) != 1:
-            return Skip("ConcatFromSequence concatenates (new_axis=0): the steps are not stacked")
         value = grower.inputs[1]
+        merge = int(finisher.attrs.get("new_axis", 0)) != 1
         axis = int(finisher.attrs["axis"])
+        rank = shapes.rank(value)
         if axis < 0:
-            rank = shapes.rank(value)
             if rank is None:
                 return Skip(f"the rank of '{value.name}' is unknown: the stacking axis cannot be placed")
-            axis += rank + 1
-        return Stack(k, value, axis, grower, finisher.outputs[0], finisher)
+            axis += rank + (0 if merge else 1)
+        if merge:
+            # torch.cat(outs): one scan output, its step axis merged into the next. Only where
+            # every step has the same length there (a static one); the Loop also takes ragged steps.
+            declared, inferred = shapes.shape(value), shapes.type_of(value.name)[1]  # an exporter may declare less
+            if not any(d is not None and axis < len(d) and isinstance(d[axis], (int, np.integer)) for d in (declared, inferred)):
+                return Skip("ConcatFromSequence concatenates (new_axis=0) steps whose length along the axis "
+                            "is not static: they may differ from step to step")
+            if opset < 10:
+                return Skip("ConcatFromSequence concatenates (new_axis=0): merging the axes needs Slice-10")
+        return Stack(k, value, axis, grower, finisher.outputs[0], finisher, merge)
     if is_op(grower, "Concat") and len(grower.inputs) == 2 and grower.inputs[0] is inside:
         row = grower.inputs[1]
         unsqueeze = row.inputs[0] if len(row.inputs) == 1 else None
