@@ -192,6 +192,7 @@ def _infer_in_pieces(model: onnx.ModelProto, data_prop: bool, shape_like: set[st
     for value in [*graph.input, *graph.value_info, *graph.output]:
         declared.setdefault(value.name, value)
     outputs = {v.name for v in graph.output}
+    graph_inputs = {v.name for v in graph.input}
     known: dict[str, onnx.ValueInfoProto] = {}
     inferred_nodes: list[onnx.NodeProto] = []
     for k, (start, end) in enumerate(_pieces(nodes)):
@@ -206,9 +207,9 @@ def _infer_in_pieces(model: onnx.ModelProto, data_prop: bool, shape_like: set[st
         for name in dict.fromkeys([*reads, *(x for node in repeated for x in node.input if x)]):
             if name in produced or name in repeated_out:
                 continue
-            if name in initializers:
+            if name in initializers:  # and an input too where the model lists it (IR 3 reads only those)
                 piece.graph.initializer.append(initializers[name])
-            else:
+            if name not in initializers or name in graph_inputs:
                 piece.graph.input.append(known.get(name) or declared.get(name) or onnx.ValueInfoProto(name=name))
         piece.graph.node.extend(repeated + own)
         piece.graph.value_info.extend(declared[n] for n in produced if n in declared and n not in outputs)

@@ -397,3 +397,23 @@ def test_no_inference_sees_more_than_a_piece_of_a_graph_with_many_scans(monkeypa
     found = _all_types(_scans_with_shape_arithmetic(40))
     assert max(sizes) <= 8 * 3 + 5  # a piece: 8 Scans, their ConstantOfShape and Add, the Shape chain
     assert len(sizes) >= 2 * 5 and found["z_39"] == (F, ["B", H])
+
+
+def test_inference_in_pieces_of_an_ir3_model_reads_initializers_listed_as_inputs(monkeypatch):
+    """IR 3 (onnx's backend Scan-8 models): inference reads an initializer's type only when
+    the graph lists it as an input too, so each piece lists it both ways."""
+    import builders as b
+    import scanopt.shapes as shapes
+
+    base = b.scan8_sum()
+    nodes, outs = [h.make_node("Relu", ["s0"], ["s0r"])], []
+    for k in range(6):
+        nodes.append(h.make_node("Scan", ["lens", "s0r", "X"], [f"sf{k}", f"Y{k}"], num_scan_inputs=1,
+                                 body=b.sum_body(prefix=f"p{k}_", weight="W")))
+        outs += [b.vi(f"sf{k}", ["B", 2]), b.vi(f"Y{k}", None)]
+    graph = h.make_graph(nodes, "m", list(base.graph.input) + [b.vi("W", [2])], outs,
+                         initializer=[b.init("W", np.ones(2, np.float32))])
+    model = b.model(graph, opset=8, ir_version=3)
+    whole = _all_types(model)
+    monkeypatch.setattr(shapes, "PIECE_BODIES", 2)
+    assert _all_types(model) == whole and whole["p5_xw"] == (F, [2]) and whole["Y5"] == (F, ["B", "T", 2])
