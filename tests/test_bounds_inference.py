@@ -20,7 +20,8 @@ from onnx import numpy_helper
 
 import builders as b
 from scanopt.external_data import expected_length
-from scanopt.shapes import DIM_LIMIT, SHAPE_DATA_LIMIT, ShapeTable
+from scanopt.inference import DIM_LIMIT, SHAPE_DATA_LIMIT
+from scanopt.shapes import ShapeTable
 
 resource = pytest.importorskip("resource")  # RLIMIT_AS: POSIX only
 

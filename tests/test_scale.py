@@ -373,11 +373,11 @@ def _all_types(model: onnx.ModelProto) -> dict:
 
 
 def test_inference_in_pieces_finds_what_one_inference_finds(monkeypatch):
-    import scanopt.shapes as shapes
+    import scanopt.inference as inference
 
     model = _scans_with_shape_arithmetic(10)
     whole = _all_types(model)
-    monkeypatch.setattr(shapes, "PIECE_BODIES", 3)  # four pieces, the Shape chain in the first
+    monkeypatch.setattr(inference, "PIECE_BODIES", 3)  # four pieces, the Shape chain in the first
     pieces = _all_types(model)
     assert pieces == whole
     assert whole["z_9"] == (F, ["B", H]) and whole["y_9"] == (F, ["B", "T", H])  # data propagation reached it
@@ -387,13 +387,33 @@ def test_inference_in_pieces_finds_what_one_inference_finds(monkeypatch):
 def test_no_inference_sees_more_than_a_piece_of_a_graph_with_many_scans(monkeypatch):
     """onnx copies the whole type map of a graph into each body it infers: one inference
     of N Scans costs N², pieces of a bounded size cost N (32 s -> 1.4 s at 5,000 Scans)."""
-    import scanopt.shapes as shapes
+    import scanopt.inference as inference
 
     sizes = []
     real = onnx.shape_inference.infer_shapes
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
                         lambda m, *a, **k: sizes.append(len(m.graph.node)) or real(m, *a, **k))
-    monkeypatch.setattr(shapes, "PIECE_BODIES", 8)
+    monkeypatch.setattr(inference, "PIECE_BODIES", 8)
     found = _all_types(_scans_with_shape_arithmetic(40))
     assert max(sizes) <= 8 * 3 + 5  # a piece: 8 Scans, their ConstantOfShape and Add, the Shape chain
     assert len(sizes) >= 2 * 5 and found["z_39"] == (F, ["B", H])
+
+
+def test_inference_in_pieces_of_an_ir3_model_reads_initializers_listed_as_inputs(monkeypatch):
+    """IR 3 (onnx's backend Scan-8 models): inference reads an initializer's type only when
+    the graph lists it as an input too, so each piece lists it both ways."""
+    import builders as b
+    import scanopt.inference as inference
+
+    base = b.scan8_sum()
+    nodes, outs = [h.make_node("Relu", ["s0"], ["s0r"])], []
+    for k in range(6):
+        nodes.append(h.make_node("Scan", ["lens", "s0r", "X"], [f"sf{k}", f"Y{k}"], num_scan_inputs=1,
+                                 body=b.sum_body(prefix=f"p{k}_", weight="W")))
+        outs += [b.vi(f"sf{k}", ["B", 2]), b.vi(f"Y{k}", None)]
+    graph = h.make_graph(nodes, "m", list(base.graph.input) + [b.vi("W", [2])], outs,
+                         initializer=[b.init("W", np.ones(2, np.float32))])
+    model = b.model(graph, opset=8, ir_version=3)
+    whole = _all_types(model)
+    monkeypatch.setattr(inference, "PIECE_BODIES", 2)
+    assert _all_types(model) == whole and whole["p5_xw"] == (F, [2]) and whole["Y5"] == (F, ["B", "T", 2])
