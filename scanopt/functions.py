@@ -82,6 +82,15 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify) -> PreparedMod
         kept = [f for f in current.functions if function_key(f) not in inline or used.get(function_key(f))]
         del current.functions[:]
         current.functions.extend(kept)
+        verdict = verify(current)  # inlining is exact by construction; verified all the same
+        if verdict is not None and not verdict[0]:
+            current = model
+            for domain, name in inline:
+                prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", False,
+                                                     f"not inlined: the inlined model failed verification ({verdict[1]})"))
+            inline = []
+        elif verdict is not None:
+            prepared.summaries.append(f"inlined {', '.join(_label(*key) for key in inline)}: {verdict[1]}")
         for domain, name in inline:
             prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", True,
                                                  "inlined at its single call site: its loops are optimized there"))

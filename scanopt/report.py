@@ -210,8 +210,9 @@ class Report:
                 if o.applied or skips:
                     lines += _wrapped(f"  {o.pass_name:<13} {'applied' if o.applied else 'skipped'}: {_detail(o)}", " " * 16)
         known = {_key(s) for s in self.scans}
+        # other nodes (Loops, functions) have no summary of their own: their reasons always show
         for o in self.outcomes:
-            if (o.node, o.path) not in known and (o.applied or skips):
+            if (o.node, o.path) not in known:
                 lines += _wrapped(f"{o.node}: {o.pass_name} {'applied' if o.applied else 'skipped'}: {_detail(o)}", "  ")
         return lines
 
@@ -241,7 +242,7 @@ def _reason(outcome: NodeOutcome) -> str:
     if outcome.declined_for_speed and outcome.speedup is not None:
         how = "measured" if outcome.measured else "predicted"
         if outcome.speedup >= NOISE_FLOOR:  # not slower: declined for a faster form of a later pass
-            return f"{how} {outcome.speedup:.2f}x, but another pass's form is predicted faster"
+            return f"{how} {outcome.speedup:.2f}x: no clear gain over the loop, or another form is faster"
         return f"{how} slower on onnxruntime CPU ({outcome.speedup:.2f}x; --target portable applies it)"
     return _masked(outcome.detail)
 

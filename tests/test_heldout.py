@@ -195,6 +195,7 @@ def test_short_batched_scan8_is_not_unrolled_because_it_would_be_slower(optimize
 
 def test_scans_in_model_local_functions_are_named_in_a_warning(optimized, cli):
     code, out, _, _, _ = optimized("scan_in_function")
+    out = " ".join(out.split())  # the report wraps long lines
     assert "model-local function(s) 'local.cumsum': optimize inlines a function called once" in out
     assert "local.cumsum: functions applied: inlined at its single call site" in out
     listed = cli("inspect", path("scan_in_function"))
