@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"onnxruntime {ort.__version__}, hidden {args.hidden}, target opset {args.target}, "
           f"{args.threads} thread(s); ratio = Scan-8 latency / upgraded latency")
-    print(f"| lengths | B | T | Scan-8 ms | (a) | (b) | (c) |")
+    print("| lengths | B | T | Scan-8 ms | (a) | (b) | (c) |")
     print("|---|---|---|---|---|---|---|")
     for lens in (False, True):
         for batch in map(int, args.batches.split(",")):

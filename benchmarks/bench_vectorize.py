@@ -90,7 +90,7 @@ def main(argv=None) -> None:
     if args.maps:
         maps_table(args)
         return
-    header = f"| model | train rows | query rows | Scan ms | vectorized ms | ratio | max abs diff |"
+    header = "| model | train rows | query rows | Scan ms | vectorized ms | ratio | max abs diff |"
     print(header)
     print("|---|---|---|---|---|---|---|")
     for kind in ("knn", "gp"):

@@ -7,7 +7,6 @@ returns a Scan-9+ model; sizes are arguments so benchmarks can scale them.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import TensorProto as TP
 from onnx import helper as h
 

@@ -235,7 +235,7 @@ def recurrent():  # RNN/GRU/LSTM gain layout at 14
 @family()
 def trig_and_pools():  # type widening at 22 (Sin..Atanh, pools, ConvTranspose), DepthToSpace 11/13
     nodes = [N("Tanh", ["x"], ["t"])]
-    prev, outs = "t", []
+    outs = []
     for i, op in enumerate(["Sin", "Cos", "Tan", "Asin", "Acos", "Atan"]):
         nodes.append(N(op, ["t"], [f"g{i}"]))
         outs.append(f"g{i}")

@@ -6,8 +6,6 @@ batch semantics stay, and the cell then fuses at opset 8. Checked for structure 
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import TensorProto as TP
 from onnx import helper as h
 
 import cell_builders as cb

@@ -6,7 +6,6 @@ the reference executor (the reference executor alone for zero steps, which onnxr
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper as h

@@ -67,7 +67,7 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
     body = node.attrs.get("body")
     if not isinstance(body, gs.Graph) or len(node.inputs) < 2:
         return Skip("malformed Loop")
-    trip, cond = node.inputs[0], node.inputs[1]
+    trip = node.inputs[0]
     counter, cond_in, cond_out = body.inputs[0], body.inputs[1], body.outputs[0]
     counted = _counter_test(node, body, folder) if cond_out is not cond_in and not _is_true(cond_out, folder) else None
     if isinstance(counted, Skip):
