@@ -450,5 +450,21 @@ def export_in_fresh_process(script: str, name: str) -> None:
     subprocess.run([sys.executable, os.path.abspath(script), "--in-process", "--only", name], env=env, check=True)
 
 
+def run_generator(script, doc, names, write_one, out=None, argv=None):
+    """The command line of an exported-sample generator: every sample (or --only ones), each
+    exported in a fresh process (:func:`export_in_fresh_process`) unless --in-process."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--only", action="append", choices=names)
+    p.add_argument("--in-process", action="store_true", help="export here (default: a fresh process per sample)")
+    args = p.parse_args(argv)
+    if out:
+        os.makedirs(out, exist_ok=True)
+    for name in args.only or names:
+        if args.in_process:
+            write_one(name)
+        else:
+            export_in_fresh_process(script, name)
+
+
 if __name__ == "__main__":
     main()

@@ -23,12 +23,11 @@ built in the tests themselves.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from generate import HERE, export_in_fresh_process, save_npz  # noqa: E402
+from generate import HERE, run_generator, save_npz  # noqa: E402
 from generate_cells import _export as export_cell  # noqa: E402 - the one torch export helper
 
 
@@ -184,15 +183,7 @@ def write(name: str) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", choices=sorted(EXPORTED))
-    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    for name in args.only or list(EXPORTED):
-        if args.in_process:
-            write(name)
-        else:
-            export_in_fresh_process(__file__, name)
+    run_generator(__file__, __doc__, list(EXPORTED), write, OUT, argv)
 
 
 if __name__ == "__main__":

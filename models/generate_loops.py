@@ -31,10 +31,9 @@ Each comes with <name>.expected.npz: inputs and the outputs torch computed.
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from generate import HERE, export_in_fresh_process, save_npz, strip_stack_traces
+from generate import HERE, run_generator, save_npz, strip_stack_traces
 
 OUT = os.path.join(HERE, "loops")
 T, B, I, H = 5, 2, 3, 4
@@ -278,20 +277,5 @@ NAMES = ["ts_rnn_cat_list", "ts_rnn_iter", "ts_rnn_enumerate", "ts_rnn_unbind", 
          "ts_nested_map", "ts_counter_arith", "dyn_while_rnn", "dyn_while_rnn_sum"]
 
 
-def run(script, doc, names, write_one, argv=None):
-    """The command line of a Loop sample generator: every sample (or --only ones), each
-    exported in a fresh process unless --in-process."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--only", action="append", choices=names)
-    p.add_argument("--in-process", action="store_true", help="export here (default: a fresh process per sample)")
-    args = p.parse_args(argv)
-    os.makedirs(OUT, exist_ok=True)
-    for name in args.only or names:
-        if args.in_process:
-            write_one(name)
-        else:
-            export_in_fresh_process(script, name)
-
-
 if __name__ == "__main__":
-    run(__file__, __doc__, NAMES, write)
+    run_generator(__file__, __doc__, NAMES, write, OUT)

@@ -21,8 +21,8 @@ import os
 
 import numpy as np
 
-from generate import save_npz
-from generate_loops import OUT, run
+from generate import run_generator, save_npz
+from generate_loops import OUT
 
 T, B, I, H = 5, 2, 3, 4
 NAMES = ["tf_scan_rnn", "tf_map_fn", "keras_simplernn", "keras_gru"]
@@ -70,4 +70,4 @@ def write(name):
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    run(__file__, __doc__, NAMES, write)
+    run_generator(__file__, __doc__, NAMES, write, OUT)

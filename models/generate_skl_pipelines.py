@@ -15,7 +15,6 @@ Written with skl2onnx 1.20 and scikit-learn 1.9.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import warnings
@@ -25,7 +24,7 @@ import onnx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from generate import export_in_fresh_process, save_npz  # noqa: E402 - one home for the npz writer and the isolated export
+from generate import run_generator, save_npz  # noqa: E402 - one home for the npz writer and the isolated export
 
 NAMES = [
     "pipeline_scaler_pca_knn_regressor", "pipeline_scaler_pca_knn_classifier", "pipeline_scaler_knn_regressor",
@@ -80,16 +79,7 @@ def write(name):
 
 
 def main(argv=None):
-    everything = [f"skl/pipelines/{n}" for n in NAMES]
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", choices=everything)
-    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    for name in args.only or everything:
-        if args.in_process:
-            write(name)
-        else:
-            export_in_fresh_process(__file__, name)
+    run_generator(__file__, __doc__, [f"skl/pipelines/{n}" for n in NAMES], write, argv=argv)
 
 
 if __name__ == "__main__":
