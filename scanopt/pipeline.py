@@ -1,9 +1,9 @@
 """The pipeline: runs passes in order over every graph level, to a fixed point, then
 verifies the result numerically and rolls back rewrites that fail.
 
-Order (DESIGN.md): loop_to_scan -> upgrade -> canonicalize -> fuse -> vectorize -> hoist -> unroll ->
-cleanup. Fusion runs before unrolling because unrolling destroys the patterns fusion
-needs. Passes not yet built are simply absent from the registry.
+Order (PIPELINE_ORDER): loop_to_scan -> upgrade -> canonicalize -> fuse -> linrec -> distances ->
+vectorize -> hoist -> unroll -> cleanup. Fusion runs before unrolling because unrolling destroys
+the patterns fusion needs. Passes not yet built are simply absent from the registry.
 """
 
 from __future__ import annotations
