@@ -174,6 +174,7 @@ class CostPolicy:
             at = " ".join(f"{k}={points[worst][k]}" for k in unknown)
             why = (f"predicted {ratios[pass_name][worst]:.2f}x the loop's time at {at}, counting a "
                    f"{MODEL_MARGIN[pass_name]:g}x margin for the model's error (more than 5% slower there)")
+            speedup = 1 / ratios[pass_name][worst]  # the point it was declined for, not the average
         else:
             why = "predicted slower than the loop"
         return Estimate(False, speedup, f"not applied: {why} on onnxruntime CPU (modelled: {listing}; {where}); "
