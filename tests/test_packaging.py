@@ -37,3 +37,15 @@ def test_every_folder_of_python_code_is_an_installed_package():
     assert sorted(setup.discovered_packages()) == sorted(wanted)
     assert {"scanopt.cli", "scanopt.passes", "scanopt.reference"} <= set(wanted)
 
+
+
+def test_the_loop_free_passes_import_by_their_old_paths_too():
+    """vectorize, hoist and lift moved into passes/loopfree/ (issue 21): the old paths give the same modules."""
+    import scanopt.passes.hoist as old_hoist
+    import scanopt.passes.lift as old_lift
+    import scanopt.passes.loopfree.hoist as hoist
+    import scanopt.passes.loopfree.lift as lift
+    import scanopt.passes.loopfree.vectorize as vectorize
+    from scanopt.passes.vectorize import Vectorize
+
+    assert old_hoist is hoist and old_lift is lift and Vectorize is vectorize.Vectorize
