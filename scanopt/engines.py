@@ -188,10 +188,10 @@ def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> tup
         return clean.SerializeToString(), kept
     shared = {}
     for tensor in clean.graph.initializer:
-        value = _shared_inline_weight(tensor)
-        if value is not None:
-            options.add_initializer(tensor.name, value)
-            kept.append(value)
+        weight = _shared_inline_weight(tensor)
+        if weight is not None:
+            options.add_initializer(tensor.name, weight.value)
+            kept.append(weight)
             shared[tensor.name] = tensor
     if not shared:
         return clean.SerializeToString(), kept
@@ -245,17 +245,27 @@ def _shared_weight(tensor: onnx.TensorProto):
     return value
 
 
-# (name, type, dims) -> the numpy array over one inline weight's bytes, while a session holds it
+class _InlineWeight:
+    """One big inline weight as onnxruntime shares it: the OrtValue over a copy of its bytes,
+    and the tensor it was read from (compared in place with the next session's tensor)."""
+
+    __slots__ = ("tensor", "value", "__weakref__")
+
+    def __init__(self, tensor: onnx.TensorProto, value):
+        self.tensor = tensor
+        self.value = value
+
+
+# (name, type, dims) -> the _InlineWeight of that key, while a session holds it
 _SHARED_INLINE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_SHARED_INLINE_VALUES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _shared_inline_weight(tensor: onnx.TensorProto):
-    """An OrtValue over the bytes of a big inline weight (raw data of a plain numeric type),
-    the same object for every session alive whose weight of that name holds the same bytes:
-    the original and the candidate of a verification (the passes keep the weights they do
-    not change) hold it once between them. None for a small weight or one numpy cannot
-    read as it is."""
+def _shared_inline_weight(tensor: onnx.TensorProto) -> _InlineWeight | None:
+    """The shared form of a big inline weight (raw data of a plain numeric type), the same
+    object for every session alive whose weight of that name is an equal tensor: the
+    original and the candidate of a verification (the passes keep the weights they do not
+    change) hold it once between them. None for a small weight or one numpy cannot read
+    as it is."""
     length = expected_length(tensor)
     if (length is None or length < INLINE_BELOW or tensor.data_location == onnx.TensorProto.EXTERNAL
             or not tensor.HasField("raw_data") or sys.byteorder != "little"):
@@ -264,18 +274,18 @@ def _shared_inline_weight(tensor: onnx.TensorProto):
     if _is_extension(dtype) or dtype.kind not in "biuf":
         return None
     key = (tensor.name, tensor.data_type, tuple(tensor.dims))
+    shared = _SHARED_INLINE.get(key)
+    if shared is not None and shared.tensor == tensor:  # upb compares in place: no copy of the bytes
+        return shared
     raw = tensor.raw_data  # a copy: upb gives out no view of a message's bytes
     if len(raw) != length:
         return None  # onnxruntime reports the malformed tensor itself
-    flat = _SHARED_INLINE.get(key)
-    value = _SHARED_INLINE_VALUES.get(key)
-    if flat is None or value is None or flat.base != raw:  # bytes == bytes: one memcmp
-        import onnxruntime as ort
+    import onnxruntime as ort
 
-        flat = np.frombuffer(raw, dtype=dtype)  # read-only, over ``raw`` (its base)
-        value = ort.OrtValue.ortvalue_from_numpy(flat.reshape(key[2]))  # keeps the view, so ``flat``, alive
-        _SHARED_INLINE[key], _SHARED_INLINE_VALUES[key] = flat, value
-    return value
+    array = np.frombuffer(raw, dtype=dtype).reshape(key[2])  # read-only, over ``raw``
+    shared = _InlineWeight(tensor, ort.OrtValue.ortvalue_from_numpy(array))  # the OrtValue keeps ``array``
+    _SHARED_INLINE[key] = shared
+    return shared
 
 
 # (folder, file) of a file that always exists: onnxruntime checks that an external reference's
