@@ -144,3 +144,18 @@ def test_a_model_written_a_weight_at_a_time_parses_to_the_same_model(tmp_path):
     assert parsed == model
     assert [t.name for t in parsed.graph.initializer] == ["typed", "table", "W", "R", "bytes"]
     assert os.path.getsize(path) == model.ByteSize()
+
+
+def test_a_shared_matmul_weight_gives_the_same_numbers_as_a_plain_session():
+    """onnxruntime may prepack a MatMul weight it owns; a shared one computes the same bits."""
+    rng = np.random.default_rng(1)
+    weight = numpy_helper.from_array(rng.standard_normal((256, 384), dtype=np.float32), "P")
+    vi = h.make_tensor_value_info
+    graph = h.make_graph([h.make_node("MatMul", ["x", "P"], ["y"]), h.make_node("Tanh", ["y"], ["z"])], "g",
+                         [vi("x", TP.FLOAT, [7, 256])], [vi("z", TP.FLOAT, [7, 384])], initializer=[weight])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": rng.standard_normal((7, 256), dtype=np.float32) * 3}
+    _, values = ort_source(model, ort.SessionOptions())
+    assert len(values) == 1
+    plain = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(prepare(model, "ort")(feeds)["z"], plain)
