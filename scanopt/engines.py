@@ -6,9 +6,10 @@ run becomes an :class:`EngineError` with a one-line message.
 
 Big weights left in their file (scanopt.external_data) are not read by scanopt: onnxruntime
 gets the small proto and each such weight as one read-only memory map that every session
-shares (see :func:`ort_source`); so does each big inline weight, one buffer for every session
-whose tensor of that name is equal (verification's original and candidate). Models over 2 GB in memory: protobuf cannot serialize them,
-so onnxruntime must read them from their file. Pass ``path=`` (the file the model was
+shares (see :func:`ort_source`); so does each big inline weight, one buffer for every
+session whose tensor of that name is equal (verification's original and candidate).
+Models over 2 GB in memory: protobuf cannot serialize them, so onnxruntime must read them
+from their file. Pass ``path=`` (the file the model was
 loaded from); without it such a model cannot run in onnxruntime, and "auto" falls back to
 the reference executor.
 """
