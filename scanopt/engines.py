@@ -6,8 +6,10 @@ run becomes an :class:`EngineError` with a one-line message.
 
 Big weights left in their file (scanopt.external_data) are not read by scanopt: onnxruntime
 gets the small proto and each such weight as one read-only memory map that every session
-shares (see :func:`ort_source`). Models over 2 GB in memory: protobuf cannot serialize them,
-so onnxruntime must read them from their file. Pass ``path=`` (the file the model was
+shares (see :func:`ort_source`); so does each big inline weight, one buffer for every
+session whose tensor of that name is equal (verification's original and candidate).
+Models over 2 GB in memory: protobuf cannot serialize them, so onnxruntime must read them
+from their file. Pass ``path=`` (the file the model was
 loaded from); without it such a model cannot run in onnxruntime, and "auto" falls back to
 the reference executor.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import sys
 import weakref
 from typing import Callable, Mapping
 
@@ -24,10 +27,11 @@ import numpy as np
 import onnx
 
 from scanopt.errors import ScanoptError, first_line
-from scanopt.external_data import ExternalDataError, as_array, has_marks, source, weights_as_inputs, without_marks
+from scanopt.external_data import (INLINE_BELOW, ExternalDataError, as_array, expected_length, has_marks, source,
+                                   weights_as_inputs, without_marks)
 from scanopt.inputs import numpy_dtype
 from scanopt.model_io import load_model, needs_external_data
-from scanopt.protos import in_default_domain, walk_proto_graphs
+from scanopt.protos import copy_fields, in_default_domain, walk_proto_graphs
 
 ENGINES = ("ort", "reference")
 
@@ -182,7 +186,19 @@ def ort_source(model: onnx.ModelProto, options, *, prepack: bool = False) -> tup
             if value is not None:
                 options.add_initializer(tensor.name, value)
                 kept.append(value)
-    return clean.SerializeToString(), kept
+    if prepack or folder is not None or _PLACEHOLDER is None:  # timing: weights as a user's session loads them
+        return clean.SerializeToString(), kept
+    shared = {}
+    for tensor in clean.graph.initializer:
+        weight = _shared_inline_weight(tensor)
+        if weight is not None:
+            options.add_initializer(tensor.name, weight.value)
+            kept.append(weight)
+            shared[tensor.name] = tensor
+    if not shared:
+        return clean.SerializeToString(), kept
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", _PLACEHOLDER[0])
+    return _without_values(clean, shared).SerializeToString(), kept
 
 
 # (file, its inode and mtime, offset, type, dims) -> array or OrtValue, while something holds it
@@ -229,6 +245,72 @@ def _shared_weight(tensor: onnx.TensorProto):
         value = ort.OrtValue.ortvalue_from_numpy(array)  # keeps the array alive
         _SHARED_VALUES[key] = value
     return value
+
+
+class _InlineWeight:
+    """One big inline weight as onnxruntime shares it: the OrtValue over a copy of its bytes,
+    and the tensor it was read from (compared in place with the next session's tensor)."""
+
+    __slots__ = ("tensor", "value", "__weakref__")
+
+    def __init__(self, tensor: onnx.TensorProto, value):
+        self.tensor = tensor
+        self.value = value
+
+
+# (name, type, dims) -> the _InlineWeight of that key, while a session holds it
+_SHARED_INLINE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _shared_inline_weight(tensor: onnx.TensorProto) -> _InlineWeight | None:
+    """The shared form of a big inline weight (raw data of a plain numeric type), the same
+    object for every session alive whose weight of that name is an equal tensor: the
+    original and the candidate of a verification (the passes keep the weights they do not
+    change) hold it once between them. None for a small weight or one numpy cannot read
+    as it is."""
+    length = expected_length(tensor)
+    if (length is None or length < INLINE_BELOW or tensor.data_location == onnx.TensorProto.EXTERNAL
+            or not tensor.HasField("raw_data") or sys.byteorder != "little"):
+        return None
+    dtype = numpy_dtype(tensor.data_type)
+    if _is_extension(dtype) or dtype.kind not in "biuf":
+        return None
+    key = (tensor.name, tensor.data_type, tuple(tensor.dims))
+    shared = _SHARED_INLINE.get(key)
+    if shared is not None and shared.tensor == tensor:  # upb compares in place: no copy of the bytes
+        return shared
+    raw = tensor.raw_data  # a copy: upb gives out no view of a message's bytes
+    if len(raw) != length:
+        return None  # onnxruntime reports the malformed tensor itself
+    import onnxruntime as ort
+
+    array = np.frombuffer(raw, dtype=dtype).reshape(key[2])  # read-only, over ``raw``
+    shared = _InlineWeight(tensor, ort.OrtValue.ortvalue_from_numpy(array))  # the OrtValue keeps ``array``
+    _SHARED_INLINE[key] = shared
+    return shared
+
+
+# (folder, file) of a file that always exists: onnxruntime checks that an external reference's
+# file exists, then takes the values from the session's initializer of that name instead.
+# An embedded tensor without values is refused (its data count must match its shape).
+_PLACEHOLDER = os.path.split(os.devnull) if os.path.isabs(os.devnull) else None
+
+
+def _without_values(model: onnx.ModelProto, emptied: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose main-graph initializers named in ``emptied`` keep name,
+    type and dims but no values, only a reference to :data:`_PLACEHOLDER` (onnxruntime
+    takes the values from the session's initializers); the others are copied as they are."""
+    light = onnx.ModelProto()
+    copy_fields(model, light, skip=("graph",))
+    copy_fields(model.graph, light.graph, skip=("initializer",))
+    for tensor in model.graph.initializer:
+        if tensor.name in emptied:
+            stub = light.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims,
+                                               data_location=onnx.TensorProto.EXTERNAL)
+            stub.external_data.add(key="location", value=_PLACEHOLDER[1])
+        else:
+            light.graph.initializer.append(tensor)
+    return light
 
 
 def _is_extension(dtype: np.dtype) -> bool:

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import _get_attribute_tensors, _get_initializer_tensors
 
+from scanopt.errors import printable
 from scanopt.protos import copy_fields
 
 FOLDER_KEY = "scanopt.folder"
@@ -392,6 +393,65 @@ def write_model(model: onnx.ModelProto, staged: str, location: str, *, threshold
         for tensor in moved:
             tensor.external_data.add(key=FOLDER_KEY, value=os.path.realpath(folder))
             tensor.external_data.add(key=STAMP_KEY, value=stamp)
+
+
+def write_serialized(model: onnx.ModelProto, handle) -> None:
+    """Write the serialization of ``model`` to ``handle`` (a binary file), each main-graph
+    initializer of INLINE_BELOW bytes or more of raw data as one copy of its bytes at a
+    time. upb serializes a whole model into its arena, then copies that into a Python
+    bytes object: two more copies of every weight at once. Protobuf reads fields in any
+    order, so the graph's initializers follow its other fields (same model when parsed)."""
+    big = [t for t in model.graph.initializer if (expected_length(t) or 0) >= INLINE_BELOW and t.HasField("raw_data")]
+    if not big:
+        handle.write(model.SerializeToString())
+        return
+    shell = onnx.ModelProto()
+    copy_fields(model, shell, skip=("graph",))
+    rest = onnx.GraphProto()
+    copy_fields(model.graph, rest, skip=("initializer",))
+    rest_bytes = rest.SerializeToString()
+    pieces = []  # per initializer: (its bytes up to its raw data, raw data length, tensor to read it from)
+    for tensor in model.graph.initializer:
+        if any(tensor is t for t in big):
+            head = onnx.TensorProto()
+            copy_fields(tensor, head, skip=("raw_data",))
+            length = len(tensor.raw_data)  # a transient copy, one weight at a time
+            pieces.append((head.SerializeToString() + _key(_RAW_DATA) + _varint(length), length, tensor))
+        else:
+            pieces.append((tensor.SerializeToString(), 0, None))
+    entries = [_key(_INITIALIZER) + _varint(len(head) + length) for head, length, _ in pieces]
+    graph_length = len(rest_bytes) + sum(len(e) + len(head) + length for e, (head, length, _) in zip(entries, pieces))
+    handle.write(shell.SerializeToString())
+    handle.write(_key(_GRAPH) + _varint(graph_length))
+    handle.write(rest_bytes)
+    for entry, (head, length, tensor) in zip(entries, pieces):
+        handle.write(entry)
+        handle.write(head)
+        if tensor is not None:
+            raw = tensor.raw_data
+            if len(raw) != length:  # changed since measured: the lengths written above would lie
+                raise ExternalDataError(f"initializer '{printable(tensor.name)}' changed while it was written")
+            handle.write(raw)
+            del raw
+
+
+_GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+
+
+def _key(field_number: int) -> bytes:
+    """The wire key of a length-delimited field (wire type 2)."""
+    return _varint(field_number << 3 | 2)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 _TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")

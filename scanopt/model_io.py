@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import onnx
 from google.protobuf.message import DecodeError
 
-from scanopt.external_data import attach, has_marks, inlined, marked_tensors, serialized_size_bound, source, write_model
+from scanopt.external_data import (attach, has_marks, inlined, marked_tensors, serialized_size_bound, source, write_model,
+                                   write_serialized)
 from scanopt.errors import InvalidModelError, ScanoptError, first_line, printable
 from scanopt.outputs import Writer, file_kind, write_output
 from scanopt.validate import sort_nodes, validate_model
@@ -210,7 +211,7 @@ def model_writer(model: onnx.ModelProto, path: str, *, external_data: bool | Non
         if not external:
             whole = inlined(model) if has_marks(model) else model  # bytes still in a file are read now
             with open(staged, "wb") as handle:
-                handle.write(whole.SerializeToString())
+                write_serialized(whole, handle)
             return
         write_model(model, staged, external_data_name(path), threshold=EXTERNAL_DATA_THRESHOLD,
                     folder=os.path.dirname(os.path.abspath(path)))

@@ -23,6 +23,7 @@ import onnx
 from onnx.reference.op_run import OpRun
 
 from scanopt.errors import InvalidModelError
+from scanopt.inference import bounded_inference
 from scanopt.protos import walk_proto_graphs
 from scanopt.scan_view import scan_version
 
@@ -151,7 +152,7 @@ class _Body:
         graph.output.extend(kept)
         opsets = [onnx.helper.make_opsetid(d, v) for d, v in self.op.run_params["opsets"].items()]
         model = onnx.helper.make_model(graph, opset_imports=opsets)
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+        inferred = bounded_inference(model).graph  # a body may declare huge numbers: see scanopt.inference
         known = {t.name: (onnx.helper.tensor_dtype_to_np_dtype(t.data_type), tuple(t.dims))
                  for t in graph.initializer}
         for value in [*inferred.input, *inferred.value_info, *inferred.output]:
