@@ -347,7 +347,8 @@ def test_a_bidirectional_pair_with_initial_states_of_their_own_batches():
     assert compared >= 4
 
 
-def _where_masked_rnn(reverse=False, output_old="zeros", lens_batch="batch"):
+def _where_masked_rnn(reverse=False, output_old="zeros", lens_batch="batch", lift=True, counter=TP.INT64,
+                      counter_in_cell=False):
     """The step mask as people write it by hand: ``valid = Unsqueeze(c < lens, 1)``, states
     ``Where(valid, new, h)``, outputs ``Where(valid, new, 0)``, an int64 counter from 0."""
     from onnx import helper as h
@@ -357,24 +358,29 @@ def _where_masked_rnn(reverse=False, output_old="zeros", lens_batch="batch"):
     rng = np.random.default_rng(3)
     W, R = (rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in ((I_, H_), (H_, H_)))
     vi = h.make_tensor_value_info
+    np_counter = onnx.helper.tensor_dtype_to_np_dtype(counter)
     nodes = [h.make_node("MatMul", ["x", "W"], ["xw"]), h.make_node("MatMul", ["h", "R"], ["hr"]),
-             h.make_node("Add", ["xw", "hr"], ["pre"]), h.make_node("Tanh", ["pre"], ["new"]),
-             h.make_node("Less", ["c", "lens"], ["valid_b"]), h.make_node("Unsqueeze", ["valid_b", "one_axis"], ["valid"]),
+             h.make_node("Add", ["xw", "hr"], ["pre0"])]
+    nodes += [h.make_node("Cast", ["c"], ["cf"], to=TP.FLOAT), h.make_node("Add", ["pre0", "cf"], ["pre"])] \
+        if counter_in_cell else [h.make_node("Identity", ["pre0"], ["pre"])]
+    nodes += [h.make_node("Tanh", ["pre"], ["new"]), h.make_node("Less", ["c", "lens"], ["valid_b" if lift else "valid"])]
+    nodes += [h.make_node("Unsqueeze", ["valid_b", "one_axis"], ["valid"])] if lift else []
+    nodes += [
              h.make_node("Where", ["valid", "new", "h"], ["h_out"]),
              h.make_node("Where", ["valid", "new", "zero" if output_old == "zeros" else "h"], ["y"]),
              h.make_node("Add", ["c", "one"], ["c_out"])]
-    inits = [nh.from_array(np.array([1], np.int64), "one_axis"), nh.from_array(np.int64(1), "one"),
+    inits = [nh.from_array(np.array([1], np.int64), "one_axis"), nh.from_array(np.array(1, np_counter), "one"),
              nh.from_array(np.zeros([1, H_], np.float32), "zero")]
-    body = h.make_graph(nodes, "masked", [vi("c", TP.INT64, []), vi("h", TP.FLOAT, ["batch", H_]),
+    body = h.make_graph(nodes, "masked", [vi("c", counter, []), vi("h", TP.FLOAT, ["batch", H_]),
                                           vi("x", TP.FLOAT, ["batch", I_])],
-                        [vi("c_out", TP.INT64, []), vi("h_out", TP.FLOAT, ["batch", H_]),
+                        [vi("c_out", counter, []), vi("h_out", TP.FLOAT, ["batch", H_]),
                          vi("y", TP.FLOAT, ["batch", H_])], initializer=inits)
     scan = h.make_node("Scan", ["c0", "h0", "X"], ["c_n", "h_n", "Y"], name="masked_scan", num_scan_inputs=1,
                        body=body, scan_input_directions=[int(reverse)])
-    graph = h.make_graph([scan], "g", [vi("X", TP.FLOAT, ["seq", "batch", I_]), vi("lens", TP.INT64, [lens_batch]),
+    graph = h.make_graph([scan], "g", [vi("X", TP.FLOAT, ["seq", "batch", I_]), vi("lens", counter, [lens_batch]),
                                        vi("h0", TP.FLOAT, ["batch", H_])],
                          [vi("h_n", TP.FLOAT, ["batch", H_]), vi("Y", TP.FLOAT, ["seq", "batch", H_])],
-                         initializer=[nh.from_array(W, "W"), nh.from_array(R, "R"), nh.from_array(np.int64(0), "c0")])
+                         initializer=[nh.from_array(W, "W"), nh.from_array(R, "R"), nh.from_array(np.array(0, np_counter), "c0")])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
@@ -408,6 +414,9 @@ def test_a_where_step_mask_by_hand_fuses_with_sequence_lens(lens_batch):
 @pytest.mark.parametrize("kwargs, reason", [
     ({"reverse": True}, "a reverse scan masked by per-item lengths"),
     ({"output_old": "state"}, "past the length, not zeros"),
+    ({"lift": False}, "reads the step counter other than as a select by the mask"),  # [B] mask: broadcasts along H
+    ({"counter": TP.FLOAT}, "not integers"),
+    ({"counter_in_cell": True}, "reads the step counter besides the mask"),
 ])
 def test_where_step_masks_the_native_op_cannot_take_are_declined(kwargs, reason):
     assert reason in cb.declined(_where_masked_rnn(**kwargs))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import is_op
+from scanopt.graph import dtype_of, is_op
 from scanopt.passes.fuse.algebra import producer, resolve
 
 _COMPARE = {  # op -> (counter operand index, valid when the comparison is true)
@@ -61,12 +61,18 @@ def read_lengths(node: gs.Node, n_states: int, folder, rank) -> Lengths | None:
     if found is None:
         return None
     k, (lens, compare) = found
+    dtype = dtype_of(lens)
+    if dtype is None or dtype.kind not in "iu":
+        raise NotLengths(f"the lengths '{lens.name}' are {dtype}, not integers (a fractional length masks "
+                         "up to its ceiling)")
     start = folder.value(node.inputs[k])
-    if start is None or start.size != 1 or int(start.reshape(-1)[0]) != 0:
+    if start is None or start.size != 1 or start.ndim > 1 or int(start.reshape(-1)[0]) != 0:
         raise NotLengths(f"the step counter '{ins[k].name}' compared with '{lens.name}' does not provably start at 0")
     step = producer(resolve(outs[k]))
     if step is None or not is_op(step, "Add") or not _adds_one(step, ins[k], folder):
         raise NotLengths(f"the step counter '{ins[k].name}' does not provably count by 1 per step")
+    if any(not is_op(t, "Identity") or any(o.outputs for o in t.outputs) for t in step.outputs[0].outputs):
+        raise NotLengths(f"the step counter's next value '{step.outputs[0].name}' is read in the body")
     if rank(lens) != 1:
         raise NotLengths(f"the lengths '{lens.name}' are not a vector [B] (rank {rank(lens)})")
     unmasked: dict[int, gs.Tensor] = {}
@@ -75,10 +81,13 @@ def read_lengths(node: gs.Node, n_states: int, folder, rank) -> Lengths | None:
             continue
         sel = _select(resolve(out), compare, folder)
         if sel is None:
-            if i < n_states and _reads(resolve(out), compare):
-                raise NotLengths(f"state {i} reads the step mask other than as a select")
+            if _reads(resolve(out), ins[k]):
+                raise NotLengths(f"{'state' if i < n_states else 'scan output'} {i if i < n_states else i - n_states} "
+                                 "reads the step counter other than as a select by the mask")
             continue
         new, old = sel
+        if _reads(new, ins[k]):
+            raise NotLengths(f"'{new.name}' reads the step counter besides the mask")
         if i < n_states and resolve(old) is not ins[i]:
             raise NotLengths(f"state {i} keeps '{old.name}' past the length, not its own value: "
                              "the native op keeps the last valid step's state")
@@ -134,19 +143,23 @@ def _valid(tensor: gs.Tensor, compare: gs.Node) -> bool | None:
 
 
 def _lifted(tensor: gs.Tensor, folder) -> bool:
-    """Every Reshape/Unsqueeze on the way from the mask keeps it [B] or makes it [B, 1]."""
+    """The way from the comparison [B] to ``tensor`` lifts it to [B, 1] exactly once (a
+    Reshape to [-1, 1] or an Unsqueeze at 1): a [B] mask would broadcast along H instead."""
+    lifts = 0
     node = producer(tensor)
     while node is not None and not node.op.startswith(("Less", "Greater")):
         if is_op(node, "Reshape"):
             shape = folder.value(node.inputs[1])
             if shape is None or list(shape.reshape(-1)) != [-1, 1]:
                 return False
+            lifts += 1
         elif is_op(node, "Unsqueeze"):
             axes = node.attrs.get("axes") if len(node.inputs) < 2 else folder.value(node.inputs[1])
             if axes is None or [int(a) for a in np.reshape(axes, -1)] not in ([1], [-1]):
                 return False
+            lifts += 1
         node = producer(node.inputs[0])
-    return True
+    return lifts == 1
 
 
 def _select(tensor: gs.Tensor, compare: gs.Node, folder):
@@ -183,15 +196,16 @@ def _masked_term(tensor: gs.Tensor, compare: gs.Node, folder):
     return None
 
 
-def _reads(tensor: gs.Tensor, compare: gs.Node) -> bool:
-    """``tensor`` depends on the comparison (within the body)."""
+def _reads(tensor: gs.Tensor, counter: gs.Tensor) -> bool:
+    """``tensor`` depends on the step counter (within the body)."""
     seen, todo = set(), [tensor]
     while todo:
-        node = producer(todo.pop())
+        t = todo.pop()
+        if t is counter:
+            return True
+        node = producer(t)
         if node is None or id(node) in seen:
             continue
-        if node is compare:
-            return True
         seen.add(id(node))
         todo.extend(node.inputs)
     return False
