@@ -137,7 +137,12 @@ class Body:
             return self.op("Split", value, sizes, outputs=parts, axis=axis)
         outs = []
         for k in range(parts):
-            c = [self.const(np.array([v], np.int64), "s", where="body") for v in (k * self.H, (k + 1) * self.H, -1)]
+            if how.startswith("strided"):  # tf2onnx's strided_slice h[:, a:b]: axes [0, 1], the batch end INT32_MAX
+                rows = 2**31 - 1 if how == "strided" else 2  # "strided_rows": only the first 2 rows
+                bounds = ([0, k * self.H], [rows, (k + 1) * self.H], [0, 1])
+                c = [self.const(np.array(v, np.int64), "s", where="body") for v in bounds]
+            else:
+                c = [self.const(np.array([v], np.int64), "s", where="body") for v in (k * self.H, (k + 1) * self.H, -1)]
             outs.append(self.op("Slice", value, *c))
         return outs
 
@@ -522,9 +527,11 @@ def concat_lstm_native(seed=0, forget_bias=1.0, H=H, I=I):
                         np.concatenate([np.concatenate([b[g] for g in order]), np.zeros(4 * H)]))
 
 
-def keras_gru(body, x, hs, seed=0, bias_cut="gather"):
+def keras_gru(body, x, hs, seed=0, bias_cut="gather", rec_cut="split"):
     """Keras GRU with reset_after=True: kernel [I, 3H], recurrent_kernel [H, 3H] in gate order
-    z, r, h and one packed bias [2, 3H] (input row, recurrent row); h' = z⊙h + (1-z)⊙hh."""
+    z, r, h and one packed bias [2, 3H] (input row, recurrent row); h' = z⊙h + (1-z)⊙hh.
+    ``rec_cut``: how the recurrent gates are cut (:meth:`Body.split`; Keras 3 through tf2onnx:
+    "strided")."""
     H, I = body.H, body.I
     W, R = rand(seed, 3 * H, I), rand(seed + 1, 3 * H, H)
     bias = rand(seed + 2, 2, 3 * H)
@@ -536,7 +543,8 @@ def keras_gru(body, x, hs, seed=0, bias_cut="gather"):
         rows = body.split_rows(packed)
         b_in, b_rec = (body.op("Squeeze", r, body.const(np.array([0], np.int64), "ax", where="body")) for r in rows)
     xz, xr, xh = body.split(body.op("Add", body.op("MatMul", x, body.const(W.T.copy(), "kernel")), b_in), 3)
-    hz, hr, hh = body.split(body.op("Add", body.op("MatMul", hs, body.const(R.T.copy(), "rkernel")), b_rec), 3)
+    hz, hr, hh = body.split(body.op("Add", body.op("MatMul", hs, body.const(R.T.copy(), "rkernel")), b_rec), 3,
+                            how=rec_cut)
     z = body.op("Sigmoid", body.op("Add", xz, hz))
     r = body.op("Sigmoid", body.op("Add", xr, hr))
     cand = body.op("Tanh", body.op("Add", xh, body.op("Mul", r, hh)))

@@ -86,11 +86,20 @@ def test_concat_lstm_tf1_basic_lstm_cell_with_forget_bias():
     _check(_model(lambda b_: cb.concat_lstm(b_, "x", "h", "c"), "LSTM"), "LSTM", cb.concat_lstm_native())
 
 
-@pytest.mark.parametrize("bias_cut", ["gather", "split"])
-def test_keras_gru_reset_after_with_a_packed_bias(bias_cut):
+@pytest.mark.parametrize("bias_cut, rec_cut", [("gather", "split"), ("split", "split"), ("gather", "strided")])
+def test_keras_gru_reset_after_with_a_packed_bias(bias_cut, rec_cut):
+    """``strided``: Keras 3 through tf2onnx cuts the recurrent gates with TF's ``h[:, a:b]``,
+    a Slice over axes [0, 1] whose batch end is INT32_MAX (whole)."""
     W, R, bias = R_(0, 3 * H, I), R_(1, 3 * H, H), R_(2, 2, 3 * H)
     native = cb.native_model("GRU", W, R, bias.reshape(-1), linear_before_reset=1)
-    _check(_model(lambda b: cb.keras_gru(b, "x", "h", bias_cut=bias_cut), "GRU"), "GRU", native, linear_before_reset=1)
+    model = _model(lambda b: cb.keras_gru(b, "x", "h", bias_cut=bias_cut, rec_cut=rec_cut), "GRU")
+    _check(model, "GRU", native, linear_before_reset=1)
+
+
+def test_a_slice_that_also_cuts_batch_rows_is_declined():
+    """The same Slice keeping only the first 2 batch rows is not a gate cut."""
+    model = _model(lambda b: cb.keras_gru(b, "x", "h", rec_cut="strided_rows"), "GRU")
+    assert "does not cut the last axis alone" in cb.declined(model)
 
 
 @pytest.mark.parametrize("write", ["input", "forget"])

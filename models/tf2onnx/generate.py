@@ -107,6 +107,11 @@ def build(kind: str):
         elif kind == "tanh_lens":  # per-item lengths: TF zeroes outputs past each and keeps the state
             lens = v1.placeholder(tf.int32, [None], name="lens")
             out, state = v1.nn.dynamic_rnn(ConcatCell(H, tf.tanh, 1), x, sequence_length=lens, dtype=tf.float32)
+        elif kind in ("gru_lens", "lstm_lens"):  # the same masks around a GRU / an LSTM state tuple
+            lens = v1.placeholder(tf.int32, [None], name="lens")
+            cell = ConcatGruCell(H, 9) if kind == "gru_lens" else ConcatLstmCell(H, 10)
+            out, state = v1.nn.dynamic_rnn(cell, x, sequence_length=lens, dtype=tf.float32)
+            state = state if kind == "gru_lens" else state.h
         elif kind == "lstm_bidi":
             fw, bw = ConcatLstmCell(H, 7), ConcatLstmCell(H, 8)
             (o_fw, o_bw), (s_fw, s_bw) = v1.nn.bidirectional_dynamic_rnn(fw, bw, x, dtype=tf.float32)
@@ -138,6 +143,8 @@ SAMPLES = {  # name: (cell kind, opset)
     "bidirectional_dynamic_rnn": ("bidi", 13),
     "bidirectional_dynamic_rnn_lstm": ("lstm_bidi", 13),
     "dynamic_rnn_concat_tanh_lengths": ("tanh_lens", 13),
+    "dynamic_rnn_concat_gru_lengths": ("gru_lens", 13),
+    "dynamic_rnn_concat_lstm_lengths": ("lstm_lens", 13),
     "dynamic_rnn_concat_tanh_opset8": ("tanh", 8),
 }
 
@@ -152,7 +159,7 @@ def generate(name, kind, opset):
         names = {op.name + ":0" for op in graph.get_operations()}
         feeds = {"x:0": xs} if "h0:0" not in names else {"x:0": xs, "h0:0": h0}
         if "lens:0" in names:
-            feeds["lens:0"] = np.array([T, 2, 4], np.int32)
+            feeds["lens:0"] = np.array([T, 2, 4] if kind == "tanh_lens" else [T, 0, 3], np.int32)  # 0: no step
         y, h_n = sess.run(["y:0", "h_n:0"], feeds)
         frozen = v1.graph_util.convert_variables_to_constants(sess, graph.as_graph_def(), ["y", "h_n"])
     model, _ = tf2onnx.convert.from_graph_def(frozen, input_names=list(feeds), output_names=["y:0", "h_n:0"],

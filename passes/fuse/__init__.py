@@ -27,6 +27,10 @@ per gate into several scan inputs; scanopt's hoist writes them) are read through
 batch sizes of X and the initial states cannot be proven equal, both are expanded to their
 common batch at run time, which is what the Scan computes whenever it runs.
 
+A body that masks its steps by per-item lengths (TF1 ``dynamic_rnn`` with ``sequence_length``:
+a step counter compared against an outer vector, states kept and outputs zeroed past it) is
+fused with those lengths, clipped to [0, T], as the native op's sequence_lens (``lengths``).
+
 Declines (with the reason) anything else: other scan outputs, a non-float32 cell (a float16
 Scan rounds each op and the state to float16 per step, which no native op reproduces),
 ThresholdedRelu (the op zeroes x == alpha, the recurrent activation keeps it), linear
@@ -39,7 +43,7 @@ direction of the native op, bidirectional partners), ``reversal`` (X reversed ou
 around the native op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as
 polynomials), ``cuts`` (last-axis cuts), ``layout`` (nodes that keep last-axis rows),
 ``recognize`` with ``reader``/``gru``/``lstm`` (cells, Affine included), ``cell`` and ``linear``
-(their terms), ``projection`` (scan inputs computed as X·W + b outside).
+(their terms), ``projection`` (scan inputs computed as X·W + b outside), ``lengths`` (step masks as sequence_lens).
 """
 
 from scanopt.passes.fuse.fuse_pass import Fuse

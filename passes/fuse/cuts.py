@@ -27,7 +27,7 @@ def column_range(alg, node: gs.Node, out: gs.Tensor, width: int | None) -> tuple
         index = next(i for i, t in enumerate(node.outputs) if t is out)
         start = sum(sizes[:index])
         return start, start + sizes[index]
-    starts, ends, axes, steps = _slice_args(alg, node)
+    starts, ends, axes, steps = _without_whole_axes(alg, data, *_slice_args(alg, node))
     if len(starts) != 1 or not alg.is_last_axis(data, axes[0] if axes else 0):
         raise NoMatch(f"Slice '{node.name}' does not cut the last axis alone")
     if steps and steps[0] != 1:
@@ -88,6 +88,24 @@ def _split_sizes(alg, node: gs.Node, width: int | None) -> list[int]:
     if n * chunk != width and "num_outputs" not in node.attrs:
         raise NoMatch(f"Split '{node.name}' cannot cut {width} into {n} equal parts")
     return [min(chunk, width - i * chunk) for i in range(n)]
+
+
+INT32_MAX = 2**31 - 1
+
+
+def _without_whole_axes(alg, data, starts, ends, axes, steps):
+    """The Slice's entries minus those that keep a leading axis whole: start 0, step 1, end at
+    least INT32_MAX (tf2onnx writes TF's ``strided_slice`` ``h[:, a:b]`` as Slice over axes [0, 1]
+    with ends [INT32_MAX, b]; whole for every axis shorter than 2**31 - 1, which a float
+    tensor [B, 3H] stays below by 8 GiB per column)."""
+    axes = list(range(len(starts))) if axes is None else list(axes)
+    keep = [k for k, axis in enumerate(axes)
+            if alg.is_last_axis(data, axis) or not (starts[k] == 0 and ends[k] >= INT32_MAX
+                                                    and (steps is None or steps[k] == 1))]
+    if len(keep) == len(axes):
+        return starts, ends, axes, steps
+    return ([starts[k] for k in keep], [ends[k] for k in keep], [axes[k] for k in keep],
+            None if steps is None else [steps[k] for k in keep])
 
 
 def _slice_args(alg, node: gs.Node):

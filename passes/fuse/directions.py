@@ -8,11 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from scanopt.constexpr import ConstantFolder
+
 from scanopt.errors import ScanoptError
 from scanopt.graph import dtype_of, is_op, node_label
 from scanopt.pass_api import Match, Skip
 from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
+from scanopt.passes.fuse.lengths import NotLengths, read_lengths
 from scanopt.passes.fuse.poly import NoMatch
 from scanopt.passes.fuse.projection import flipped, is_reversal_of, projected_inputs, projection_readers, projects
 from scanopt.passes.fuse.recognize import recognize
@@ -35,6 +38,7 @@ class Direction:
     notes: tuple[str, ...] = ()  # for the report
     broadcast: bool = False  # batch sizes of X and the states not proven equal: expand them to the common one
     batch_of_one: bool = False  # a Scan-8 over a batch of one whose body holds the real batch (tf2onnx opset 8)
+    lengths: gs.Tensor | None = None  # per-item lengths the body masks its steps with (passes.fuse.lengths)
 
     @property
     def x(self) -> gs.Tensor:
@@ -78,33 +82,50 @@ def _direction(node, view, level, ctx, folder=None):
         return Skip(f"the scan input is {dtype_of(x)}; only float32 cells are fused ({_dtype_reason(dtype_of(x))})")
     if proj is not None:
         x = proj.x
-    ins, outs = body.inputs[:n], body.outputs[:n]
-    invariant = [i for i in range(n) if resolve(outs[i]) is ins[i]]
-    recurrent = [i for i in range(n) if i not in invariant]
+    lengths = None
+    if not view.batched and proj is None:
+        try:
+            lengths = read_lengths(node, n, folder or ConstantFolder(ctx.opset), ctx.shapes.rank)
+        except NotLengths as exc:
+            return Skip(f"not fused: {exc}")
+    unmasked = lengths.unmasked if lengths else {}
+    ins = body.inputs[:n]
+    outs = [unmasked.get(i, o) for i, o in enumerate(body.outputs[:n])]
+    counter = lengths.counter if lengths else None
+    invariant = [i for i in range(n) if i != counter and resolve(outs[i]) is ins[i]]
+    recurrent = [i for i in range(n) if i not in invariant and i != counter]
+    if lengths and any(i not in unmasked for i in recurrent):
+        return Skip("not fused: a recurrent state is not masked by the per-item lengths the others are")
     try:
         seeds = () if proj is None else tuple((t, proj.seeds[id(t)]) for t in body.inputs[n:] if id(t) in proj.seeds)
         cell = recognize(x, [(ins[i], outs[i]) for i in recurrent], ctx.shapes.rank, body, folder, seeds)
     except NoMatch as exc:
         return Skip(f"not fused: {exc}")
     roles = {id(cell.h): "h", id(cell.c): "c"}
-    states = [("invariant", i) if i in invariant else (roles[id(ins[i])], i) for i in range(n)]
+    states = [("counter", i) if i == counter else ("invariant", i) if i in invariant else (roles[id(ins[i])], i)
+              for i in range(n)]
     h_out = resolve(outs[next(i for kind, i in states if kind == "h")])
     c_out = resolve(outs[next(i for kind, i in states if kind == "c")]) if cell.c is not None else None
     for k, y in enumerate(body.outputs[n:]):
+        if lengths and n + k not in unmasked:
+            return Skip(f"not fused: scan output {k} is not zeroed past the per-item lengths; the native op's Y is")
+        y = unmasked.get(n + k, y)
         if resolve(y) is c_out:
             return Skip(f"scan output {k} is the cell state; LSTM's Y holds only the hidden state")
         if resolve(y) is not h_out:
             return Skip(f"scan output {k} is {describe(resolve(y))}, not the hidden state; the native op cannot produce it")
 
     rank = ctx.shapes.rank(x)
-    state_ranks = {ctx.shapes.rank(ins[i]) for kind, i in states if kind != "invariant"}
+    state_ranks = {ctx.shapes.rank(ins[i]) for kind, i in states if kind not in ("invariant", "counter")}
     one = view.batched and rank == 2 and state_ranks == {2} and _batch_of_one(node, view, ctx, states)
     if rank not in (1, 2) or state_ranks != {rank} or (view.batched and rank != 1 and not one):
         return Skip(f"x has rank {rank} and the states {sorted(state_ranks, key=str)} in the body; "
                     "fused are [B, I] with [B, H] and [I] with [H] (Scan-8: [I] with [H])")
     top = level.parents[0] if level.parents else level.graph
     reverse = bool(view.input_directions[0])
-    finals_read = any(is_read(node.outputs[i], top) for kind, i in states if kind != "invariant")
+    finals_read = any(is_read(node.outputs[i], top) for kind, i in states if kind not in ("invariant", "counter"))
+    if lengths:
+        return _masked_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, lengths)
     ys_read = any(is_read(t, top) for t in node.outputs[n:])
     if one:  # Scan-8 over X [1, T, B, I]: a Scan-9 over X[0] [T, B, I] with states [B, H]
         found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
@@ -123,6 +144,37 @@ def _direction(node, view, level, ctx, folder=None):
     return _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
 
 
+def _masked_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, lengths):
+    """A Scan-9+ whose body masks its steps by per-item lengths: forward only, the counter's
+    final value unread; final states of length-0 items keep the initial state ("lens" guard)."""
+    if is_read(node.outputs[lengths.counter], top):
+        return Skip("not fused: the step counter's final value is read; the native op does not produce it")
+    rank = ctx.shapes.rank(node.attrs["body"].inputs[view.num_states])
+    if rank != 2:
+        return Skip(f"not fused: per-item lengths need a batch axis; x has rank {rank} in the body")
+    found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top)
+    if isinstance(found, Skip):
+        return found
+    d, batched, in_axis = found
+    if d.reverse:
+        return Skip("not fused: a reverse scan masked by per-item lengths (the native reverse op starts at each "
+                    "length, the Scan at T)")
+    batch_axis = 1 if in_axis == 0 else 0
+    if not ctx.shapes.dims.same((node.inputs[-1].name, batch_axis), (lengths.lens.name, 0)):
+        if ctx.opset < 10:
+            return Skip(f"not fused: cannot prove the batch size of the lengths '{lengths.lens.name}' equal to X's; "
+                        "expanding them to a common batch needs opset 10 for the zero-length case")
+        d.broadcast = True
+        d.notes = d.notes + (f"batch size of the lengths '{lengths.lens.name}' not proven equal to X's: "
+                             "X, lengths and initial states expanded to their common batch",)
+    if ctx.opset < 12:
+        return Skip("not fused: clipping the per-item lengths to [0, T] needs integer Min/Max (opset 12)")
+    d.lengths = lengths.lens
+    d.guard = "lens" if finals_read else None
+    d.notes = d.notes + ("per-item lengths from the body's step mask",)
+    return d, batched, in_axis
+
+
 def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj=None):
     """The Scan-9+ part of :func:`_direction` (also a Scan-8 over a batch of one, read as
     the Scan-9 over its only item: X [T, B, I] with states [B, H], all axes 0)."""
@@ -130,7 +182,7 @@ def _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, 
     rank = ctx.shapes.rank(node.attrs["body"].inputs[n])
     broadcast: tuple[str, ...] | Skip = ()
     if rank == 2:
-        positions = [i for kind, i in states if kind != "invariant"]
+        positions = [i for kind, i in states if kind not in ("invariant", "counter")]
         problem = _batch_problem_of_one(node, ctx, positions) if one else _batch_problem(node, view, ctx, positions)
         if problem:
             broadcast = _broadcast_batches(problem, _guard(finals_read, view), ctx.opset)
@@ -189,7 +241,7 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None, re
         if ("fuse", node_label(other)) in ctx.denied:
             continue
         found = _direction(other, view, level, ctx, folder)
-        if isinstance(found, Skip):
+        if isinstance(found, Skip) or found[0].lengths is not None or direction.lengths is not None:
             continue
         d, _, axis = found
         a, c = direction.cell, d.cell

@@ -101,11 +101,18 @@ class Fuse(ScanPass):
             return emit.weight(f"{kind}_{name}", [(of(d.cell), d.outer) for d in plan.dirs])
 
         inputs = [xn, weight("W", lambda c: c.W), weight("R", lambda c: c.R), weight("B", lambda c: c.B)]
-        inputs.append(emit.cast_int32(plan.sequence_lens) if plan.sequence_lens is not None else gs.Variable.empty())
+        lens = plan.sequence_lens
+        batch_axis = 1 - plan.layout  # X [T, B, I] and states [D, B, H]; layout 1: [B, T, I], [B, D, H]
+        if first.lengths is not None:  # the body's step mask (passes.fuse.lengths)
+            lens = emit.clipped_lengths(first.lengths, xn, plan.layout)
+            if first.broadcast:
+                inputs[0] = emit.expand_batch(inputs[0], batch_axis, 3, emit.batch_size(lens, 0))
         parts = initial("h") + (initial("c") if kind == "LSTM" else [])  # per state kind, per direction
         if any(d.broadcast for d in plan.dirs):  # each direction's states at X's batch before they meet
-            batch_axis = 1 - plan.layout  # X [T, B, I] and states [D, B, H]; layout 1: [B, T, I], [B, D, H]
             inputs[0], parts = emit.common_batch(inputs[0], parts, batch_axis, batch_axis)
+            if first.lengths is not None:
+                lens = emit.op("Expand", [lens, emit.batch_size(inputs[0], batch_axis)])
+        inputs.append(emit.cast_int32(lens) if lens is not None else gs.Variable.empty())
         for k in range(0, len(parts), n_dirs):
             inputs.append(parts[k] if n_dirs == 1 else b.op("Concat", parts[k:k + n_dirs], axis=dir_axis))
         if kind == "LSTM":
@@ -124,7 +131,7 @@ class Fuse(ScanPass):
         b.op(kind, inputs, outputs=outs, **attrs)
 
         for index, d in enumerate(plan.dirs):
-            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item)
+            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens)
             rebind_outputs(d.node, values, graph)
         if not is_topologically_sorted(graph):  # new nodes were appended after the Scan's readers
             graph.toposort(recurse_subgraphs=False)
@@ -134,23 +141,26 @@ class Fuse(ScanPass):
         return (f"fused into {kind} (hidden {cell.hidden}, input {cell.input_size}, {where}{merged}, activations "
                 f"{', '.join(str(a) for d in plan.dirs for a in d.cell.activations)}"
                 + (f", clip {cell.clip:g}" if cell.clip is not None else "")
-                + (", sequence_lens" if plan.sequence_lens is not None else "") + (f", {notes}" if notes else "") + ")")
+                + (", sequence_lens" if lens is not None else "") + (f", {notes}" if notes else "") + ")")
 
     @staticmethod
-    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item):
+    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens):
         """New values for one Scan's outputs, taken from the shared native outputs (a Scan-8
         over a batch of one gets that batch axis back; ``item``: its initial states without it)."""
-        values = Fuse._item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item)
+        values = Fuse._item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens)
         if not d.batch_of_one:
             return values
         return [v if v is None or (k < len(d.states) and d.states[k][0] == "invariant") else emit.unsqueeze(v, [0])
                 for k, v in enumerate(values)]
 
     @staticmethod
-    def _item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item):
+    def _item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens):
         node, values = d.node, []
         for kind_, i in d.states:
             t = node.outputs[i]
+            if kind_ == "counter":  # unread (directions._masked_direction)
+                values.append(None)
+                continue
             if kind_ == "invariant":
                 values.append(node.inputs[d.first + i] if is_read(t, top) else None)
                 continue
@@ -168,7 +178,11 @@ class Fuse(ScanPass):
                 if d.broadcast:
                     v = emit.initial_batch_if_empty(v, start, x, plan.in_axis)
             elif d.guard == "lens":
-                v = emit.keep_initial_where_length_0(v, node.inputs[d.first + i], plan.sequence_lens)
+                start = node.inputs[d.first + i]
+                v = emit.keep_initial_where_length_0(v, start, lens)
+                if d.broadcast:  # zero steps: the Scan returns the initial state at its own batch
+                    v = emit.initial_batch_if_empty(emit.keep_initial_if_empty(v, start, x, plan.in_axis), start, x,
+                                                    plan.in_axis)
             values.append(v)
         ys = node.outputs[len(d.states):]
         if not any(is_read(t, top) for t in ys):

@@ -120,20 +120,29 @@ class FuseEmitter(Emitter):
         """``x`` and ``states`` expanded along their batch axes to the batch they broadcast to
         (each by the others' sizes): exactly the values a Scan broadcasting a size-1 batch
         computes with, and copies when the sizes are equal."""
-        def size(t, axis):
-            return self.op("Gather", [self.op("Shape", [t]), self._const("batch_axis", np.array([axis], np.int64))],
-                           axis=0)
-
-        def expand(t, axis, rank, by):
-            ones = self._const("ones", np.ones(axis, np.int64)) if axis else None
-            tail = self._const("ones", np.ones(rank - axis - 1, np.int64))
-            shape = self.op("Concat", ([ones] if ones is not None else []) + [by, tail], axis=0)
-            return self.op("Expand", [t, shape])
-
         for s in states:
-            x = expand(x, x_axis, 3, size(s, state_axis))
-        batch = size(x, x_axis)
-        return x, [expand(s, state_axis, 3, batch) for s in states]
+            x = self.expand_batch(x, x_axis, 3, self.batch_size(s, state_axis))
+        batch = self.batch_size(x, x_axis)
+        return x, [self.expand_batch(s, state_axis, 3, batch) for s in states]
+
+    def batch_size(self, t, axis):
+        """``t``'s size along ``axis`` as int64 [1]."""
+        return self.op("Gather", [self.op("Shape", [t]), self._const("batch_axis", np.array([axis], np.int64))], axis=0)
+
+    def expand_batch(self, t, axis, rank, by):
+        """``t`` (of ``rank``) expanded along ``axis`` by the size ``by`` (int64 [1])."""
+        ones = self._const("ones", np.ones(axis, np.int64)) if axis else None
+        tail = self._const("ones", np.ones(rank - axis - 1, np.int64))
+        shape = self.op("Concat", ([ones] if ones is not None else []) + [by, tail], axis=0)
+        return self.op("Expand", [t, shape])
+
+    def clipped_lengths(self, lens, x, time_axis):
+        """Per-item lengths as int64 clipped to [0, T] (T: ``x``'s size on ``time_axis``): a body
+        mask ``step < len`` keeps every step of a longer item and none of a negative one, while
+        the native ops take lengths inside [0, T] (integer Min/Max: opset 12)."""
+        lens = self.op("Cast", [lens], to=onnx.TensorProto.INT64)
+        lens = self.op("Min", [lens, self.batch_size(x, time_axis)])
+        return self.op("Max", [lens, self._const("zero", np.array([0], np.int64))])
 
     def initial_batch_if_empty(self, final, initial, x, axis):
         """``final`` (a state selected by :meth:`keep_initial_if_empty` after the batches were
