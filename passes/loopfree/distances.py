@@ -95,8 +95,8 @@ class GemmDistances(ScanPass):
             for dead in ranking[1]:
                 graph.nodes.remove(dead)
             added = place_appended(graph, position, start - 1 - len(ranking[1]))
-            return (f"pairwise squared distances ranked by one matrix product ‖x‖² − 2·q·x: TopK reads only the "
-                    f"order (its values unused), so ‖q‖², the clamp and the Sqrt go ({added} nodes, no Scan left)")
+            return (f"pairwise squared distances ranked by one matrix product ‖x‖² − 2·q·x: TopK reads only "
+                    f"the order (its values unused), so ‖q‖², the clamp and the Sqrt go ({added} nodes, no Scan left)")
         squared = emit_distances(e, rows, queries, dtype)
         rebind_outputs(node, list(node.inputs[:n]) + [from_processing_order(e, squared, view, 0, 1)], graph)
         added = place_appended(graph, position, start - 1)
