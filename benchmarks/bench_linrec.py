@@ -9,7 +9,8 @@ T <= 64" rows). Timing: thread CPU time (``time.thread_time``) of ``session.run`
 intra-op thread, the two sessions interleaved run by run; the median over the runs and the
 spread (interquartile range as % of the median). The A/A row times the Scan against a second
 session of itself: its ratio is the noise floor. ratio = Scan / rewritten (above 1: faster).
-Outputs are compared first (max abs difference printed). ``--chunks`` times the chunked form at
+The rewrite is the pass's own form (tuning off). Outputs are compared first (max abs
+difference printed). ``--chunks`` times the chunked form at
 several chunk lengths instead (how DEFAULT_CHUNK was chosen). ``knn`` rows: skl2onnx
 KNeighborsRegressor (k=5, 2,000 training rows of 10 features, needs skl2onnx and scikit-learn)
 at 1 and 64 queries, the `distances` GEMM form and vectorize's broadcast form against the Scan.
@@ -92,7 +93,9 @@ def row(label: str, model, optimized, seconds: float, feeds=None) -> str:
 
 
 def rewrite(model, **options):
-    optimized, report = scanopt.optimize(model, verify=False, options=options)
+    """The pass's own form: tuning off, so a timing under load does not quietly keep the loop
+    (the rows would then time the Scan against itself)."""
+    optimized, report = scanopt.optimize(model, verify=False, options={"tune": False, **options})
     details = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
     return optimized, (details[0] if details else "not applied")
 

@@ -129,3 +129,56 @@ def test_declines():
     m.graph.node[0].attribute.append(h.make_attribute("scan_input_directions", [1]))
     _, outcomes = distances(m)
     assert "reverse scan input" in outcomes[0][1]
+
+
+# ---------------------------------------------------------------- TopK reading only the order
+def ranking_model(rows: np.ndarray, k: int, sqrt: bool = True) -> onnx.ModelProto:
+    """knn_model with TopK's values read by nobody (only the neighbours' indices are an
+    output), as skl2onnx's uniform KNN regressor and classifier are; ``sqrt`` False: the
+    sqeuclidean metric (no Sqrt)."""
+    m = knn_model(rows, k=k)
+    del m.graph.output[0]  # values
+    if not sqrt:
+        nodes = [n for n in m.graph.node if n.op_type != "Sqrt"]
+        nodes[-1].input[0] = "Dt"
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
+    return m
+
+
+@pytest.mark.parametrize("sqrt", [True, False])
+def test_topk_indices_only_rank_without_the_clamp_and_sqrt(sqrt):
+    rows = np.random.default_rng(4).standard_normal((300, 7)).astype(np.float32)
+    m = ranking_model(rows, k=5, sqrt=sqrt)
+    out, outcomes = distances(m)
+    assert outcomes[0][0] and "ranked by one matrix product" in outcomes[0][1], outcomes
+    assert not {"Scan", "Sqrt", "Relu"} & set(ops(out)), ops(out)
+    assert_equivalent(m, out)
+    x = np.random.default_rng(5).standard_normal((40, 7)).astype(np.float32)
+    np.testing.assert_array_equal(run(out, {"X": x})["indices"], run(m, {"X": x})["indices"])
+
+
+def test_ranking_keeps_exact_ties_in_the_loops_order():
+    """Duplicate training rows: ‖x‖² − 2·q·x is computed alike for each copy, so the tie stays
+    exact and TopK keeps the lower index first, as the loop does."""
+    rng = np.random.default_rng(6)
+    base = rng.standard_normal((6, 5)).astype(np.float32)
+    rows = np.concatenate([base, base[::-1], base])
+    m = ranking_model(rows, k=9)
+    out, outcomes = distances(m)
+    assert "ranked" in outcomes[0][1], outcomes
+    x = rng.standard_normal((12, 5)).astype(np.float32)
+    np.testing.assert_array_equal(run(out, {"X": x})["indices"], run(m, {"X": x})["indices"])
+
+
+def test_exposed_distances_keep_the_clamped_form():
+    """TopK's values an output, or TopK taking the largest: the distances themselves are exposed
+    (or the pattern is another one), so ‖q‖², the clamp and the Sqrt stay."""
+    rows = np.random.default_rng(7).standard_normal((20, 4)).astype(np.float32)
+    for m in (knn_model(rows), ranking_model(rows, k=3)):
+        if m.graph.output[0].name == "indices":
+            m.graph.node[-1].attribute[0].i = 1  # largest=1
+            assert m.graph.node[-1].attribute[0].name == "largest"
+        out, outcomes = distances(m)
+        assert "clamped at 0" in outcomes[0][1] and "Relu" in ops(out), outcomes
+        assert_equivalent(m, out)

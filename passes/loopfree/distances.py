@@ -9,6 +9,11 @@ that is a broadcast Sub over [rows, queries, features]; the GEMM form is how sci
 computes euclidean distances itself, and 10-100x faster from a few queries on.
 Manhattan and Minkowski bodies (Abs, Pow) have no product form and stay broadcast.
 
+Where the distances reach only a ``TopK(smallest)`` whose values nobody reads (skl2onnx's
+uniform KNN regressor and classifier: Transpose, Sqrt, TopK, then only the indices), the order
+per query is all that is exposed: TopK reads ‖x‖² − 2·q·x directly (one Gemm), without ‖q‖²,
+the clamp and the Sqrt, which change no order but by merging near-ties.
+
 Numerics: the expansion cancels: a distance d comes out within about
 ``eps · (‖x‖² + ‖q‖²)`` of the loop's (eps of the dtype), so 0 for a query equal to a
 training row can come out as a tiny positive value (it is clamped at 0, never negative, so a
@@ -34,7 +39,7 @@ from scanopt.graph import GraphLevel, constant_value
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import LiftEmitter, from_processing_order, through_identity, value_dtype
 from scanopt.protos import in_default_domain
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.rewrite import Builder, consumers, is_graph_output, place_appended, rebind_outputs
 from scanopt.scan_view import ScanView
 
 
@@ -81,7 +86,18 @@ class GemmDistances(ScanPass):
         e = LiftEmitter(Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else ""), ctx.opset, steps=None)
         queries = node.inputs[match.query_state] if match.query_state is not None else match.queries
         rows = node.inputs[n]
-        squared = emit_distances(e, rows, queries, value_dtype(rows, ctx.shapes))
+        dtype = value_dtype(rows, ctx.shapes)
+        ranking = order_only_topk(node.outputs[n], graph)
+        if ranking is not None:  # only TopK's indices are read: the order of ‖x‖² − 2·q·x suffices
+            topk, _ = ranking
+            topk.inputs[0] = emit_order_scores(e, rows, queries, dtype)
+            rebind_outputs(node, list(node.inputs[:n]) + [None], graph)
+            for dead in ranking[1]:
+                graph.nodes.remove(dead)
+            added = place_appended(graph, position, start - 1 - len(ranking[1]))
+            return (f"pairwise squared distances ranked by one matrix product ‖x‖² − 2·q·x: TopK reads only "
+                    f"the order (its values unused), so ‖q‖², the clamp and the Sqrt go ({added} nodes, no Scan left)")
+        squared = emit_distances(e, rows, queries, dtype)
         rebind_outputs(node, list(node.inputs[:n]) + [from_processing_order(e, squared, view, 0, 1)], graph)
         added = place_appended(graph, position, start - 1)
         return f"pairwise squared distances as one matrix product, clamped at 0 ({added} nodes, no Scan left)"
@@ -143,6 +159,47 @@ def emit_distances(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> g
     squared = e.op("MatMul", [query_side, e.op("Transpose", [row_side], perm=[1, 0])])  # [Q, R]
     clamped = e.op("Relu", [squared])
     return e.op("Transpose", [clamped], perm=[1, 0])
+
+
+def order_only_topk(distances: gs.Tensor, graph: gs.Graph) -> tuple[gs.Node, list[gs.Node]] | None:
+    """(TopK, the nodes between it and the Scan) when the [rows, queries] distances are read only
+    by skl2onnx's ``Transpose → [Sqrt] → TopK(smallest, last axis)`` and TopK's values are read
+    by nobody: only the order per query is exposed, else None.
+
+    Sqrt and the clamp are monotone, ‖q‖² is the same along a query's row: none changes the
+    order but by merging values closer than the expansion's own rounding (near-ties, which may
+    already swap; exact ties of duplicate rows stay exact)."""
+    transpose = _only_reader(distances, graph)
+    if transpose is None or transpose.op != "Transpose" or list(transpose.attrs.get("perm", [])) != [1, 0]:
+        return None
+    chain = [transpose]
+    reader = _only_reader(transpose.outputs[0], graph)
+    if reader is not None and reader.op == "Sqrt":
+        chain.append(reader)
+        reader = _only_reader(reader.outputs[0], graph)
+    if reader is None or reader.op != "TopK" or reader.inputs[0] is not chain[-1].outputs[0]:
+        return None
+    values = reader.outputs[0]
+    if (int(reader.attrs.get("largest", 1)) != 0 or int(reader.attrs.get("axis", -1)) not in (-1, 1)
+            or consumers(values) or is_graph_output(values, graph)):
+        return None
+    return reader, chain
+
+
+def _only_reader(tensor: gs.Tensor, graph: gs.Graph) -> gs.Node | None:
+    """The one default-domain node of ``graph`` reading ``tensor``, which is no graph output."""
+    readers = consumers(tensor)
+    if len(readers) != 1 or is_graph_output(tensor, graph) or not any(readers[0] is x for x in graph.nodes):
+        return None
+    return readers[0] if in_default_domain(readers[0].domain) else None
+
+
+def emit_order_scores(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> gs.Tensor:
+    """[queries, rows] ‖x‖² − 2·q·x: a query's squared distances less its own ‖q‖², in the
+    same order. MatMul + a constant row, which onnxruntime fuses into one Gemm."""
+    scaled = e.op("Mul", [queries, e.const("minus_two", np.array(-2, dtype))])
+    product = e.op("MatMul", [scaled, e.op("Transpose", [rows], perm=[1, 0])])
+    return e.op("Add", [product, e.op("Transpose", [_sum_squares(e, rows, keep=1)], perm=[1, 0])])
 
 
 def _rows_by_one(e, x: gs.Tensor) -> gs.Tensor:

@@ -48,8 +48,8 @@ from scanopt.scan_view import ScanView
 DEFAULT_CHUNK = 16
 AUTO_CHUNK = 0
 DEFAULT_MIN_STEPS = 16
-# Per-step state elements above which the chunked form loses to the loop (bench_linrec: Mamba
-# [1, 64, 16] = 1,024 elements ~1.0x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
+# Per-step state elements above which the chunked form barely beats the loop (bench_linrec: Mamba
+# [1, 64, 16] = 1,024 elements 1.0-1.2x, a 64x64 matrix state 0.5x; EMA 128 and minGRU 64: 2-4x).
 DEFAULT_MAX_STATE = 512
 DEFAULT_ATTENTION_CHUNK = 64
 DEFAULT_FORM = "auto"
