@@ -210,9 +210,11 @@ class Report:
                 if o.applied or skips:
                     lines += _wrapped(f"  {o.pass_name:<13} {'applied' if o.applied else 'skipped'}: {_detail(o)}", " " * 16)
         known = {_key(s) for s in self.scans}
-        # other nodes (Loops, functions) have no summary of their own: their reasons always show
+        # other nodes (Loops, functions) have no summary of their own: what was done shows, and
+        # why not for one nothing was done to (a Loop that stays a Loop)
+        changed = {(o.node, o.path) for o in self.outcomes if o.applied}
         for o in self.outcomes:
-            if (o.node, o.path) not in known:
+            if (o.node, o.path) not in known and (o.applied or skips or (o.node, o.path) not in changed):
                 lines += _wrapped(f"{o.node}: {o.pass_name} {'applied' if o.applied else 'skipped'}: {_detail(o)}", "  ")
         return lines
 
