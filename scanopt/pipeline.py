@@ -66,7 +66,32 @@ def optimize(
     serializes the whole model.
     """
     with shared_inference():  # the passes' shapes and verification's feeds infer the original once
-        return _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated)
+        result, report = _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated)
+    return _validated_result(model, result, report)
+
+
+def _validated_result(model: onnx.ModelProto, result: onnx.ModelProto, report: Report) -> tuple[onnx.ModelProto, Report]:
+    """The optimized model, if it passes the validation inputs pass (scanopt.validate);
+    else the original, every rewrite rolled back and the reason reported: scanopt never
+    writes a model it would refuse to read. Validation copies no big weight (hollow_copy)."""
+    if result is model:
+        return result, report
+    try:
+        validate_model(result, name="optimized model")
+    except ScanoptError as exc:
+        rolled = [f"{p} on {n}" for p, n in applied_keys(report)] or ["every rewrite"]
+        report.verification = {
+            "passed": False,
+            "rolled_back": rolled,
+            "summary": f"rolled back every rewrite: {exc}",
+            "seconds": (report.verification or {}).get("seconds", 0.0),
+        }
+        report.modified = False
+        report.ops_after = report.ops_before
+        report.outcomes = [replace(o, applied=False, detail="not applied: the optimized model failed validation")
+                           if o.applied else o for o in report.outcomes]
+        return model, report
+    return result, report
 
 
 def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated):
