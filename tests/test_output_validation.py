@@ -174,3 +174,23 @@ def test_a_valid_result_is_written_as_optimized():
     out, report = optimize(model, passes=["unroll"], seeds=1)
     assert out is not model and report.modified and report.verification["passed"] is True
     np.testing.assert_equal(len([n for n in out.graph.node if n.op_type == "Scan"]), 0)
+
+
+def test_upgrade_of_an_invalid_result_exits_1_and_writes_nothing(cli, tmp_path, monkeypatch):
+    """`upgrade` has no original to fall back to (the opset is what was asked): exit 1."""
+    import scanopt.cli.upgrade_cmd as upgrade_cmd
+
+    real = upgrade_cmd.migrate_verified
+
+    def nameless(*args, **kwargs):
+        migration = real(*args, **kwargs)
+        migration.model.graph.node.add(op_type="Identity", input=[migration.model.graph.input[0].name], output=[""])
+        return migration
+
+    monkeypatch.setattr(upgrade_cmd, "migrate_verified", nameless)
+    source, out = tmp_path / "in.onnx", tmp_path / "never.onnx"
+    onnx.save(b.scan8_sum(), str(source))
+    result = cli("upgrade", "--target-opset", "13", source, out)
+    assert result.code == 1
+    assert "upgraded model: onnx.checker rejects it" in result.err and "nothing written" in result.err
+    assert not out.exists()
