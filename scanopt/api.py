@@ -42,7 +42,9 @@ def optimize(
     ordinary proto with its weights inline (save it with :func:`scanopt.save_model`).
     ``passes`` / ``skip``: pass names (a list, or one comma-separated string); default all,
     in pipeline order. ``verify``: compare the result with the original numerically and roll
-    back rewrites that fail (default True). ``inputs``: feed dicts to verify on (else
+    back rewrites that fail (default True). Either way the result must pass the validation
+    inputs pass (onnx.checker and scanopt's checks); if it does not, the original is returned
+    and the report's verification says why. ``inputs``: feed dicts to verify on (else
     synthesized over ``seeds`` seeds, at least 1). ``engine``: auto, ort, reference or both.
     ``input_shapes``: {graph input name: [dims]} the model will run at (options["input_shapes"]).
     ``progress``: called with a line per phase. Every invalid argument raises

@@ -94,12 +94,15 @@ def run(model: ModelLike, feeds: Feeds, engine: str = "ort", *, path: str | os.P
 def ort_miscomputes(model: onnx.ModelProto) -> str | None:
     """Why onnxruntime 1.31 would give wrong numbers for ``model`` without an error, or None.
 
-    Known case: a Scan body that returns one of its own inputs directly (no node in
+    Known cases: a Scan body that returns one of its own inputs directly (no node in
     between) yields zeros or stale memory for that output. Verification must not
-    trust onnxruntime on such a model.
+    trust onnxruntime on such a model. A Loop with an omitted (empty-named) output
+    crashes onnxruntime 1.32 (segmentation fault) when run: never hand it one.
     """
     for graph in walk_proto_graphs(model.graph):
         for node in graph.node:
+            if node.op_type == "Loop" and in_default_domain(node.domain) and "" in node.output:
+                return f"onnxruntime crashes on Loop '{node.name or node.op_type}' (an output is omitted)"
             if node.op_type != "Scan" or not in_default_domain(node.domain):
                 continue
             body = next((a.g for a in node.attribute if a.name == "body"), None)

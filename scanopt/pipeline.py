@@ -66,7 +66,37 @@ def optimize(
     serializes the whole model.
     """
     with shared_inference():  # the passes' shapes and verification's feeds infer the original once
-        return _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated)
+        result, report = _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated)
+    return _validated_result(model, result, report)
+
+
+def _validated_result(model: onnx.ModelProto, result: onnx.ModelProto, report: Report) -> tuple[onnx.ModelProto, Report]:
+    """The optimized model, if it passes the validation inputs pass (scanopt.validate);
+    else the original, every rewrite rolled back and the reason reported: scanopt never
+    writes a model it would refuse to read. Validation copies no big weight (hollow_copy)."""
+    if result is model:
+        return result, report
+    try:
+        validate_model(result, name="optimized model")
+    except ScanoptError as exc:
+        rolled = [f"{p} on {n}" for p, n in applied_keys(report)] or ["every rewrite"]
+        report.verification = {
+            "passed": False,
+            "rolled_back": rolled,
+            "summary": f"rolled back every rewrite: {exc}",
+            "seconds": (report.verification or {}).get("seconds", 0.0),
+        }
+        _nothing_rewritten(report, "not applied: the optimized model failed validation")
+        return model, report
+    return result, report
+
+
+def _nothing_rewritten(report: Report, detail: str) -> None:
+    """Mark ``report`` as that of the unchanged original: no "applied" line may stand
+    above a verification line saying nothing was rewritten."""
+    report.modified = False
+    report.ops_after = report.ops_before
+    report.outcomes = [replace(o, applied=False, detail=detail) if o.applied else o for o in report.outcomes]
 
 
 def _optimize(model, passes, skip, verify, inputs, engine, seeds, options, progress, validated):
@@ -415,11 +445,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
             "summary": f"cannot verify, so nothing was rewritten: {str(exc).removeprefix('cannot verify: ')}",
             "seconds": round(spent[0], 4),
         }
-        report.modified = False
-        report.ops_after = report.ops_before
-        # no "applied" line may stand above "nothing was rewritten"
-        report.outcomes = [replace(o, applied=False, detail="not applied: the model cannot be verified")
-                           if o.applied else o for o in report.outcomes]
+        _nothing_rewritten(report, "not applied: the model cannot be verified")
         return model, report
     if verdict.passed:
         report.verification = {"passed": True, "rolled_back": [], "summary": verdict.summary,

@@ -73,13 +73,14 @@ def rebind_outputs(old: gs.Node, new_values: Sequence[gs.Tensor | None], graph: 
     (graph outputs included). Where the new value comes from a node of ``graph``, that
     node writes into the old tensor directly and the new value's readers move to it;
     otherwise (a graph input, a constant, a value already bound to another output) an
-    Identity links them. ``None`` marks an output nobody reads any more.
+    Identity links them. ``None`` marks an output nobody reads any more; so does an omitted
+    optional output (empty name), which no node may write (onnx.checker rejects it).
     """
     outputs = list(old.outputs)
     detach(old, graph)
     bound: dict[int, gs.Tensor] = {}  # id(new value) -> the old tensor now holding it
     for old_tensor, new_value in zip(outputs, new_values):
-        if new_value is None:
+        if new_value is None or not old_tensor.name:
             continue
         source = bound.get(id(new_value), new_value)
         producer = source.inputs[0] if len(source.inputs) == 1 else None

@@ -155,8 +155,10 @@ class Unroll(ScanPass):
             outputs = [build.constant("empty", array) for array in match.empty_outputs]
         else:
             emit = Emitter(build, ctx.opset, domain=None)
+            # An omitted optional output (empty outer name) is read by nobody: no stack for it.
             outputs = [
                 emit.stack(values[::-1] if view.output_directions[k] else values, view.output_axes[k])
+                if node.outputs[n + k].name else None
                 for k, values in enumerate(elements)
             ]
         rebind_outputs(node, states + outputs, graph)

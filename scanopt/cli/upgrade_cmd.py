@@ -8,12 +8,13 @@ import json
 from scanopt.cli.common import add_job_arguments, job_progress, start_job, text_writer
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.deploy import check_input_shapes
-from scanopt.errors import ScanoptError, printable_lines
+from scanopt.errors import ScanoptError, VerificationError, printable_lines
 from scanopt.model_io import model_writer
 from scanopt.emit import MIN_TARGET
 from scanopt.migrate import migrate_verified
 from scanopt.pipeline import declared_feeds
 from scanopt.report import count_ops
+from scanopt.validate import validate_model
 
 EPILOG = f"""\
 examples:
@@ -74,6 +75,11 @@ def _run(args, progress) -> int:
         )
     except ScanoptError as exc:
         raise type(exc)(f"{args.input}: {exc}") from None
+    if migration.model is not loaded.model:
+        try:  # never write a model scanopt would refuse to read (optimize rolls back instead)
+            validate_model(migration.model, name="upgraded model")
+        except ScanoptError as exc:
+            raise VerificationError(f"{args.input}: {exc} (nothing written)") from None
     report = _report(migration, loaded.model)
     outputs = [(args.output, model_writer(migration.model, args.output, external_data=loaded.had_external_data or None))]
     if args.report:
