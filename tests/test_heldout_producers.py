@@ -25,13 +25,13 @@ OUTCOMES = {
     "dyn_scan_lstm_nobias": ({"LSTM": 1}, ""),
     "dyn_scan_gru_two_layer": ({"GRU": 2}, ""),
     "dyn_scan_gru_batch_first": ({"GRU": 1}, ""),
-    "dyn_scan_rnn_multi_out": ({"Scan": 1}, "not the hidden state; the native op cannot produce it"),
+    "dyn_scan_rnn_multi_out": ({"RNN": 1}, ""),  # relu(h) * 2 computed after the loop
     "dyn_while_gru": ({"GRU": 1}, ""),
     "ts_rnn_range_reverse": ({"Loop": 1}, "the iteration counter is used in arithmetic"),
     "ts_gru_size1_stack": ({"GRU": 1}, ""),
     "ts_lstm_nobias_reverse": ({"LSTM": 1}, ""),
     "ts_map_size1": ({}, ""),
-    "ts_rnn_two_lists": ({"Scan": 1}, "not the hidden state; the native op cannot produce it"),
+    "ts_rnn_two_lists": ({"RNN": 1}, ""),  # h * 0.5 computed after the loop
     "keras_simplernn_backwards": ({"RNN": 1}, ""),
     "keras_gru_last": ({"GRU": 1}, ""),
     "keras_lstm_seq": ({"LSTM": 1}, ""),  # tf2onnx already writes the native LSTM: nothing to do
