@@ -31,7 +31,8 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node
 from scanopt.pass_api import Match, ScanPass, Skip, register_pass
-from scanopt.passes.canonicalize.analysis import identity_root, input_dependencies, shadows
+from scanopt.constexpr import ConstantFolder
+from scanopt.passes.canonicalize.analysis import epilogue, identity_root, input_dependencies, shadows
 from scanopt.graph import in_graph_outputs, reverses_axis
 from scanopt.passes.canonicalize.edit import apply_plan
 from scanopt.rewrite import consumers, is_read
@@ -58,6 +59,7 @@ class CanonicalPlan(Match):
     keep_outputs: list[int] = field(default_factory=list)
     dead_outputs: list[int] = field(default_factory=list)
     merged_outputs: dict[int, int] = field(default_factory=dict)
+    epilogues: dict = field(default_factory=dict)  # scan output -> Epilogue: computed after the loop
     output_flips: dict[int, gs.Node] = field(default_factory=dict)  # scan output -> its only reader, a reversal
     output_perms: dict[int, list[int]] = field(default_factory=dict)  # Transpose perms from axis 0 back
     attrs: dict = field(default_factory=dict)  # the node's attributes afterwards
@@ -71,7 +73,7 @@ class CanonicalPlan(Match):
     def changes(self) -> bool:
         return any(
             (self.invariant_states, self.dead_states, self.merged_inputs, self.unused_inputs, self.input_flips,
-             self.input_perms, self.dead_outputs, self.merged_outputs, self.output_flips, self.output_perms,
+             self.input_perms, self.dead_outputs, self.merged_outputs, self.epilogues, self.output_flips, self.output_perms,
              self.dropped)
         )
 
@@ -169,7 +171,25 @@ def _plan_outputs(plan, node, view, read, level, ctx):
         else:
             first[key] = i
     plan.keep_outputs = [i for i in live if i not in plan.merged_outputs]
+    _plan_epilogues(plan, body, dirs, axes, ctx)
     return dirs, axes
+
+
+def _plan_epilogues(plan, body, dirs, axes, ctx) -> None:
+    """Scan outputs that are elementwise functions of another kept output's value, in the
+    same direction and layout, move after the loop (see analysis.Epilogue). An output another
+    one is computed from stays in the loop."""
+    n, folder = plan.n, ConstantFolder(ctx.opset)
+    layout = {i: (dirs[i], axes[i], tuple(plan.output_perms.get(i, ()))) for i in plan.keep_outputs}
+    found = {}
+    for i in plan.keep_outputs:
+        roots = {id(identity_root(body.outputs[n + j])): j for j in plan.keep_outputs if j != i and layout[j] == layout[i]}
+        chain = epilogue(body.outputs[n + i], roots, body, folder, ctx.shapes.rank) if roots else None
+        if chain is not None:
+            found[i] = chain
+    sources = {e.source for e in found.values()}
+    plan.epilogues = {i: e for i, e in found.items() if i not in sources}
+    plan.keep_outputs = [i for i in plan.keep_outputs if i not in plan.epilogues]
 
 
 def _plan_states(plan, node, read, invariants: bool = True) -> set[int]:

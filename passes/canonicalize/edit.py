@@ -48,7 +48,7 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     # The tensor each read scan output ends in: a folded reversal's output takes its place.
     targets = {
         i: plan.output_flips[i].outputs[0] if i in plan.output_flips else ys[i]
-        for i in plan.keep_outputs + list(plan.merged_outputs)
+        for i in plan.keep_outputs + list(plan.merged_outputs) + list(plan.epilogues)
     }
     for flip in list(plan.output_flips.values()) + list({id(f): f for f in plan.input_flips.values()}.values()):
         _drop_with_constants(flip, graph, top)
@@ -72,6 +72,8 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
             moves.append((axis0[kept], targets[dup], plan.output_perms[dup]))
         else:
             redirects.append((targets[dup], axis0[kept]))
+    for k, chain in plan.epilogues.items():
+        _compute_after(chain, axis0[chain.source], targets[k], plan.output_perms.get(k), after, moves)
     for stacked, target, perm in moves:
         after.op("Transpose", [stacked], outputs=[target], perm=perm)
     node.attrs.clear()
@@ -80,6 +82,19 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     position = _index(graph, node)
     graph.nodes[position:position + 1] = before.graph.nodes + [node] + after.graph.nodes
     return description
+
+
+def _compute_after(chain, stacked: gs.Tensor, target: gs.Tensor, perm, after: Builder, moves: list) -> None:
+    """Apply an Epilogue's elementwise steps to the stacked source output, writing ``target``
+    (through the output's Transpose when it has one)."""
+    value = stacked
+    for k, (op, attrs, operands, dtype) in enumerate(chain.steps):
+        inputs = [value if v is None else after.constant("scalar_after", v) for v in operands]
+        if k == len(chain.steps) - 1 and perm is None:
+            after.op(op, inputs, outputs=[target], **attrs)
+            return
+        value = after.op(op, inputs, dtype=dtype, **attrs)
+    moves.append((value, target, perm))
 
 
 def _index(graph: gs.Graph, node: gs.Node) -> int:
@@ -139,6 +154,10 @@ def _describe(plan, attrs: dict, inits, xs, ys, finals) -> str:
     parts = [f"removed scan output {i} (outer tensor '{ys[i].name}'), which nothing reads" for i in plan.dead_outputs]
     parts += [
         f"merged scan output {d} (outer tensor '{ys[d].name}') into scan output {k} (same body value)" for d, k in plan.merged_outputs.items()
+    ]
+    parts += [
+        f"scan output {k} (outer tensor '{ys[k].name}') computed after the loop from scan output {e.source} "
+        f"({', '.join(step[0] for step in e.steps)})" for k, e in plan.epilogues.items()
     ]
     parts += [
         f"removed loop-invariant state {j}: the body reads its initial value, outer tensor '{inits[j].name}', directly" for j in plan.invariant_states

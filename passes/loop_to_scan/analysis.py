@@ -250,7 +250,9 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0:
         return Skip("the counter tested in the condition does not start at 0")
     if any(bound is t for t in body.inputs) or any(bound is o for n in body.nodes for o in n.outputs):
-        return Skip("the condition's bound is computed inside the body")
+        bound = _outer_bound(bound, loop.inputs[1], body, folder)
+        if bound is None:
+            return Skip("the condition's bound is computed inside the body")
     if len(step.outputs) != 1 or len(c_in.outputs) < 1 or loop.outputs[slot].outputs or len(loop.outputs[slot].inputs) != 1:
         return Skip("the counter tested in the condition is read elsewhere")
     cond = loop.inputs[1]
@@ -260,6 +262,19 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, loop.inputs[2 + slot], bound, folder)):
         return Skip("the initial condition is not the counter test at 0 (nor true with a bound of at least 1)")
     return slot, bound, [test, increment]
+
+
+def _outer_bound(bound: gs.Tensor, cond: gs.Tensor, body: gs.Graph, folder) -> gs.Tensor | None:
+    """The outer twin of a bound the body recomputes each step from outer values alone (the
+    dynamo exporter's ``while_loop`` re-reads ``x.size(0)`` inside the body): the initial
+    condition's bound when both provably hold the same integer, else None."""
+    if invariant_nodes(bound, body, _local_ids(body)) is None:
+        return None
+    first = cond.inputs[0] if len(cond.inputs) == 1 else None
+    if first is None or first.op not in ("Less", "Greater"):
+        return None
+    outer = first.inputs[1] if first.op == "Less" else first.inputs[0]
+    return outer if same_value(outer, bound, folder) else None
 
 
 def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folder) -> bool:
@@ -524,6 +539,9 @@ def shape_dim(t: gs.Tensor, folder: ConstantFolder) -> tuple[gs.Tensor, int] | N
         # min(INT64_MAX, T), TorchScript's bound of enumerate(x): T
         pieces = [p for p in node.inputs[0].inputs[0].inputs if not _at_least(p, HUGE, folder)]
         return shape_dim(pieces[0], folder) if len(pieces) == 1 else None
+    if is_op(node, "Shape"):  # Shape(X, start=k, end=k+1): [X.shape[k]] (the dynamo exporter's sym_size)
+        start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+        return (node.inputs[0], start) if end is not None and start >= 0 and int(end) == start + 1 else None
     shape_value = _strip_casts(node.inputs[0]) if node.inputs else None
     if is_op(node, "Gather") and node.attrs.get("axis", 0) == 0:
         shape_node = shape_value.inputs[0] if len(shape_value.inputs) == 1 else None
