@@ -37,9 +37,23 @@ from scanopt.shapes import inferred_model
 from scanopt.protos import in_default_domain, walk_proto_graphs
 from scanopt.validate import default_opset
 
-# Sizes given to free dims: the i-th distinct symbolic name gets DIM_SIZES[(seed + i) % len],
-# unnamed dims share DIM_SIZES[seed % len] (two of them often meet in one elementwise op).
+# Sizes given to free dims (trip counts apart, below): at seed 0 the i-th distinct symbolic
+# name gets FIRST_SEED_SIZES[i % len] -- every dim at least 2 and distinct from its neighbours,
+# so a batch of 2+ runs beside a long sequence (issue 20: T >= 2 and B >= 2 at one seed) and a
+# swapped pair of dims shows; at seed 1 every free dim is 1 (what broadcasts); later seeds mix
+# them: DIM_SIZES[(seed + i) % len]. Unnamed dims share the first name's size (two of them
+# often meet in one elementwise op).
+FIRST_SEED_SIZES = (8, 3, 5, 2)
 DIM_SIZES = (8, 1, 3, 2)
+
+
+def free_size(seed: int, index: int) -> int:
+    """The size of the ``index``-th free symbolic dim (in input order, trip counts apart) at ``seed``."""
+    if seed == 0:
+        return FIRST_SEED_SIZES[index % len(FIRST_SEED_SIZES)]
+    if seed == 1:
+        return 1
+    return DIM_SIZES[(seed + index) % len(DIM_SIZES)]
 # Sizes given to free trip counts (a Scan's sequence axis). Seed 0 runs a long sequence
 # (LONG_TRIP, issue 19: wrong only past step 12 must be caught, and float drift that grows
 # with the length must show), seed 1 a single step, later seeds the sizes in between that
@@ -475,7 +489,11 @@ class InputShapes:
 
     def _assign(self, seed: int, free: int | None, hints: bool, trip: int | None = None) -> Attempt:
         d = self.dims
-        symbols = {d.find(v): i for i, v in reversed(list(enumerate(self._main_symbols)))}
+        symbols: dict = {}  # free symbols in input order, numbered without the trip counts
+        for v in self._main_symbols:
+            root = d.find(v)
+            if root not in symbols and root not in d.trip and root not in d.fixed:
+                symbols[root] = len(symbols)
         sizes: dict[int, int] = {}
         labels: dict[str, int] = {}
         long_given = False
@@ -497,9 +515,9 @@ class InputShapes:
                         size = min(size, OTHER_TRIP_MAX)
                     long_given = long_given or size > OTHER_TRIP_MAX
                 elif root in symbols:
-                    size = DIM_SIZES[(seed + symbols[root]) % len(DIM_SIZES)]
+                    size = free_size(seed, symbols[root])
                 else:
-                    size = DIM_SIZES[seed % len(DIM_SIZES)]
+                    size = free_size(seed, 0)
                 sizes[root] = size
                 label, count = d.name(root), 2
                 while label in labels:

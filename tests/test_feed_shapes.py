@@ -12,7 +12,7 @@ from onnx import helper as h
 import builders
 from ort_scan_cases import counting_concat_split_body, counting_concat_split_model, crossing_model
 from scanopt import engines
-from scanopt.feed_shapes import DIM_SIZES, TRIP_SIZES
+from scanopt.feed_shapes import TRIP_SIZES, free_size
 from scanopt.inputs import FEED_BUDGET_BYTES, InputSynthesizer, synthesize_inputs
 from scanopt.pipeline import optimize
 from scanopt.verify import CannotVerifyError, compare_models
@@ -107,7 +107,7 @@ def test_a_concat_makes_differently_named_dims_one_size():
     for seed in (0, 1):
         shapes = InputSynthesizer(model).shapes(seed)
         assert shapes["x"][0] == shapes["y"][0]
-    assert InputSynthesizer(model).shapes(0)["x"][0] == DIM_SIZES[0]
+    assert InputSynthesizer(model).shapes(0)["x"][0] == free_size(0, 0)
 
 
 def test_when_the_preferred_sizes_fail_a_fallback_is_used_and_reported():
@@ -121,8 +121,8 @@ def test_when_the_preferred_sizes_fail_a_fallback_is_used_and_reported():
     result = compare_models(model, model, engine="ort", seeds=2)
     assert result.passed
     assert result.sizes["seed 0"] == "N=1 M=1"  # all-ones is the first fallback
-    assert any(n.startswith(f"seed 0: the original fails at N={DIM_SIZES[0]} M=1") and "used N=1 M=1" in n
-               for n in result.notes)
+    assert any(n.startswith(f"seed 0: the original fails at N={free_size(0, 0)} M={free_size(0, 1)}")
+               and "used N=1 M=1" in n for n in result.notes)
     assert "sizes seed 0 N=1 M=1" in result.summary()
 
 
@@ -228,3 +228,16 @@ def test_pytorch_transpose_and_flip_before_the_scan_are_followed_back_to_the_inp
     got = shapes(model)
     assert got["x"][1] == TRIP_SIZES[0] and got["x"][0] == got["h0"][0]  # [batch, seq, 3], h0 [batch, 4]
     assert compare_models(model, model, seeds=2).passed
+
+
+def test_seed_0_runs_every_free_dim_at_2_or_more_beside_the_long_sequence_and_seed_1_at_1():
+    """Issue 20: T >= 2 and B >= 2 at one seed (seed 0: T long, batch and width free and
+    distinct), and every free dim at 1 at seed 1 (what broadcasts)."""
+    graph = h.make_graph(
+        [h.make_node("Concat", ["x", "y"], ["z"], axis=2)], "cat",
+        [builders.vi("x", ["T", "B", 2]), builders.vi("y", ["T", "B", "W"])], [builders.vi("z", None)],
+    )
+    seed0 = InputSynthesizer(builders.model(graph)).shapes(0)
+    assert min(seed0["x"][:2]) >= 2 and seed0["y"][2] >= 2 and seed0["x"][1] != seed0["y"][2]
+    seed1 = InputSynthesizer(builders.model(graph)).shapes(1)
+    assert seed1["x"][:2] == (1, 1) and seed1["y"][2] == 1
