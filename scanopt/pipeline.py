@@ -241,12 +241,15 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
 
     declared = check_input_shapes(model, options.get("input_shapes"))
     options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")))
-    deployment = ShapeTable(shaped_model(model, declared)) if declared else None
-    options["deployment"] = deployment
     tune_on = options.get("tune")
     if tune_on is None:
         tune_on = tune_default()
-    if not tune_on or options.get("target", "onnxruntime") == "portable":
+    tuning = tune_on and options.get("target", "onnxruntime") != "portable"
+    if declared or tuning:
+        model = _loops_as_scans(model, chosen)  # the Scans the passes will see, shaped and measured
+    deployment = ShapeTable(shaped_model(model, declared)) if declared else None
+    options["deployment"] = deployment
+    if not tuning:
         return options, []
     from scanopt.tune import tune
 
@@ -260,6 +263,23 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
 
         options["cost_scales"] = scales(options, _run_passes, chosen, scanopt.tune.measure)
     return options, notes
+
+
+def _loops_as_scans(model, chosen):
+    """``model`` with the Loops loop_to_scan converts already converted (it runs first in the
+    pipeline, and converts the same way every time, names included), so the Scans it makes get
+    the deployment shapes and are measured like the model's own; else ``model`` itself."""
+    first = [p for p in chosen if p.name == "loop_to_scan"]
+    if not first or not any(n.op_type == "Loop" for g in _graphs(model) for n in g.node):
+        return model
+    converted, _ = _run_passes(model, first, {"target": "portable"}, frozenset(), None)
+    return converted
+
+
+def _graphs(model):
+    from scanopt.protos import walk_proto_graphs
+
+    return walk_proto_graphs(model.graph)
 
 
 def _scans_in(model) -> int:

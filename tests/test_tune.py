@@ -235,3 +235,16 @@ def test_every_pass_that_rewrites_the_scan_is_a_candidate_form(timer):
     assert forms == ["loop", "unrolled"] and feeds == {"s0": (2,), "X": (3, 2)}
     assert "Scan" not in ops(out)
     assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (T=3 B=1 (static)")
+
+
+def test_a_loop_that_loop_to_scan_converts_is_measured_at_the_declared_shapes_like_a_scan(timer):
+    """The Scan a TorchScript for-loop becomes exists only after loop_to_scan runs: the
+    deployment decisions see the model with its Loops converted, so it is measured too."""
+    timer.factors = {"native": 0.3, "hoisted": 0.8}
+    model = onnx.load(os.path.join(MODELS, "loops", "ts_rnn_iter.onnx"))
+    x = next(v for v in model.graph.input if len(v.type.tensor_type.shape.dim) == 3)
+    out, report = run(model, input_shapes={x.name: [16, 4, x.type.tensor_type.shape.dim[2].dim_value]}, threads=1)
+    assert timer.calls and timer.calls[0][0][0] == "loop"
+    assert "RNN" in ops(out) and "Loop" not in ops(out)
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse" and o.applied)
+    assert fuse.expected.startswith("native applied: 0.3 ms vs loop 1 ms")
