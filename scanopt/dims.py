@@ -60,28 +60,41 @@ def find_root(parent, key):
     return root
 
 
-class _UnionFind:
-    def __init__(self):
-        self.parent: dict[Key, Key] = {}
-        self.size: dict[Key, int] = {}  # a root's fixed size
+class SizedUnionFind:
+    """Union-find over dims whose root may be pinned to a size. Two classes pinned to
+    different sizes stay apart (contradictory declarations: running the model decides);
+    subclasses hear of that in :meth:`_conflict` and carry their own per-root facts over
+    in :meth:`_merged`."""
 
-    def find(self, key: Key) -> Key:
+    def __init__(self):
+        self.parent: dict = {}
+        self.size: dict = {}  # a root's fixed size
+
+    def find(self, key):
         self.parent.setdefault(key, key)
         return find_root(self.parent, key)
 
-    def union(self, a: Key, b: Key) -> None:
+    def union(self, a, b) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return
         sa, sb = self.size.get(ra), self.size.get(rb)
         if sa is not None and sb is not None and sa != sb:
-            return  # contradictory declarations: keep both, running the model decides
+            self._conflict(ra, sa, sb)
+            return
         self.parent[rb] = ra
         if sa is None and sb is not None:
             self.size[ra] = sb
+        self._merged(ra, rb)
 
-    def pin(self, key: Key, size: int) -> None:
+    def pin(self, key, size: int) -> None:
         self.size.setdefault(self.find(key), size)
+
+    def _conflict(self, root, size_a: int, size_b: int) -> None:
+        pass
+
+    def _merged(self, root, absorbed) -> None:
+        pass
 
 
 class DimClasses:
@@ -94,8 +107,8 @@ class DimClasses:
     """
 
     def __init__(self, model: onnx.ModelProto, *, inferred: bool = False):
-        self._exact = _UnionFind()
-        self._likely = _UnionFind()
+        self._exact = SizedUnionFind()
+        self._likely = SizedUnionFind()
         self._rank: dict[str, int] = {}
         self._elements: dict[str, list[Element]] = {}  # 1-D int tensors: what each element is
         self._trips: list[Key] = []  # one per Scan: its trip count

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import onnx
 
-from scanopt.dims import ELEMENTWISE, SHAPE_PRESERVING, DimClasses, find_root
+from scanopt.dims import ELEMENTWISE, SHAPE_PRESERVING, DimClasses, SizedUnionFind
 from scanopt.shapes import inferred_model
 from scanopt.protos import in_default_domain, walk_proto_graphs
 from scanopt.validate import default_opset
@@ -73,46 +73,37 @@ FALLBACKS = ((1, True), (1, False), (2, True), (3, True))
 # them gets the shape its consumer implies (SHAPE_PRESERVING, from scanopt.dims).
 
 
-class _Dims:
-    """Union-find over dim variables; a root may be pinned to a size."""
+class _Dims(SizedUnionFind):
+    """Dim variables (numbered in creation order) with what feeds need per class: a label
+    users recognize (the symbolic name, or input[axis]), whether it is a trip count, a
+    likely size; contradictory pins are kept as conflicts for the report."""
 
     def __init__(self):
-        self.parent: list[int] = []
-        self.fixed: dict[int, int] = {}
-        self.label: dict[int, str] = {}  # a name users recognize: the symbolic name, or input[axis]
+        super().__init__()
+        self.label: dict[int, str] = {}
         self.trip: set[int] = set()
         self.hint: dict[int, int] = {}
         self.conflicts: list[str] = []
 
     def new(self, size: int | None = None, label: str | None = None) -> int:
         var = len(self.parent)
-        self.parent.append(var)
+        self.parent[var] = var
         if size is not None:
-            self.fixed[var] = size
+            self.size[var] = size
         if label:
             self.label[var] = label
         return var
 
-    def find(self, var: int) -> int:
-        return find_root(self.parent, var)
+    def _conflict(self, root: int, size_a: int, size_b: int) -> None:
+        self.conflicts.append(f"{self.name(root)} is declared {size_a} in one place and {size_b} in another")
 
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return
-        fa, fb = self.fixed.get(ra), self.fixed.get(rb)
-        if fa is not None and fb is not None and fa != fb:
-            self.conflicts.append(f"{self.name(ra)} is declared {fa} in one place and {fb} in another")
-            return  # keep both; running the model decides
-        self.parent[rb] = ra
-        if fa is None and fb is not None:
-            self.fixed[ra] = fb
-        if ra not in self.label and rb in self.label:
-            self.label[ra] = self.label[rb]
-        if rb in self.trip:
-            self.trip.add(ra)
-        if ra not in self.hint and rb in self.hint:
-            self.hint[ra] = self.hint[rb]
+    def _merged(self, root: int, absorbed: int) -> None:
+        if root not in self.label and absorbed in self.label:
+            self.label[root] = self.label[absorbed]
+        if absorbed in self.trip:
+            self.trip.add(root)
+        if root not in self.hint and absorbed in self.hint:
+            self.hint[root] = self.hint[absorbed]
 
     def name(self, var: int) -> str:
         return self.label.get(self.find(var), f"dim{var}")
@@ -450,8 +441,8 @@ class InputShapes:
                     self.dims.hint.setdefault(self.dims.find(var), size)
             elif all(s > 0 for s in target):  # same element count: the free dims make up the rest
                 roots = [self.dims.find(v) for v in template]
-                free = [r for r in roots if r not in self.dims.fixed]
-                fixed = math.prod(self.dims.fixed[r] for r in roots if r in self.dims.fixed)
+                free = [r for r in roots if r not in self.dims.size]
+                fixed = math.prod(self.dims.size[r] for r in roots if r in self.dims.size)
                 total = math.prod(target)
                 if free and fixed and total % fixed == 0:
                     self.dims.hint.setdefault(free[0], total // fixed)
@@ -483,7 +474,7 @@ class InputShapes:
         """The size the seed gives free trip counts, or None when the inputs have none."""
         d = self.dims
         roots = {d.find(v) for n in self.names for v in self.templates.get(n) or ()}
-        if any(r in d.trip and r not in d.fixed for r in roots):
+        if any(r in d.trip and r not in d.size for r in roots):
             return TRIP_SIZES[seed % len(TRIP_SIZES)]
         return None
 
@@ -492,7 +483,7 @@ class InputShapes:
         symbols: dict = {}  # free symbols in input order, numbered without the trip counts
         for v in self._main_symbols:
             root = d.find(v)
-            if root not in symbols and root not in d.trip and root not in d.fixed:
+            if root not in symbols and root not in d.trip and root not in d.size:
                 symbols[root] = len(symbols)
         sizes: dict[int, int] = {}
         labels: dict[str, int] = {}
@@ -502,8 +493,8 @@ class InputShapes:
                 root = d.find(var)
                 if root in sizes:
                     continue
-                if root in d.fixed:
-                    sizes[root] = d.fixed[root]
+                if root in d.size:
+                    sizes[root] = d.size[root]
                     continue
                 if hints and root in d.hint:
                     size = d.hint[root]
