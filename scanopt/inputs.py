@@ -142,7 +142,7 @@ class InputSynthesizer:
         trip = self.input_shapes.trip_size(seed)
         while trip is not None and trip > MIN_FITTED_TRIP:
             preferred = next(iter(self.input_shapes.attempts(seed, trip=trip)))
-            if self._bytes(preferred.shapes)[0] <= FEED_BUDGET_BYTES:
+            if not over_feed_budget({spec.name: (spec.dtype, preferred.shapes[spec.name]) for spec in self.specs}):
                 break
             trip //= 2
         return list(self.input_shapes.attempts(seed, trip=trip))
@@ -171,24 +171,10 @@ class InputSynthesizer:
                 feeds[spec.name] = random_array(rng, spec.dtype, shape, wide=seed != 1)
         return feeds
 
-    def _bytes(self, shapes: dict[str, tuple[int, ...]]) -> tuple[int, tuple | None]:
-        """(total bytes, (bytes, name, shape) of the biggest input) of feeds of these shapes."""
-        total, biggest = 0, None
-        for spec in self.specs:
-            size = math.prod(shapes[spec.name]) * max(spec.dtype.itemsize, 8 if spec.dtype.kind == "O" else 1)
-            total += size
-            if biggest is None or size > biggest[0]:
-                biggest = (size, spec.name, shapes[spec.name])
-        return total, biggest
-
     def _check_budget(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        total, biggest = self._bytes(shapes)
-        if total > FEED_BUDGET_BYTES:
-            _, name, shape = biggest
-            raise FeedBudgetError(
-                f"the declared inputs need {_bytes(total)} (input '{name}' is {list(shape)}), over the "
-                f"{_bytes(FEED_BUDGET_BYTES)} budget for synthesized inputs; pass --inputs"
-            )
+        reason = over_feed_budget({spec.name: (spec.dtype, shapes[spec.name]) for spec in self.specs})
+        if reason:
+            raise FeedBudgetError(f"{reason} for synthesized inputs; pass --inputs")
 
     def _lengths(self, rng, shape, uses: list[tuple[str, ...]], known: "_ShapeLookup", min_len: int) -> np.ndarray:
         """Lengths in [min_len, T], shaped [B]; B and T come from the Scan's scan inputs."""
@@ -282,6 +268,22 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
         if wide and flat.size > count + 1:
             flat[where[count + 1]] = LARGE * rng.choice([1.0, -1.0])
     return values.astype(dtype)
+
+
+def over_feed_budget(shapes: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> str | None:
+    """Why feeds of these (dtype, shape)s must not be drawn (over FEED_BUDGET_BYTES:
+    a model may declare [10**12]), or None when they fit; checked before allocating."""
+    total, biggest = 0, None
+    for name, (dtype, shape) in shapes.items():
+        size = math.prod(shape) * max(dtype.itemsize, 8 if dtype.kind == "O" else 1)
+        total += size
+        if biggest is None or size > biggest[0]:
+            biggest = (size, name, shape)
+    if total <= FEED_BUDGET_BYTES:
+        return None
+    _, name, shape = biggest
+    return (f"the declared inputs need {_bytes(total)} (input '{name}' is {list(shape)}), over the "
+            f"{_bytes(FEED_BUDGET_BYTES)} budget")
 
 
 def _bytes(count: int) -> str:

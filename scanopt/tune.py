@@ -198,7 +198,9 @@ def _deployment_inputs(sub, deployment: ShapeTable):
             dims = "?" if shape is None else ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
             return f"deployment shape of '{value.name}' unknown: [{dims}]; declare it with --input-shape"
         found[value.name] = (elem, tuple(shape))
-    return found
+    from scanopt.inputs import numpy_dtype, over_feed_budget
+
+    return over_feed_budget({name: (numpy_dtype(elem, name), shape) for name, (elem, shape) in found.items()}) or found
 
 
 def _shape_key(shapes: dict) -> str:
