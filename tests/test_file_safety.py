@@ -19,6 +19,7 @@ import pytest
 
 import builders as b
 from scanopt.errors import ScanoptError
+from scanopt.external_data import _key, _varint
 from scanopt.outputs import MARKER_NAME, MARKER_TEXT, STAGING_NAME, STALE_AFTER_SECONDS, remove_stale_staging, write_outputs
 
 
@@ -427,16 +428,8 @@ def _deeply_nested_scan_bytes(depth: int) -> bytes:
     """A Scan nested ``depth`` times, serialized by hand: onnx.helper cannot build one
     deeper than the parser's limit (copying a message re-parses it)."""
 
-    def varint(n):
-        out = bytearray()
-        while True:
-            low, n = n & 0x7F, n >> 7
-            out.append(low | (0x80 if n else 0))
-            if not n:
-                return bytes(out)
-
-    def field(number, payload):  # a length-delimited field
-        return varint(number << 3 | 2) + varint(len(payload)) + payload
+    def field(number, payload):  # a length-delimited field (the wire encoding write_serialized uses)
+        return _key(number) + _varint(len(payload)) + payload
 
     body = b.sum_body().SerializeToString()
     empty = onnx.GraphProto()
