@@ -1,4 +1,4 @@
-"""Peak memory and wall time of `scanopt optimize` on a model with big weights, against a
+"""Peak memory and CPU time of `scanopt optimize` on a model with big weights, against a
 bare onnx.load + onnx.save of the same file.
 
     python benchmarks/bench_memory.py                 # 256 MB of weights
@@ -10,17 +10,19 @@ bare onnx.load + onnx.save of the same file.
 The model (generated in a temp dir, weights in external data): an embedding table
 [V, 16] (the big initializer) gathered into X, then a tanh RNN written as a Scan at batch 1
 (fused by the default policy). Each command runs in a fresh process; peak = its VmHWM (the
-peak resident set of that process image). Ratios are against the model's size on disk.
+peak resident set of that process image), CPU s = its user + system time (all its threads;
+not wall time, which on a shared machine measures the neighbours). Ratios are against the
+model's size on disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import onnx
@@ -68,17 +70,18 @@ SCANOPT = "from scanopt.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def measure(code: str, args: list[str], check: bool = True) -> tuple[float, float, int]:
-    """(peak RSS in MB, wall seconds, exit code) of ``code`` run in a fresh Python process."""
-    start = time.perf_counter()
+    """(peak RSS in MB, CPU seconds, exit code) of ``code`` run in a fresh Python process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-c", REPORT + code, *args], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode and check:
         raise SystemExit(f"{' '.join(args)}: exit {done.returncode}\n{done.stderr}")
-    wall = time.perf_counter() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     peak = [line for line in done.stderr.splitlines() if line.startswith("MAXRSS")]
     if not peak:  # killed, or its exit report failed too (out of memory)
-        return float("nan"), wall, done.returncode
-    return int(peak[-1].split()[1]) / 1024, wall, done.returncode  # kB
+        return float("nan"), cpu, done.returncode
+    return int(peak[-1].split()[1]) / 1024, cpu, done.returncode  # kB
 
 
 def hostile_model(dim: int, form: str) -> onnx.ModelProto:
@@ -115,7 +118,7 @@ CAPPED = ("import resource\n"
 
 def bench_hostile(cap_mb: int) -> None:
     print(f"tiny hostile models, each command in a fresh process capped at imports + {cap_mb} MB of address space\n")
-    print("| model | bytes | command | exit | peak RSS MB | wall s |\n|---|---|---|---|---|---|")
+    print("| model | bytes | command | exit | peak RSS MB | CPU s |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for dim_label, dim in (("10^12", 10**12), ("2^63-1", 2**63 - 1)):
             for form in ("input", "range"):
@@ -123,8 +126,8 @@ def bench_hostile(cap_mb: int) -> None:
                 onnx.save(hostile_model(dim, form), src)
                 for command in (["inspect", src], ["optimize", src, os.path.join(tmp, "out.onnx"), "-q"]):
                     code = CAPPED.format(cap=cap_mb) + "from scanopt.cli import main; sys.exit(main(sys.argv[1:]))"
-                    peak, wall, rc = measure(code, command, check=False)
-                    print(f"| {form}, {dim_label} | {os.path.getsize(src)} | {command[0]} | {rc} | {peak:.0f} | {wall:.1f} |",
+                    peak, cpu, rc = measure(code, command, check=False)
+                    print(f"| {form}, {dim_label} | {os.path.getsize(src)} | {command[0]} | {rc} | {peak:.0f} | {cpu:.1f} |",
                           flush=True)
 
 
@@ -134,15 +137,15 @@ def bench_inline(size_mb: int) -> None:
         onnx.save(big_model(size_mb), src)
         size = os.path.getsize(src) / 2**20
         print(f"model: {size:.0f} MB on disk (inline weights)\n")
-        print("| command | peak RSS MB | peak / model size | wall s |\n|---|---|---|---|")
+        print("| command | peak RSS MB | peak / model size | CPU s |\n|---|---|---|---|")
         runs = [("onnx.load", "import onnx; onnx.load(sys.argv[1])", [src]),
                 ("scanopt inspect", SCANOPT, ["inspect", src]),
                 ("scanopt optimize", SCANOPT, ["optimize", src, os.path.join(tmp, "o.onnx"), "-q"]),
                 ("scanopt optimize --target portable", SCANOPT,
                  ["optimize", src, os.path.join(tmp, "p.onnx"), "-q", "--target", "portable"])]
         for label, code, cmd_args in runs:
-            peak, wall, _ = measure(code, cmd_args)
-            print(f"| {label} | {peak:.0f} | {peak / size:.2f} | {wall:.1f} |", flush=True)
+            peak, cpu, _ = measure(code, cmd_args)
+            print(f"| {label} | {peak:.0f} | {peak / size:.2f} | {cpu:.1f} |", flush=True)
 
 
 def main(argv=None):
@@ -168,10 +171,10 @@ def main(argv=None):
             ("scanopt optimize", SCANOPT, ["optimize", src, os.path.join(tmp, "opt.onnx"), "-q"]),
         ]
         print(f"model: {size:.0f} MB on disk (external data)\n")
-        print("| command | peak RSS MB | peak / model size | wall s |\n|---|---|---|---|")
+        print("| command | peak RSS MB | peak / model size | CPU s |\n|---|---|---|---|")
         for label, code, cmd_args in runs:
-            peak, wall, _ = measure(code, cmd_args)
-            print(f"| {label} | {peak:.0f} | {peak / size:.2f} | {wall:.1f} |", flush=True)
+            peak, cpu, _ = measure(code, cmd_args)
+            print(f"| {label} | {peak:.0f} | {peak / size:.2f} | {cpu:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
