@@ -31,19 +31,7 @@ import math
 import onnx
 
 from scanopt.protos import in_default_domain
-from scanopt.shapes import inferred_model
-
-# Ops whose output has their first input's shape.
-SHAPE_PRESERVING = frozenset(
-    "Identity Cast CastLike Neg Abs Relu LeakyRelu Elu Selu Sigmoid HardSigmoid Tanh Exp Log Sqrt Reciprocal "
-    "Floor Ceil Round Sign Sin Cos Erf Not Softsign Softplus Clip Dropout".split()
-)
-
-# Elementwise ops with multidirectional broadcasting.
-ELEMENTWISE = frozenset(
-    "Add Sub Mul Div Pow Mod Max Min Sum Mean And Or Xor Equal Greater Less GreaterOrEqual LessOrEqual "
-    "BitShift PRelu Where".split()
-)
+from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, inferred_model  # noqa: F401 - re-exported
 
 Key = tuple  # ("v", value name, axis) | ("s", graph id, symbol)
 Element = tuple | int | None  # what one element of a 1-D int tensor is: a dim key, a constant, or unknown

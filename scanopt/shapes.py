@@ -75,21 +75,27 @@ class ShapeTable:
         return self._table.get(name, (None, None))
 
 
+# Ops whose output has their first input's shape.
+SHAPE_PRESERVING = frozenset(
+    "Identity Cast CastLike Neg Abs Relu LeakyRelu Elu Selu Sigmoid HardSigmoid Tanh Exp Log Sqrt Reciprocal "
+    "Floor Ceil Round Sign Sin Cos Erf Not Softsign Softplus Clip Dropout".split()
+)
+
+# Elementwise ops with multidirectional broadcasting.
+ELEMENTWISE = frozenset(
+    "Add Sub Mul Div Pow Mod Max Min Sum Mean And Or Xor Equal Greater Less GreaterOrEqual LessOrEqual "
+    "BitShift PRelu Where".split()
+)
+
 # Ops whose output 0 has the rank of input 0 (ai.onnx and ai.onnx.ml): a rank that shape
 # inference leaves unknown (skl2onnx's Scaler has no inference function, so everything after
 # it in a pipeline is unknown) follows from the producers.
-_SAME_RANK = frozenset({
-    "Identity", "Cast", "CastLike", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal",
-    "Floor", "Ceil", "Round", "Sign", "Erf", "Not", "IsNaN", "IsInf", "Softmax", "LogSoftmax", "Hardmax", "Clip",
-    "LeakyRelu", "Elu", "Selu", "Celu", "Gelu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish",
-    "ThresholdedRelu", "Dropout", "CumSum", "Transpose", "LpNormalization", "BatchNormalization",
-    "LayerNormalization", "InstanceNormalization", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
-    "Asinh", "Acosh", "Atanh",
-    "Scaler", "Normalizer", "Binarizer",  # ai.onnx.ml, on [N, C]
-})
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "Equal",
-                           "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "PRelu",
-                           "BitShift"})
+_SAME_RANK = SHAPE_PRESERVING | frozenset(
+    "IsNaN IsInf Softmax LogSoftmax Hardmax Celu Gelu HardSwish Mish ThresholdedRelu CumSum Transpose "
+    "LpNormalization BatchNormalization LayerNormalization InstanceNormalization Tan Asin Acos Atan Sinh Cosh "
+    "Asinh Acosh Atanh".split()
+    + ["Scaler", "Normalizer", "Binarizer"]  # ai.onnx.ml, on [N, C]
+)
 _DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
@@ -112,7 +118,7 @@ def derived_rank(tensor: gs.Tensor, declared, memo: dict, depth: int = 0) -> int
             return derived_rank(t, declared, memo, depth + 1) if t.name else None
         if node.op in _SAME_RANK and tensor is node.outputs[0] and node.inputs:
             rank = of(node.inputs[0])
-        elif node.op in _BROADCASTING:
+        elif node.op in ELEMENTWISE:
             ranks = [of(t) for t in node.inputs if t.name]
             rank = None if not ranks or None in ranks else max(ranks)
         elif node.op == "MatMul":
