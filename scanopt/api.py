@@ -16,6 +16,7 @@ import onnx
 
 from scanopt.errors import InvalidArgumentError, did_you_mean
 from scanopt.options import RUN_OPTIONS, check_options, describe_options
+from scanopt.protos import fed_inputs
 from scanopt.report import Report
 
 _ENGINE_ALIASES = {"onnxruntime": "ort", "ref": "reference", "onnx": "reference"}
@@ -164,14 +165,8 @@ def _input_shapes(shapes) -> dict[str, list[int]]:
     return checked
 
 
-def _graph_inputs(model: onnx.ModelProto) -> list[str]:
-    """The inputs a caller feeds (an input with an initializer has a default)."""
-    weights = {t.name for t in model.graph.initializer}
-    return [v.name for v in model.graph.input if v.name not in weights]
-
-
 def _known_inputs(model: onnx.ModelProto, shapes: dict, what: str = "input_shapes") -> None:
-    names = _graph_inputs(model)
+    names = [v.name for v in fed_inputs(model.graph)]
     for name in shapes:
         if name not in names:
             raise InvalidArgumentError(
@@ -184,7 +179,7 @@ def _check_feeds(model: onnx.ModelProto, feeds: dict) -> None:
     import numpy as np
 
     _known_inputs(model, feeds, "inputs")
-    missing = [name for name in _graph_inputs(model) if name not in feeds]
+    missing = [name for name in [v.name for v in fed_inputs(model.graph)] if name not in feeds]
     if missing:
         raise InvalidArgumentError(f"inputs: no value for {', '.join(map(repr, missing))} (give every model input, "
                                    "or leave inputs out to synthesize them)")

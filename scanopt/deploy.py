@@ -16,6 +16,7 @@ from typing import Mapping
 import onnx
 
 from scanopt.errors import ScanoptError, did_you_mean
+from scanopt.protos import fed_inputs
 
 
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
@@ -51,8 +52,7 @@ def check_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]] |
     wrong rank, a negative size or a size contradicting a static dim is a ScanoptError."""
     if not shapes:
         return {}
-    weights = {t.name for t in model.graph.initializer}
-    inputs = {v.name: v for v in model.graph.input if v.name not in weights}
+    inputs = {v.name: v for v in fed_inputs(model.graph)}
     checked: dict[str, list[int]] = {}
     for name, dims in shapes.items():
         if name not in inputs:

@@ -22,6 +22,7 @@ from scanopt.graph import NameAllocator, node_label
 from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
 from scanopt.pass_api import Pass, PassContext, op_nodes, registered_passes, scan_nodes
+from scanopt.protos import fed_inputs
 from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
@@ -213,7 +214,7 @@ def _implied_shapes(options: dict, inputs, model) -> dict:
     """User feeds imply the deployment shapes (of the first feed set) unless declared."""
     if options.get("input_shapes") or not inputs:
         return options
-    graph_inputs = {v.name for v in model.graph.input} - {t.name for t in model.graph.initializer}
+    graph_inputs = {v.name for v in fed_inputs(model.graph)}
     shapes = {name: list(getattr(value, "shape", ())) for name, value in inputs[0].items() if name in graph_inputs}
     return dict(options, input_shapes=shapes or None)
 

@@ -34,6 +34,13 @@ def walk_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
         stack.extend(reversed([sub for node in current.node for attr in node.attribute for sub in attribute_graphs(attr)]))
 
 
+def fed_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a caller feeds: those without a same-named initializer (which
+    would be their default)."""
+    defaults = {t.name for t in graph.initializer}
+    return [v for v in graph.input if v.name not in defaults]
+
+
 def outer_names(graph: onnx.GraphProto) -> list[str]:
     """Names that ``graph`` (or any graph nested in it) reads but does not define: the
     values it captures from enclosing graphs, in order of first use."""

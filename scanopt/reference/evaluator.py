@@ -16,6 +16,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from scanopt.protos import fed_inputs
 from scanopt.reference.loop import Loop
 from scanopt.reference.scan import Scan
 
@@ -62,8 +63,7 @@ def make_evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
 def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every graph output of ``model`` on ``feeds``, by name."""
     evaluator = make_evaluator(model)
-    initialized = {t.name for t in model.graph.initializer}
-    missing = [i.name for i in model.graph.input if i.name not in feeds and i.name not in initialized]
+    missing = [i.name for i in fed_inputs(model.graph) if i.name not in feeds]
     if missing:
         raise ValueError(f"missing feeds for graph inputs {missing}")
     values = evaluator.run(None, feeds)
