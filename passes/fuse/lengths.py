@@ -10,9 +10,10 @@ length, the final state the last valid step's (and the initial state for a lengt
 outer per-item vector, both selects) or says why not; the fuse pass then recognizes the cell
 on the unmasked values and the counter state becomes dead.
 
-Selects are read as ``Where(valid, a, b)`` or as tf2onnx writes TF's Select on floats,
-``Cast(valid)·a + Cast(!valid)·b`` (exact for finite values: a masked-out finite value times 0
-adds a zero)."""
+Selects are read as ``Where(valid, a, b)``, as tf2onnx writes TF's Select on floats,
+``Cast(valid)·a + Cast(!valid)·b``, as hand-authors write it, ``m·a + (1-m)·b`` with
+``m = Cast(valid)``, and an output ``m·a`` (b zero); the products are exact for finite
+values: a masked-out finite value times 0 adds a zero."""
 
 from __future__ import annotations
 
@@ -119,60 +120,66 @@ def _comparison(node: gs.Node, counter: gs.Tensor, body: gs.Graph):
 
 def _adds_one(node: gs.Node, counter: gs.Tensor, folder) -> bool:
     others = [t for t in node.inputs if t is not counter]
-    if len(others) != 1 or len(node.inputs) != 2:
-        return False
-    one = folder.value(others[0])
-    return one is not None and one.size == 1 and one.reshape(-1)[0] == 1
+    return len(others) == 1 and len(node.inputs) == 2 and _is_one(others[0], folder)
 
 
-def _valid(tensor: gs.Tensor, compare: gs.Node) -> bool | None:
-    """True if ``tensor`` is the per-item ``c < len`` mask as [B, 1] (or [B]), False if its
-    negation, None if neither. Reshape to [-1, 1] / Unsqueeze(1) lift it to [B, 1]."""
-    polarity = True
+def _mask(tensor: gs.Tensor, compare: gs.Node, folder) -> bool | None:
+    """True if ``tensor`` is the per-item ``c < len`` mask lifted to [B, 1], False if its
+    negation, None if neither. On the way from the comparison [B]: Not, Cast (to 0/1 numbers
+    or back), ``1 - m`` of a 0/1 number m (a negation), Identity, and exactly one lift (a
+    Reshape to [-1, 1] or an Unsqueeze at 1; a [B] mask would broadcast along H instead)."""
+    polarity, lifts = True, 0
     while True:
         node = producer(tensor)
         if node is None:
             return None
         if node is compare:
-            return polarity == _COMPARE[compare.op][1]
+            return polarity == _COMPARE[compare.op][1] if lifts == 1 else None
         if is_op(node, "Not"):
             polarity = not polarity
-        elif not (is_op(node, "Reshape") or is_op(node, "Unsqueeze") or is_op(node, "Identity")):
-            return None
-        tensor = node.inputs[0]
-
-
-def _lifted(tensor: gs.Tensor, folder) -> bool:
-    """The way from the comparison [B] to ``tensor`` lifts it to [B, 1] exactly once (a
-    Reshape to [-1, 1] or an Unsqueeze at 1): a [B] mask would broadcast along H instead."""
-    lifts = 0
-    node = producer(tensor)
-    while node is not None and not node.op.startswith(("Less", "Greater")):
-        if is_op(node, "Reshape"):
+        elif is_op(node, "Sub") and len(node.inputs) == 2 and _is_one(node.inputs[0], folder):
+            polarity = not polarity
+            tensor = node.inputs[1]
+            continue
+        elif is_op(node, "Reshape"):
             shape = folder.value(node.inputs[1])
             if shape is None or list(shape.reshape(-1)) != [-1, 1]:
-                return False
+                return None
             lifts += 1
         elif is_op(node, "Unsqueeze"):
             axes = node.attrs.get("axes") if len(node.inputs) < 2 else folder.value(node.inputs[1])
             if axes is None or [int(a) for a in np.reshape(axes, -1)] not in ([1], [-1]):
-                return False
+                return None
             lifts += 1
-        node = producer(node.inputs[0])
-    return lifts == 1
+        elif not (is_op(node, "Cast") or is_op(node, "Identity")):
+            return None
+        tensor = node.inputs[0]
+
+
+def _is_one(tensor: gs.Tensor, folder) -> bool:
+    one = folder.value(tensor)
+    return one is not None and one.size == 1 and one.reshape(-1)[0] == 1
 
 
 def _select(tensor: gs.Tensor, compare: gs.Node, folder):
-    """(new, old) if ``tensor`` is ``valid ? new : old``."""
+    """(new, old) if ``tensor`` is ``valid ? new : old``: ``Where(valid, new, old)``,
+    ``m·new + (1-m)·old`` for a 0/1 mask m (tf2onnx writes ``(1-m)`` as ``Cast(!valid)``),
+    or ``m·new`` (old a zero)."""
     node = producer(tensor)
     if node is None:
         return None
     if is_op(node, "Where"):
-        polarity = _valid(node.inputs[0], compare)
-        if polarity is None or not _lifted(node.inputs[0], folder):
+        polarity = _mask(node.inputs[0], compare, folder)
+        if polarity is None:
             return None
         a, b = node.inputs[1], node.inputs[2]
         return (a, b) if polarity else (b, a)
+    if is_op(node, "Mul"):
+        term = _masked_term(tensor, compare, folder)
+        if term is None:
+            return None
+        zero = gs.Constant(f"{tensor.name}_masked_zero", np.zeros((), dtype_of(tensor) or np.float32))
+        return (term[1], zero) if term[0] else (zero, term[1])
     if not is_op(node, "Add"):
         return None
     terms = [_masked_term(t, compare, folder) for t in node.inputs]
@@ -183,16 +190,15 @@ def _select(tensor: gs.Tensor, compare: gs.Node, folder):
 
 
 def _masked_term(tensor: gs.Tensor, compare: gs.Node, folder):
-    """(polarity, value) for ``Cast(mask)·value``."""
+    """(polarity, value) for ``m·value`` with m the 0/1 mask or its negation (a Mul reads
+    numbers: the mask was Cast on its way)."""
     node = producer(tensor)
     if node is None or not is_op(node, "Mul"):
         return None
     for side in (0, 1):
-        cast = producer(node.inputs[side])
-        if cast is not None and is_op(cast, "Cast"):
-            polarity = _valid(cast.inputs[0], compare)
-            if polarity is not None and _lifted(cast.inputs[0], folder):
-                return polarity, node.inputs[1 - side]
+        polarity = _mask(node.inputs[side], compare, folder)
+        if polarity is not None:
+            return polarity, node.inputs[1 - side]
     return None
 
 
