@@ -120,7 +120,7 @@ def _comparison(node: gs.Node, counter: gs.Tensor, body: gs.Graph):
 
 def _adds_one(node: gs.Node, counter: gs.Tensor, folder) -> bool:
     others = [t for t in node.inputs if t is not counter]
-    return len(others) == 1 and len(node.inputs) == 2 and _is_one(others[0], folder)
+    return len(others) == 1 and len(node.inputs) == 2 and folder.scalar(others[0]) == 1
 
 
 def _mask(tensor: gs.Tensor, compare: gs.Node, folder) -> bool | None:
@@ -137,7 +137,7 @@ def _mask(tensor: gs.Tensor, compare: gs.Node, folder) -> bool | None:
             return polarity == _COMPARE[compare.op][1] if lifts == 1 else None
         if is_op(node, "Not"):
             polarity = not polarity
-        elif is_op(node, "Sub") and len(node.inputs) == 2 and _is_one(node.inputs[0], folder):
+        elif is_op(node, "Sub") and len(node.inputs) == 2 and folder.scalar(node.inputs[0]) == 1:
             polarity = not polarity
             tensor = node.inputs[1]
             continue
@@ -154,11 +154,6 @@ def _mask(tensor: gs.Tensor, compare: gs.Node, folder) -> bool | None:
         elif not (is_op(node, "Cast") or is_op(node, "Identity")):
             return None
         tensor = node.inputs[0]
-
-
-def _is_one(tensor: gs.Tensor, folder) -> bool:
-    one = folder.value(tensor)
-    return one is not None and one.size == 1 and one.reshape(-1)[0] == 1
 
 
 def _select(tensor: gs.Tensor, compare: gs.Node, folder):
@@ -233,6 +228,5 @@ def _zero(tensor: gs.Tensor, node: gs.Node, folder) -> bool:
         fill = source.attrs.get("value")
         return fill is None or not np.any(fill.values if hasattr(fill, "values") else fill)
     if is_op(source, "Expand"):
-        fill = folder.value(source.inputs[0])
-        return fill is not None and fill.size == 1 and not np.any(fill)
+        return folder.scalar(source.inputs[0]) == 0
     return False
