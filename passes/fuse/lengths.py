@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import dtype_of, is_op
+from scanopt.graph import dtype_of, has_node, is_op
 from scanopt.passes.fuse.algebra import producer, resolve
 
 _COMPARE = {  # op -> (counter operand index, valid when the comparison is true)
@@ -113,7 +113,7 @@ def _comparison(node: gs.Node, counter: gs.Tensor, body: gs.Graph):
         return None
     lens = node.inputs[1 - side]
     made = producer(lens)
-    if (made is not None and any(made is n for n in body.nodes)) or any(lens is t for t in body.inputs):
+    if (made is not None and has_node(body, made)) or any(lens is t for t in body.inputs):
         return None  # computed per step: not the per-item lengths
     return lens, node
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.constexpr import ConstantFolder
-from scanopt.graph import HUGE, is_op, subgraphs_of, walk_graphs
+from scanopt.graph import HUGE, has_node, is_op, subgraphs_of, walk_graphs
 from scanopt.pass_api import Match, Skip
 from scanopt.shapes import ShapeTable
 
@@ -176,7 +176,7 @@ def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
     while stack:
         value = stack.pop()
         node = value.inputs[0] if len(value.inputs) == 1 else None
-        if node is None or (body is not None and not _in_graph(node, body)):
+        if node is None or (body is not None and not has_node(body, node)):
             return None
         nodes.append(node)
         if node.op == "And":
@@ -198,7 +198,7 @@ def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
 
 def _cast_chain(t: gs.Tensor, body: gs.Graph) -> list[gs.Node]:
     chain = []
-    while len(t.inputs) == 1 and t.inputs[0].op == "Cast" and _in_graph(t.inputs[0], body) and len(t.outputs) <= 1:
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast" and has_node(body, t.inputs[0]) and len(t.outputs) <= 1:
         chain.append(t.inputs[0])
         t = t.inputs[0].inputs[0]
     return chain
@@ -229,11 +229,11 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     None when the condition is not of that form at all."""
     cond_out = body.outputs[0]
     test = cond_out.inputs[0] if len(cond_out.inputs) == 1 else None
-    if test is None or test.op not in ("Less", "Greater") or not _in_graph(test, body):
+    if test is None or test.op not in ("Less", "Greater") or not has_node(body, test):
         return None
     step, bound = test.inputs if test.op == "Less" else test.inputs[::-1]
     increment = step.inputs[0] if len(step.inputs) == 1 else None
-    if increment is None or not is_op(increment, "Add") or not _in_graph(increment, body):
+    if increment is None or not is_op(increment, "Add") or not has_node(body, increment):
         return Skip("the condition is computed from data each step (a while loop with an early exit)")
     c_in, one = increment.inputs
     if not any(c_in is t for t in body.inputs[2:]):
@@ -315,10 +315,6 @@ def _local_ids(body: gs.Graph) -> set[int]:
     return ids
 
 
-def _in_graph(node: gs.Node, graph: gs.Graph) -> bool:
-    return any(n is node for n in graph.nodes)
-
-
 def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=()) -> list[Read] | Skip:
     """Every use of the counter, each an indexing read of an outer tensor, else Skip.
 
@@ -335,7 +331,7 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
         for user in list(index.outputs):
             if _among(user, ignore):
                 continue
-            if not _in_graph(user, body):
+            if not has_node(body, user):
                 return Skip(f"the iteration counter is read outside the body by {user.op}")
             if is_op(user, "Slice") and not reverse and any(user.inputs[p] is index for p in (1, 2)):
                 entry = slices.setdefault(id(user), [user, None, None])
@@ -388,7 +384,7 @@ def invariant_nodes(t: gs.Tensor, body: gs.Graph, local: set[int]) -> list[gs.No
         if id(value) in inputs or len(value.inputs) != 1:
             return None
         node = value.inputs[0]
-        if not _in_graph(node, body) or any(True for _ in subgraphs_of(node)) or node.op.startswith("Random"):
+        if not has_node(body, node) or any(True for _ in subgraphs_of(node)) or node.op.startswith("Random"):
             return None
         if any(node is n for n in order):
             continue
@@ -562,7 +558,7 @@ def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, opset: int, s
     initial, inside, out = loop.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k]
     grower = out.inputs[0] if len(out.inputs) == 1 else None
     result = loop.outputs[k]
-    if grower is None or len(inside.outputs) != 1 or inside.outputs[0] is not grower or not _in_graph(grower, body):
+    if grower is None or len(inside.outputs) != 1 or inside.outputs[0] is not grower or not has_node(body, grower):
         return None
     if len(out.outputs) or sum(o is out for o in body.outputs) != 1:
         return None  # the grown value is read in the step: a state
