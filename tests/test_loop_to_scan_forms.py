@@ -252,6 +252,10 @@ def _reduce_cond():
     (lambda: rnn_loop([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)], cond="c0",
                       inputs=[vi("x", ["T", "B", 3]), vi("h_0", ["B", 4]), vi("c0", [], BOOL)]),
      "initial condition is not constant true"),
+    # x[-1-i] is x[T-1-i] only when the trip count is x's length (else it reads x's last rows)
+    (lambda: rnn_loop([const("m1", np.array(-1, np.int64)), oh.make_node("Sub", ["m1", "i"], ["j"]),
+                       oh.make_node("Gather", ["x", "j"], ["x_t"], axis=0)]),
+     "the iteration counter is used in arithmetic"),
     (lambda: rnn_loop([oh.make_node("Neg", ["h"], ["x_t_unused"]), oh.make_node("Gather", ["x", "zero"], ["x_t"], axis=0)]),
      "reads no outer tensor per iteration"),
     (lambda: rnn_loop([oh.make_node("If", ["true"], ["x_t"],
@@ -408,7 +412,17 @@ _GATHER = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)]
     lambda: _counter_loop("Less", TP.INT32),
     lambda: _counter_loop("Greater", I64),
     _growing_concat_on_axis_1,
+    lambda: loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)] + rnn_step(), carried=["h"],
+                       carried_out=["h_new"], scan_outs=["h_new"], init_nodes=WEIGHTS, extra_inputs=[vi("h_0", ["B", 4])],
+                       outputs=[vi("h_final", None), vi("h_new_stacked", None)]),  # one value both state and scan output
+    lambda: loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("MatMul", ["x_t", "Wc"], ["xw"]),
+                        oh.make_node("Tanh", ["xw"], ["y_t"])], carried=["Wc"], carried_out=["Wc"], scan_outs=["y_t"],
+                       init_nodes=[WEIGHTS[0], oh.make_node("Identity", ["W"], ["Wc_0"])],
+                       outputs=[vi("y_t_stacked", None)]),  # weights carried through unchanged
+    lambda: loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"])],
+                       scan_outs=["y_t"], trip="n", outer=[oh.make_node("Shape", ["x"], ["s01"], start=0, end=1),
+                                                           oh.make_node("Squeeze", ["s01"], ["n"])]),
 ], ids=["slice-axis-1", "gather-axis-1", "cond-constant", "cond-equal", "cond-not", "cond-outer-true",
-        "int32-counter", "greater-counter", "concat-axis-1"])
+        "int32-counter", "greater-counter", "concat-axis-1", "state-is-scan-output", "carried-weights", "shape-start-end"])
 def test_more_hand_written_forms_convert(build):
     assert_converts(build())
