@@ -74,13 +74,15 @@ def read_lengths(node: gs.Node, n_states: int, folder, rank) -> Lengths | None:
         raise NotLengths(f"the step counter '{ins[k].name}' does not provably count by 1 per step")
     if any(not is_op(t, "Identity") or any(o.outputs for o in t.outputs) for t in step.outputs[0].outputs):
         raise NotLengths(f"the step counter's next value '{step.outputs[0].name}' is read in the body")
-    if rank(lens) != 1:
-        raise NotLengths(f"the lengths '{lens.name}' are not a vector [B] (rank {rank(lens)})")
+    lens_rank = rank(lens)
+    if lens_rank != 1 and not (lens_rank == 2 and lens.shape is not None and lens.shape[1] == 1):
+        raise NotLengths(f"the lengths '{lens.name}' are not a vector [B] or a column [B, 1] (rank {lens_rank})")
+    lifts = 2 - lens_rank  # the mask reaches [B, 1] by one lift of a [B] comparison, or by none
     unmasked: dict[int, gs.Tensor] = {}
     for i, out in enumerate(body.outputs):
         if i == k:
             continue
-        sel = _select(resolve(out), compare, folder)
+        sel = _select(resolve(out), compare, folder, lifts)
         if sel is None:
             if _reads(resolve(out), ins[k]):
                 raise NotLengths(f"{'state' if i < n_states else 'scan output'} {i if i < n_states else i - n_states} "
@@ -123,18 +125,19 @@ def _adds_one(node: gs.Node, counter: gs.Tensor, folder) -> bool:
     return len(others) == 1 and len(node.inputs) == 2 and folder.scalar(others[0]) == 1
 
 
-def _mask(tensor: gs.Tensor, compare: gs.Node, folder) -> bool | None:
+def _mask(tensor: gs.Tensor, compare: gs.Node, folder, need: int) -> bool | None:
     """True if ``tensor`` is the per-item ``c < len`` mask lifted to [B, 1], False if its
-    negation, None if neither. On the way from the comparison [B]: Not, Cast (to 0/1 numbers
-    or back), ``1 - m`` of a 0/1 number m (a negation), Identity, and exactly one lift (a
-    Reshape to [-1, 1] or an Unsqueeze at 1; a [B] mask would broadcast along H instead)."""
+    negation, None if neither. On the way from the comparison: Not, Cast (to 0/1 numbers
+    or back), ``1 - m`` of a 0/1 number m (a negation), Identity, and ``need`` lifts (a
+    Reshape to [-1, 1] or an Unsqueeze at 1): one from a [B] comparison, none from a
+    [B, 1] one (a [B] mask would broadcast along H instead)."""
     polarity, lifts = True, 0
     while True:
         node = producer(tensor)
         if node is None:
             return None
         if node is compare:
-            return polarity == _COMPARE[compare.op][1] if lifts == 1 else None
+            return polarity == _COMPARE[compare.op][1] if lifts == need else None
         if is_op(node, "Not"):
             polarity = not polarity
         elif is_op(node, "Sub") and len(node.inputs) == 2 and folder.scalar(node.inputs[0]) == 1:
@@ -156,7 +159,7 @@ def _mask(tensor: gs.Tensor, compare: gs.Node, folder) -> bool | None:
         tensor = node.inputs[0]
 
 
-def _select(tensor: gs.Tensor, compare: gs.Node, folder):
+def _select(tensor: gs.Tensor, compare: gs.Node, folder, need: int):
     """(new, old) if ``tensor`` is ``valid ? new : old``: ``Where(valid, new, old)``,
     ``m·new + (1-m)·old`` for a 0/1 mask m (tf2onnx writes ``(1-m)`` as ``Cast(!valid)``),
     or ``m·new`` (old a zero)."""
@@ -164,34 +167,34 @@ def _select(tensor: gs.Tensor, compare: gs.Node, folder):
     if node is None:
         return None
     if is_op(node, "Where"):
-        polarity = _mask(node.inputs[0], compare, folder)
+        polarity = _mask(node.inputs[0], compare, folder, need)
         if polarity is None:
             return None
         a, b = node.inputs[1], node.inputs[2]
         return (a, b) if polarity else (b, a)
     if is_op(node, "Mul"):
-        term = _masked_term(tensor, compare, folder)
+        term = _masked_term(tensor, compare, folder, need)
         if term is None:
             return None
         zero = gs.Constant(f"{tensor.name}_masked_zero", np.zeros((), dtype_of(tensor) or np.float32))
         return (term[1], zero) if term[0] else (zero, term[1])
     if not is_op(node, "Add"):
         return None
-    terms = [_masked_term(t, compare, folder) for t in node.inputs]
+    terms = [_masked_term(t, compare, folder, need) for t in node.inputs]
     if None in terms or len(terms) != 2 or terms[0][0] == terms[1][0]:
         return None
     (pa, a), (_, b) = terms
     return (a, b) if pa else (b, a)
 
 
-def _masked_term(tensor: gs.Tensor, compare: gs.Node, folder):
+def _masked_term(tensor: gs.Tensor, compare: gs.Node, folder, need: int):
     """(polarity, value) for ``m·value`` with m the 0/1 mask or its negation (a Mul reads
     numbers: the mask was Cast on its way)."""
     node = producer(tensor)
     if node is None or not is_op(node, "Mul"):
         return None
     for side in (0, 1):
-        polarity = _mask(node.inputs[side], compare, folder)
+        polarity = _mask(node.inputs[side], compare, folder, need)
         if polarity is not None:
             return polarity, node.inputs[1 - side]
     return None
