@@ -34,6 +34,12 @@ class ConstantFolder:
         self.opset = opset or onnx.defs.onnx_opset_version()
         self._memo: dict[int, tuple[gs.Tensor, np.ndarray | None]] = {}  # keeps the tensor alive: ids stay unique
 
+    def scalar(self, tensor: gs.Tensor):
+        """The element of ``tensor`` if a constant subgraph computes it with exactly one
+        element (of any rank), else None: the steps, bounds and flags matchers compare."""
+        value = self.value(tensor)
+        return value.reshape(-1)[0].item() if value is not None and value.size == 1 else None
+
     def value(self, tensor: gs.Tensor) -> np.ndarray | None:
         """The value of ``tensor`` if a constant subgraph computes it, else None."""
         found = self._memo.get(id(tensor))

@@ -5,6 +5,7 @@ the cell fuses; forms where the stacked computation would differ stay in the loo
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import cell_builders as cb
 import scanopt
@@ -60,3 +61,19 @@ def test_function_of_a_non_output_value_stays_in_the_loop():
     model = _rnn_with_extra(of_projection)
     _, report = _canonicalized(model)
     assert not any("computed after the loop" in o.detail for o in report.outcomes)
+
+
+@pytest.mark.parametrize("extra, out_dirs", [
+    (lambda body, h: body.op("LeakyRelu", h, alpha=0.3), None),  # an attribute goes with the op
+    (lambda body, h: body.op("Div", body.const(np.float32(2.0), "two"), body.op("Add", h, body.const(np.float32(3.0), "three"))),
+     None),  # the scalar as the first operand keeps its side
+    (lambda body, h: body.op("Tanh", h), [1, 1]),  # both outputs stacked in reverse
+], ids=["leaky-relu", "scalar-over-h", "both-reversed"])
+def test_other_epilogues_move_and_the_cell_still_fuses(extra, out_dirs):
+    model = _rnn_with_extra(extra, out_dirs=out_dirs)
+    out, report = _canonicalized(model)
+    assert any("computed after the loop" in o.detail for o in report.outcomes)
+    assert_equivalent(model, out)
+    fused, _ = scanopt.optimize(model, options={"target": "portable"})
+    assert ops(fused)["Scan"] == 0 and ops(fused)["RNN"] == 1
+    assert_equivalent(model, fused)

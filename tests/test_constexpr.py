@@ -101,3 +101,14 @@ def test_a_long_chain_folds_without_recursion():
 def test_random_ops_are_not_constants():
     nodes = [h.make_node("RandomUniform", [], ["y"], shape=[2, 2])]
     assert folded(nodes, {}, "y") is None
+
+
+def test_scalar_is_the_one_element_of_a_constant_of_any_rank():
+    folder = ConstantFolder(17)
+    one = gs.Constant("one", np.array([[1]], np.int64))
+    pair = gs.Constant("pair", np.array([1, 1], np.int64))
+    flag = gs.Constant("flag", np.array(True))
+    assert folder.scalar(one) == 1 and isinstance(folder.scalar(one), int)
+    assert folder.scalar(pair) is None  # two elements: no scalar
+    assert folder.scalar(flag) is True
+    assert folder.scalar(gs.Variable("x", dtype=np.float32, shape=[])) is None  # not a constant

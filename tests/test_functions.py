@@ -174,3 +174,31 @@ def test_a_loop_in_a_function_that_is_no_scan_stays_with_its_reason():
     assert optimized is model and not report.modified
     reasons = [o for o in report.outcomes if o.pass_name == "loop_to_scan"]
     assert reasons and "used in arithmetic" in reasons[0].detail and reasons[0].path == "function local.count"
+
+
+def _rnn_called_with(shapes_a, shapes_b):
+    """fn_rnn_twice's layer called on (xa, ha) and (xb, hb) of the given shapes."""
+    base = load("fn_rnn_twice")
+    domain = base.graph.node[0].domain
+    nodes = [oh.make_node("rnn_layer", [f"x{s}", f"h{s}", "w", "r"], [f"y{s}"], domain=domain) for s in "ab"]
+    (xa, ha), (xb, hb) = shapes_a, shapes_b
+    graph = oh.make_graph(nodes, "two_shapes", [vi("xa", xa), vi("ha", ha), vi("xb", xb), vi("hb", hb), vi("w", [3, 4]),
+                                                vi("r", [4, 4])], [vi("ya", None), vi("yb", None)])
+    return oh.make_model(graph, opset_imports=list(base.opset_import), ir_version=base.ir_version,
+                         functions=list(base.functions))
+
+
+@pytest.mark.parametrize("shapes_b", [([5, 2, 3], [2, 4]), ([6, 1, 3], [1, 4]), (["S", "N", 3], ["N", 4])])
+def test_call_sites_with_different_shapes_share_one_fused_body(shapes_b):
+    """One call symbolic, the other static, of batch 1, or with dims of other names: the
+    body is fused once for all of them and every call agrees with the original."""
+    model = _rnn_called_with((["T", "B", 3], ["B", 4]), shapes_b)
+    optimized, report = scanopt.optimize(model, options={"target": "portable"})
+    assert report.verification["passed"] is True
+    assert "RNN" in function_ops(optimized, "rnn_layer")
+    sizes_b = [(d if isinstance(d, int) else s) for d, s in zip(shapes_b[0][:2], (4, 3))]
+    inputs = []
+    for t, b in ((3, 2), (1, 1)):
+        f_a, f_b = feeds(t=t, b=b), feeds(t=sizes_b[0], b=sizes_b[1])
+        inputs.append({"xa": f_a["x"], "ha": f_a["h0"], "xb": f_b["x"], "hb": f_b["h0"], "w": f_a["w"], "r": f_a["r"]})
+    assert_equivalent(model, optimized, inputs=inputs)

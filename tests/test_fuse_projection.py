@@ -191,3 +191,53 @@ def test_a_hoisted_bidirectional_pair_merges_into_one_native_op():
     assert ops(out)["GRU"] == 1 and ops(out)["Scan"] == 0, [o.detail for o in outcomes]
     assert cb.native(out)[1]["direction"] == b"bidirectional"
     assert_equivalent(original, out)
+
+
+def _i64(name, value):
+    return numpy_helper.from_array(np.array(value, np.int64), name)
+
+
+_LSTM_OVER_XP_T0 = [
+    h.make_node("Gemm", ["h", "R", "xp_t0"], ["g"], transB=1),
+    h.make_node("Split", ["g", "sizes"], ["gi", "gf", "gc", "go"], axis=1),
+    h.make_node("Sigmoid", ["gi"], ["i"]), h.make_node("Sigmoid", ["gf"], ["f"]),
+    h.make_node("Tanh", ["gc"], ["cc"]), h.make_node("Sigmoid", ["go"], ["o"]),
+    h.make_node("Mul", ["f", "c"], ["fc"]), h.make_node("Mul", ["i", "cc"], ["ic"]),
+    h.make_node("Add", ["fc", "ic"], ["c_new"]), h.make_node("Tanh", ["c_new"], ["tc"]),
+    h.make_node("Mul", ["o", "tc"], ["h_new"])]
+
+
+def _dense_through_reshape(back, back_inits, *, lstm):
+    """A Dense layer as tf2onnx / Keras write it: ``Reshape(X, [-1, I])``, a Gemm with
+    transB=1 and a [1, G] bias row, then a Reshape to ``back``."""
+    g = 4 * H if lstm else H
+    outer = [h.make_node("Reshape", ["X", "flat"], ["x2"]), h.make_node("Gemm", ["x2", "Wt", "b_row"], ["p2"], transB=1),
+             *back, h.make_node("Reshape", ["p2", "back"], ["xp0"])]
+    inits = [_init("Wt", _w(2, g, I)), _init("b_row", _w(3, 1, g)), _i64("flat", [-1, I])] + back_inits
+    if lstm:
+        body_inits = [_init("R", _w(1, 4 * H, H)), _i64("sizes", [H] * 4)]
+        return _model(_LSTM_OVER_XP_T0, body_inits, 1, outer, inits, lstm=True, width=g)
+    body = [h.make_node("MatMul", ["h", "R"], ["hr"]), h.make_node("Add", ["xp_t0", "hr"], ["pre"]),
+            h.make_node("Tanh", ["pre"], ["h_new"])]
+    return _model(body, [_init("R", _w(1, H, H))], 1, outer, inits)
+
+
+def _back_to_x_leading_dims(width):
+    """``Concat(Shape(X)[0:2], [G])``."""
+    return ([h.make_node("Shape", ["X"], ["sx"]), h.make_node("Slice", ["sx", "s0", "s2"], ["lead"]),
+             h.make_node("Concat", ["lead", "g_dim"], ["back"], axis=0)],
+            [_i64("s0", [0]), _i64("s2", [2]), _i64("g_dim", [width])])
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+def test_a_projection_of_flattened_rows_reshaped_back_to_x_is_folded(lstm):
+    model = _dense_through_reshape(*_back_to_x_leading_dims(4 * H if lstm else H), lstm=lstm)
+    out = _fused(model, "LSTM" if lstm else "RNN")
+    assert ops(out)["Gemm"] == 0 and ops(out)["Reshape"] == 0
+
+
+def test_a_projection_reshaped_to_dims_not_proven_x_s_is_not_read_through():
+    """Back to a constant batch of 2 while X's batch is symbolic: the rows are not proven
+    X's, so the per-gate cut of the projected input stays unexplained and the Scan stays."""
+    model = _dense_through_reshape([], [_i64("back", [-1, 2, 4 * H])], lstm=True)
+    assert "cuts 'xp_t0' itself" in cb.declined(model)

@@ -252,6 +252,10 @@ def _reduce_cond():
     (lambda: rnn_loop([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)], cond="c0",
                       inputs=[vi("x", ["T", "B", 3]), vi("h_0", ["B", 4]), vi("c0", [], BOOL)]),
      "initial condition is not constant true"),
+    # x[-1-i] is x[T-1-i] only when the trip count is x's length (else it reads x's last rows)
+    (lambda: rnn_loop([const("m1", np.array(-1, np.int64)), oh.make_node("Sub", ["m1", "i"], ["j"]),
+                       oh.make_node("Gather", ["x", "j"], ["x_t"], axis=0)]),
+     "the iteration counter is used in arithmetic"),
     (lambda: rnn_loop([oh.make_node("Neg", ["h"], ["x_t_unused"]), oh.make_node("Gather", ["x", "zero"], ["x_t"], axis=0)]),
      "reads no outer tensor per iteration"),
     (lambda: rnn_loop([oh.make_node("If", ["true"], ["x_t"],
@@ -343,3 +347,82 @@ def test_random_loops_convert_and_agree(steps, batch, reverse, accumulate, stack
     if accumulate:
         feeds["s0_in"] = rng.standard_normal((batch, 3)).astype(np.float32)
     assert_converts(model, inputs=[feeds])
+
+
+@pytest.mark.parametrize("position", [-1, 0])
+def test_sequence_insert_at_an_explicit_position_stays(position):
+    """``SequenceInsert(seq, v, -1)`` looks like an append but inserts before the last element
+    (both engines: [a] then b at -1 gives [b, a]); at 0 it prepends. Neither is a stack in
+    step order."""
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Sin", ["x_t"], ["s_t"]),
+            const("pos", np.array(position, np.int64)), oh.make_node("SequenceInsert", ["seq", "s_t", "pos"], ["seq_new"])]
+    model = loop_model(body, carried=["seq"], carried_out=["seq_new"],
+                       outer=[oh.make_node("SequenceEmpty", [], ["seq_0"], dtype=F)],
+                       after=[oh.make_node("ConcatFromSequence", ["seq_final"], ["stacked"], axis=0, new_axis=1)],
+                       outputs=[vi("stacked", None)])
+    assert_declines(model, "inserted into at a position")
+
+
+def _rnn_over_axis_1(reads):
+    """A tanh RNN over x [B, T, 3] whose trip count is Shape(x)[1]."""
+    body = list(reads) + rnn_step() + [oh.make_node("Identity", ["h_new"], ["y_t"])]
+    outer = [oh.make_node("Shape", ["x"], ["sx"]), const("one_o", np.array(1, np.int64)),
+             oh.make_node("Gather", ["sx", "one_o"], ["n"], axis=0)]
+    return loop_model(body, carried=["h"], carried_out=["h_new"], scan_outs=["y_t"], init_nodes=WEIGHTS, trip="n",
+                      outer=outer, x_shape=["B", "T", 3], extra_inputs=[vi("h_0", ["B", 4])])
+
+
+def _counter_loop(compare, dtype):
+    """A while loop on a carried counter of ``dtype``: ``c+1 < T`` or ``T > c+1``."""
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    test = oh.make_node("Less", ["c_new", "Tc"], ["cond_out"]) if compare == "Less" else \
+        oh.make_node("Greater", ["Tc", "c_new"], ["cond_out"])
+    body = [oh.make_node("Gather", ["x", "c"], ["x_t"], axis=0), const("one_c", np.array(1, np_type)),
+            oh.make_node("Add", ["one_c", "c"], ["c_new"]), test, oh.make_node("Cos", ["x_t"], ["y_t"])]
+    outer = [oh.make_node("Shape", ["x"], ["shape_x"]), oh.make_node("Gather", ["shape_x", "zero"], ["T"], axis=0),
+             oh.make_node("Cast", ["T"], ["Tc"], to=dtype), const("zero_c", np.array(0, np_type)),
+             oh.make_node("Less", ["zero_c", "Tc"], ["go"]), oh.make_node("Identity", ["zero_c"], ["c_0"])]
+    return loop_model(body, carried=["c"], carried_out=["c_new"], scan_outs=["y_t"], trip="", cond="go",
+                      outer=outer, outputs=[vi("y_t_stacked", None)])
+
+
+def _growing_concat_on_axis_1():
+    body = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Sin", ["x_t"], ["s_t"]),
+            const("axes1", np.array([1], np.int64)), oh.make_node("Unsqueeze", ["s_t", "axes1"], ["row"]),
+            oh.make_node("Concat", ["acc", "row"], ["acc_new"], axis=1)]
+    return loop_model(body, carried=["acc"], carried_out=["acc_new"], x_shape=["T", 2, 3],
+                      outer=[const("acc_e", np.zeros((2, 0, 3), np.float32)), oh.make_node("Identity", ["acc_e"], ["acc_0"])])
+
+
+_SLICE_AXIS_1 = [const("axes1", np.array([1], np.int64)), const("axes0", np.array([0], np.int64)),
+                 const("one", np.array(1, np.int64)), oh.make_node("Unsqueeze", ["i", "axes0"], ["start"]),
+                 oh.make_node("Add", ["i", "one"], ["i1"]), oh.make_node("Unsqueeze", ["i1", "axes0"], ["end"]),
+                 oh.make_node("Slice", ["x", "start", "end", "axes1"], ["x_row"]),
+                 oh.make_node("Squeeze", ["x_row", "axes1"], ["x_t"])]
+_GATHER = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: _rnn_over_axis_1(_SLICE_AXIS_1),  # Slice(i, i+1, axes=[1]) then Squeeze
+    lambda: _rnn_over_axis_1([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=1)]),
+    lambda: rnn_loop(_GATHER + [const("cond_out", np.array(True))]),  # a condition that is a body constant
+    lambda: rnn_loop(_GATHER + [const("k1", np.array(1, np.int64)), oh.make_node("Equal", ["k1", "k1"], ["cond_out"])]),
+    lambda: rnn_loop(_GATHER + [const("no", np.array(False)), oh.make_node("Not", ["no"], ["cond_out"])]),
+    lambda: rnn_loop(_GATHER + [oh.make_node("Identity", ["true"], ["cond_out"])]),  # the outer true
+    lambda: _counter_loop("Less", TP.INT32),
+    lambda: _counter_loop("Greater", I64),
+    _growing_concat_on_axis_1,
+    lambda: loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)] + rnn_step(), carried=["h"],
+                       carried_out=["h_new"], scan_outs=["h_new"], init_nodes=WEIGHTS, extra_inputs=[vi("h_0", ["B", 4])],
+                       outputs=[vi("h_final", None), vi("h_new_stacked", None)]),  # one value both state and scan output
+    lambda: loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("MatMul", ["x_t", "Wc"], ["xw"]),
+                        oh.make_node("Tanh", ["xw"], ["y_t"])], carried=["Wc"], carried_out=["Wc"], scan_outs=["y_t"],
+                       init_nodes=[WEIGHTS[0], oh.make_node("Identity", ["W"], ["Wc_0"])],
+                       outputs=[vi("y_t_stacked", None)]),  # weights carried through unchanged
+    lambda: loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"])],
+                       scan_outs=["y_t"], trip="n", outer=[oh.make_node("Shape", ["x"], ["s01"], start=0, end=1),
+                                                           oh.make_node("Squeeze", ["s01"], ["n"])]),
+], ids=["slice-axis-1", "gather-axis-1", "cond-constant", "cond-equal", "cond-not", "cond-outer-true",
+        "int32-counter", "greater-counter", "concat-axis-1", "state-is-scan-output", "carried-weights", "shape-start-end"])
+def test_more_hand_written_forms_convert(build):
+    assert_converts(build())

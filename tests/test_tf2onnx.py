@@ -348,9 +348,11 @@ def test_a_bidirectional_pair_with_initial_states_of_their_own_batches():
 
 
 def _where_masked_rnn(reverse=False, output_old="zeros", lens_batch="batch", lift=True, counter=TP.INT64,
-                      counter_in_cell=False):
+                      counter_in_cell=False, select="where", compare="Less", column=False):
     """The step mask as people write it by hand: ``valid = Unsqueeze(c < lens, 1)``, states
-    ``Where(valid, new, h)``, outputs ``Where(valid, new, 0)``, an int64 counter from 0."""
+    ``Where(valid, new, h)``, outputs ``Where(valid, new, 0)``, an int64 counter from 0.
+    ``select="mul"``: a float mask ``m = Cast(valid)``, states ``m·new + (1-m)·h``, outputs
+    ``new·m``; ``compare="Greater"``: ``lens > c``; ``column``: lens [B, column], compared unlifted."""
     from onnx import helper as h
     from onnx import numpy_helper as nh
 
@@ -363,30 +365,43 @@ def _where_masked_rnn(reverse=False, output_old="zeros", lens_batch="batch", lif
              h.make_node("Add", ["xw", "hr"], ["pre0"])]
     nodes += [h.make_node("Cast", ["c"], ["cf"], to=TP.FLOAT), h.make_node("Add", ["pre0", "cf"], ["pre"])] \
         if counter_in_cell else [h.make_node("Identity", ["pre0"], ["pre"])]
-    nodes += [h.make_node("Tanh", ["pre"], ["new"]), h.make_node("Less", ["c", "lens"], ["valid_b" if lift else "valid"])]
-    nodes += [h.make_node("Unsqueeze", ["valid_b", "one_axis"], ["valid"])] if lift else []
-    nodes += [
-             h.make_node("Where", ["valid", "new", "h"], ["h_out"]),
-             h.make_node("Where", ["valid", "new", "zero" if output_old == "zeros" else "h"], ["y"]),
-             h.make_node("Add", ["c", "one"], ["c_out"])]
+    nodes += [h.make_node("Tanh", ["pre"], ["new"]),
+              h.make_node(compare, ["c", "lens"] if compare == "Less" else ["lens", "c"],
+                          ["valid_b" if lift and not column else "valid"])]
+    nodes += [h.make_node("Unsqueeze", ["valid_b", "one_axis"], ["valid"])] if lift and not column else []
+    if select == "where":
+        nodes += [h.make_node("Where", ["valid", "new", "h"], ["h_out"]),
+                  h.make_node("Where", ["valid", "new", "zero" if output_old == "zeros" else "h"], ["y"])]
+    else:
+        nodes += [h.make_node("Cast", ["valid"], ["m"], to=TP.FLOAT), h.make_node("Sub", ["one_f", "m"], ["not_m"]),
+                  h.make_node("Mul", ["m", "new"], ["kept"]), h.make_node("Mul", ["not_m", "h"], ["held"]),
+                  h.make_node("Add", ["kept", "held"], ["h_out"]),
+                  h.make_node("Mul", ["new", "m" if output_old == "zeros" else "not_m"], ["y"])]
+    nodes.append(h.make_node("Add", ["c", "one"], ["c_out"]))
     inits = [nh.from_array(np.array([1], np.int64), "one_axis"), nh.from_array(np.array(1, np_counter), "one"),
              nh.from_array(np.zeros([1, H_], np.float32), "zero")]
+    inits += [nh.from_array(np.array(1, np.float32), "one_f")] if select == "mul" else []
     body = h.make_graph(nodes, "masked", [vi("c", counter, []), vi("h", TP.FLOAT, ["batch", H_]),
                                           vi("x", TP.FLOAT, ["batch", I_])],
                         [vi("c_out", counter, []), vi("h_out", TP.FLOAT, ["batch", H_]),
                          vi("y", TP.FLOAT, ["batch", H_])], initializer=inits)
     scan = h.make_node("Scan", ["c0", "h0", "X"], ["c_n", "h_n", "Y"], name="masked_scan", num_scan_inputs=1,
                        body=body, scan_input_directions=[int(reverse)])
-    graph = h.make_graph([scan], "g", [vi("X", TP.FLOAT, ["seq", "batch", I_]), vi("lens", counter, [lens_batch]),
+    graph = h.make_graph([scan], "g", [vi("X", TP.FLOAT, ["seq", "batch", I_]), vi("lens", counter, [lens_batch] + ([int(column)] if column else [])),
                                        vi("h0", TP.FLOAT, ["batch", H_])],
                          [vi("h_n", TP.FLOAT, ["batch", H_]), vi("Y", TP.FLOAT, ["seq", "batch", H_])],
                          initializer=[nh.from_array(W, "W"), nh.from_array(R, "R"), nh.from_array(np.array(0, np_counter), "c0")])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("lens_batch", ["batch", "lb"])
-def test_a_where_step_mask_by_hand_fuses_with_sequence_lens(lens_batch):
-    model = _where_masked_rnn(lens_batch=lens_batch)
+@pytest.mark.parametrize("lens_batch, counter, select, compare, column", [
+    ("batch", TP.INT64, "where", "Less", False), ("lb", TP.INT64, "where", "Less", False),
+    ("batch", TP.INT32, "mul", "Greater", False), ("lb", TP.INT64, "mul", "Less", False),
+    ("batch", TP.INT64, "where", "Less", True), ("lb", TP.INT32, "mul", "Greater", True)])
+def test_a_where_step_mask_by_hand_fuses_with_sequence_lens(lens_batch, counter, select, compare, column):
+    """Where or a float mask ``m·new + (1-m)·h``; ``c < lens`` or ``lens > c``; int64 or int32;
+    lengths [B], or a column [B, 1] (``t < lens[:, None]``) compared without a lift."""
+    model = _where_masked_rnn(lens_batch=lens_batch, counter=counter, select=select, compare=compare, column=column)
     out, outcomes = cb.fuse(model)
     assert [o.applied for o in outcomes] == [True], [o.detail for o in outcomes]
     assert ops(out)["RNN"] == 1 and ops(out)["Scan"] == 0
@@ -396,7 +411,7 @@ def test_a_where_step_mask_by_hand_fuses_with_sequence_lens(lens_batch):
     for T, B, lens in ((6, 3, [6, 0, 2]), (4, 2, [9, -3]), (1, 1, [0]), (3, 4, [2]), (0, 2, [1, 0])):
         if lens_batch == "batch" and len(lens) != B:
             continue  # the model declares them one size
-        feeds = {"X": rng.standard_normal((T, B, 3)).astype(np.float32), "lens": np.array(lens, np.int64),
+        feeds = {"X": rng.standard_normal((T, B, 3)).astype(np.float32), "lens": np.array(lens, onnx.helper.tensor_dtype_to_np_dtype(counter)).reshape((-1, 1) if column else -1),
                  "h0": rng.standard_normal((B, 4)).astype(np.float32)}
         for run in (_run, lambda m, f: list(run_model(m, f).values())):
             try:
@@ -417,6 +432,9 @@ def test_a_where_step_mask_by_hand_fuses_with_sequence_lens(lens_batch):
     ({"lift": False}, "reads the step counter other than as a select by the mask"),  # [B] mask: broadcasts along H
     ({"counter": TP.FLOAT}, "not integers"),
     ({"counter_in_cell": True}, "reads the step counter besides the mask"),
+    ({"select": "mul", "output_old": "state"}, "past the length, not zeros"),  # y = new·(1-m): zeros inside
+    ({"select": "mul", "lift": False}, "reads the step counter other than as a select by the mask"),
+    ({"column": 2}, "not a vector [B] or a column [B, 1]"),  # lens [B, 2]
 ])
 def test_where_step_masks_the_native_op_cannot_take_are_declined(kwargs, reason):
     assert reason in cb.declined(_where_masked_rnn(**kwargs))

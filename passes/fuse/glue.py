@@ -137,10 +137,13 @@ class FuseEmitter(Emitter):
         return self.op("Expand", [t, shape])
 
     def clipped_lengths(self, lens, x, time_axis):
-        """Per-item lengths as int64 clipped to [0, T] (T: ``x``'s size on ``time_axis``): a body
+        """Per-item lengths ([B] or [B, 1]) as an int64 [B] clipped to [0, T] (T: ``x``'s size on ``time_axis``): a body
         mask ``step < len`` keeps every step of a longer item and none of a negative one, while
         the native ops take lengths inside [0, T] (integer Min/Max: opset 12)."""
+        column = lens.shape is not None and len(lens.shape) == 2
         lens = self.op("Cast", [lens], to=onnx.TensorProto.INT64)
+        if column:  # [B, 1]
+            lens = self.op("Reshape", [lens, self._const("flat", np.array([-1], np.int64))])
         lens = self.op("Min", [lens, self.batch_size(x, time_axis)])
         return self.op("Max", [lens, self._const("zero", np.array([0], np.int64))])
 

@@ -10,9 +10,10 @@ length, the final state the last valid step's (and the initial state for a lengt
 outer per-item vector, both selects) or says why not; the fuse pass then recognizes the cell
 on the unmasked values and the counter state becomes dead.
 
-Selects are read as ``Where(valid, a, b)`` or as tf2onnx writes TF's Select on floats,
-``Cast(valid)·a + Cast(!valid)·b`` (exact for finite values: a masked-out finite value times 0
-adds a zero)."""
+Selects are read as ``Where(valid, a, b)``, as tf2onnx writes TF's Select on floats,
+``Cast(valid)·a + Cast(!valid)·b``, as hand-authors write it, ``m·a + (1-m)·b`` with
+``m = Cast(valid)``, and an output ``m·a`` (b zero); the products are exact for finite
+values: a masked-out finite value times 0 adds a zero."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import dtype_of, is_op
+from scanopt.graph import dtype_of, has_node, is_op
 from scanopt.passes.fuse.algebra import producer, resolve
 
 _COMPARE = {  # op -> (counter operand index, valid when the comparison is true)
@@ -73,13 +74,15 @@ def read_lengths(node: gs.Node, n_states: int, folder, rank) -> Lengths | None:
         raise NotLengths(f"the step counter '{ins[k].name}' does not provably count by 1 per step")
     if any(not is_op(t, "Identity") or any(o.outputs for o in t.outputs) for t in step.outputs[0].outputs):
         raise NotLengths(f"the step counter's next value '{step.outputs[0].name}' is read in the body")
-    if rank(lens) != 1:
-        raise NotLengths(f"the lengths '{lens.name}' are not a vector [B] (rank {rank(lens)})")
+    lens_rank = rank(lens)
+    if lens_rank != 1 and not (lens_rank == 2 and lens.shape is not None and lens.shape[1] == 1):
+        raise NotLengths(f"the lengths '{lens.name}' are not a vector [B] or a column [B, 1] (rank {lens_rank})")
+    lifts = 2 - lens_rank  # the mask reaches [B, 1] by one lift of a [B] comparison, or by none
     unmasked: dict[int, gs.Tensor] = {}
     for i, out in enumerate(body.outputs):
         if i == k:
             continue
-        sel = _select(resolve(out), compare, folder)
+        sel = _select(resolve(out), compare, folder, lifts)
         if sel is None:
             if _reads(resolve(out), ins[k]):
                 raise NotLengths(f"{'state' if i < n_states else 'scan output'} {i if i < n_states else i - n_states} "
@@ -112,87 +115,88 @@ def _comparison(node: gs.Node, counter: gs.Tensor, body: gs.Graph):
         return None
     lens = node.inputs[1 - side]
     made = producer(lens)
-    if (made is not None and any(made is n for n in body.nodes)) or any(lens is t for t in body.inputs):
+    if (made is not None and has_node(body, made)) or any(lens is t for t in body.inputs):
         return None  # computed per step: not the per-item lengths
     return lens, node
 
 
 def _adds_one(node: gs.Node, counter: gs.Tensor, folder) -> bool:
     others = [t for t in node.inputs if t is not counter]
-    if len(others) != 1 or len(node.inputs) != 2:
-        return False
-    one = folder.value(others[0])
-    return one is not None and one.size == 1 and one.reshape(-1)[0] == 1
+    return len(others) == 1 and len(node.inputs) == 2 and folder.scalar(others[0]) == 1
 
 
-def _valid(tensor: gs.Tensor, compare: gs.Node) -> bool | None:
-    """True if ``tensor`` is the per-item ``c < len`` mask as [B, 1] (or [B]), False if its
-    negation, None if neither. Reshape to [-1, 1] / Unsqueeze(1) lift it to [B, 1]."""
-    polarity = True
+def _mask(tensor: gs.Tensor, compare: gs.Node, folder, need: int) -> bool | None:
+    """True if ``tensor`` is the per-item ``c < len`` mask lifted to [B, 1], False if its
+    negation, None if neither. On the way from the comparison: Not, Cast (to 0/1 numbers
+    or back), ``1 - m`` of a 0/1 number m (a negation), Identity, and ``need`` lifts (a
+    Reshape to [-1, 1] or an Unsqueeze at 1): one from a [B] comparison, none from a
+    [B, 1] one (a [B] mask would broadcast along H instead)."""
+    polarity, lifts = True, 0
     while True:
         node = producer(tensor)
         if node is None:
             return None
         if node is compare:
-            return polarity == _COMPARE[compare.op][1]
+            return polarity == _COMPARE[compare.op][1] if lifts == need else None
         if is_op(node, "Not"):
             polarity = not polarity
-        elif not (is_op(node, "Reshape") or is_op(node, "Unsqueeze") or is_op(node, "Identity")):
-            return None
-        tensor = node.inputs[0]
-
-
-def _lifted(tensor: gs.Tensor, folder) -> bool:
-    """The way from the comparison [B] to ``tensor`` lifts it to [B, 1] exactly once (a
-    Reshape to [-1, 1] or an Unsqueeze at 1): a [B] mask would broadcast along H instead."""
-    lifts = 0
-    node = producer(tensor)
-    while node is not None and not node.op.startswith(("Less", "Greater")):
-        if is_op(node, "Reshape"):
+        elif is_op(node, "Sub") and len(node.inputs) == 2 and folder.scalar(node.inputs[0]) == 1:
+            polarity = not polarity
+            tensor = node.inputs[1]
+            continue
+        elif is_op(node, "Reshape"):
             shape = folder.value(node.inputs[1])
             if shape is None or list(shape.reshape(-1)) != [-1, 1]:
-                return False
+                return None
             lifts += 1
         elif is_op(node, "Unsqueeze"):
             axes = node.attrs.get("axes") if len(node.inputs) < 2 else folder.value(node.inputs[1])
             if axes is None or [int(a) for a in np.reshape(axes, -1)] not in ([1], [-1]):
-                return False
+                return None
             lifts += 1
-        node = producer(node.inputs[0])
-    return lifts == 1
+        elif not (is_op(node, "Cast") or is_op(node, "Identity")):
+            return None
+        tensor = node.inputs[0]
 
 
-def _select(tensor: gs.Tensor, compare: gs.Node, folder):
-    """(new, old) if ``tensor`` is ``valid ? new : old``."""
+def _select(tensor: gs.Tensor, compare: gs.Node, folder, need: int):
+    """(new, old) if ``tensor`` is ``valid ? new : old``: ``Where(valid, new, old)``,
+    ``m·new + (1-m)·old`` for a 0/1 mask m (tf2onnx writes ``(1-m)`` as ``Cast(!valid)``),
+    or ``m·new`` (old a zero)."""
     node = producer(tensor)
     if node is None:
         return None
     if is_op(node, "Where"):
-        polarity = _valid(node.inputs[0], compare)
-        if polarity is None or not _lifted(node.inputs[0], folder):
+        polarity = _mask(node.inputs[0], compare, folder, need)
+        if polarity is None:
             return None
         a, b = node.inputs[1], node.inputs[2]
         return (a, b) if polarity else (b, a)
+    if is_op(node, "Mul"):
+        term = _masked_term(tensor, compare, folder, need)
+        if term is None:
+            return None
+        zero = gs.Constant(f"{tensor.name}_masked_zero", np.zeros((), dtype_of(tensor) or np.float32))
+        return (term[1], zero) if term[0] else (zero, term[1])
     if not is_op(node, "Add"):
         return None
-    terms = [_masked_term(t, compare, folder) for t in node.inputs]
+    terms = [_masked_term(t, compare, folder, need) for t in node.inputs]
     if None in terms or len(terms) != 2 or terms[0][0] == terms[1][0]:
         return None
     (pa, a), (_, b) = terms
     return (a, b) if pa else (b, a)
 
 
-def _masked_term(tensor: gs.Tensor, compare: gs.Node, folder):
-    """(polarity, value) for ``Cast(mask)·value``."""
+def _masked_term(tensor: gs.Tensor, compare: gs.Node, folder, need: int):
+    """(polarity, value) for ``m·value`` with m the 0/1 mask or its negation (a Mul reads
+    numbers: the mask was Cast on its way)."""
     node = producer(tensor)
     if node is None or not is_op(node, "Mul"):
         return None
     for side in (0, 1):
-        cast = producer(node.inputs[side])
-        if cast is not None and is_op(cast, "Cast"):
-            polarity = _valid(cast.inputs[0], compare)
-            if polarity is not None and _lifted(cast.inputs[0], folder):
-                return polarity, node.inputs[1 - side]
+        polarity = _mask(node.inputs[side], compare, folder, need)
+        if polarity is not None:
+            return polarity, node.inputs[1 - side]
     return None
 
 
@@ -227,6 +231,5 @@ def _zero(tensor: gs.Tensor, node: gs.Node, folder) -> bool:
         fill = source.attrs.get("value")
         return fill is None or not np.any(fill.values if hasattr(fill, "values") else fill)
     if is_op(source, "Expand"):
-        fill = folder.value(source.inputs[0])
-        return fill is not None and fill.size == 1 and not np.any(fill)
+        return folder.scalar(source.inputs[0]) == 0
     return False

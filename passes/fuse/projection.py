@@ -5,7 +5,8 @@ over a stand-in ``x_t`` of X (each such body input seeded with its value over ``
 the native op takes X itself, with the projection folded into its W and B.
 
 Only projections on the last axis by a constant matrix and a constant row bias are read
-(MatMul, Gemm, Add, and last-axis Split/Slice of them); X must have the projection's rank
+(MatMul, Gemm, Add, and last-axis Split/Slice of them, computed on X's rows flattened to
+[-1, I] and reshaped back to X's leading dims too); X must have the projection's rank
 (the same rows, so its per-step slice is the body's row block), and every scan input must
 come from the same X along the same axis and direction. The outer projection itself is
 left alone: it stays while anything else reads it, the cleanup pass removes it otherwise.
@@ -41,7 +42,7 @@ def projected_inputs(node: gs.Node, view, ctx, folder) -> Projection | None:
     found = []
     for k in range(view.num_scan_inputs):
         try:
-            found.append(_affine(node.inputs[first + n + k], outer))
+            found.append(_affine(node.inputs[first + n + k], outer, ctx.shapes.dims))
         except NoMatch:
             return None
     sources = {id(x) for x, _, _ in found}
@@ -60,11 +61,15 @@ def projected_inputs(node: gs.Node, view, ctx, folder) -> Projection | None:
     return Projection(x_outer, x, seeds)
 
 
-def _affine(tensor: gs.Tensor, alg: Algebra) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None]:
-    """(X, W [I, G], b [G] or None) with ``tensor == X·W + b`` along the last axis."""
+def _affine(tensor: gs.Tensor, alg: Algebra, dims=None) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None]:
+    """(X, W [I, G], b [G] or None) with ``tensor == X·W + b`` along the last axis.
+    ``dims`` (the model's DimClasses) lets a projection of X's flattened rows reshaped back
+    to X's leading dims count as one of X."""
     node = producer(tensor)
     if node is None:
         raise NoMatch("not computed")
+    if is_op(node, "Reshape") and dims is not None:
+        return _unflattened(node, tensor, alg, dims)
     if is_cut(node) and not is_op(node, "SequenceAt"):
         x, w, b = _affine(cut_source(node), alg)
         start, stop = column_range(alg, node, tensor, w.shape[1])
@@ -95,6 +100,23 @@ def _affine(tensor: gs.Tensor, alg: Algebra) -> tuple[gs.Tensor, np.ndarray, np.
             b = _row(c, w.shape[1]) * float(node.attrs.get("beta", 1.0))
         return node.inputs[0], w, b
     raise NoMatch(f"a {node.op} output")
+
+
+def _unflattened(node: gs.Node, tensor: gs.Tensor, alg: Algebra, dims) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None]:
+    """``Reshape(Reshape(X, [-1, I])·W + b, lead(X) ++ [G])`` (Dense layers as tf2onnx and
+    Keras write them, a Gemm needing 2-D) is ``X·W + b``: the rows flatten and unflatten in
+    the same order when the target's leading dims are X's, which the dims the graph proves
+    equal (the target built from ``Shape(X)``) must show."""
+    x, w, b = _affine(node.inputs[0], alg)
+    flat = producer(x)
+    shape = alg.const(flat.inputs[1]) if flat is not None and is_op(flat, "Reshape") and len(flat.inputs) > 1 else None
+    if shape is None or [int(v) for v in shape.reshape(-1)] != [-1, w.shape[0]]:
+        raise NoMatch("a Reshape of a projection not computed on X's rows flattened to [-1, I]")
+    source, rank = flat.inputs[0], alg._rank(flat.inputs[0])
+    if rank is None or alg._rank(tensor) != rank or \
+            not all(dims.same((tensor.name, a), (source.name, a)) for a in range(rank - 1)):
+        raise NoMatch(f"a Reshape of a projection not proven to restore the leading dims of '{source.name}'")
+    return source, w, b
 
 
 def _row(value: np.ndarray, width: int) -> np.ndarray:

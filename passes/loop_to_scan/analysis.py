@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.constexpr import ConstantFolder
-from scanopt.graph import HUGE, is_op, subgraphs_of, walk_graphs
+from scanopt.graph import HUGE, has_node, is_op, subgraphs_of, walk_graphs
 from scanopt.pass_api import Match, Skip
 from scanopt.shapes import ShapeTable
 
@@ -164,8 +164,7 @@ def _counters(loop: gs.Node, body: gs.Graph, folder) -> list[tuple[gs.Tensor, in
         if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0 or add is None or not is_op(add, "Add"):
             continue
         other = add.inputs[1] if add.inputs[0] is c_in else add.inputs[0] if add.inputs[1] is c_in else None
-        one = folder.value(other) if other is not None else None
-        if one is not None and one.size == 1 and one.reshape(-1)[0] == 1:
+        if other is not None and folder.scalar(other) == 1:
             found.append((c_in, k))
     return found
 
@@ -177,7 +176,7 @@ def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
     while stack:
         value = stack.pop()
         node = value.inputs[0] if len(value.inputs) == 1 else None
-        if node is None or (body is not None and not _in_graph(node, body)):
+        if node is None or (body is not None and not has_node(body, node)):
             return None
         nodes.append(node)
         if node.op == "And":
@@ -199,7 +198,7 @@ def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
 
 def _cast_chain(t: gs.Tensor, body: gs.Graph) -> list[gs.Node]:
     chain = []
-    while len(t.inputs) == 1 and t.inputs[0].op == "Cast" and _in_graph(t.inputs[0], body) and len(t.outputs) <= 1:
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast" and has_node(body, t.inputs[0]) and len(t.outputs) <= 1:
         chain.append(t.inputs[0])
         t = t.inputs[0].inputs[0]
     return chain
@@ -221,8 +220,7 @@ def _resolve(t: gs.Tensor, loop: gs.Node, body: gs.Graph) -> gs.Tensor:
 
 
 def _is_zero(t: gs.Tensor, folder) -> bool:
-    value = folder.value(t)
-    return value is not None and value.size == 1 and value.reshape(-1)[0] == 0
+    return folder.scalar(t) == 0
 
 
 def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor, list[gs.Node]] | Skip | None:
@@ -231,18 +229,17 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     None when the condition is not of that form at all."""
     cond_out = body.outputs[0]
     test = cond_out.inputs[0] if len(cond_out.inputs) == 1 else None
-    if test is None or test.op not in ("Less", "Greater") or not _in_graph(test, body):
+    if test is None or test.op not in ("Less", "Greater") or not has_node(body, test):
         return None
     step, bound = test.inputs if test.op == "Less" else test.inputs[::-1]
     increment = step.inputs[0] if len(step.inputs) == 1 else None
-    if increment is None or not is_op(increment, "Add") or not _in_graph(increment, body):
+    if increment is None or not is_op(increment, "Add") or not has_node(body, increment):
         return Skip("the condition is computed from data each step (a while loop with an early exit)")
     c_in, one = increment.inputs
     if not any(c_in is t for t in body.inputs[2:]):
         c_in, one = one, c_in
     slot = next((k for k, t in enumerate(body.inputs[2:]) if t is c_in), None)
-    one_value = folder.value(one)
-    if slot is None or one_value is None or one_value.size != 1 or one_value.reshape(-1)[0] != 1:
+    if slot is None or folder.scalar(one) != 1:
         return Skip("the condition tests a value other than a counter incremented by 1")
     if body.outputs[1 + slot] is not step or sum(t is step for t in body.outputs) != 1:
         return Skip("the tested counter is not the carried value it increments")
@@ -256,9 +253,9 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     if len(step.outputs) != 1 or len(c_in.outputs) < 1 or loop.outputs[slot].outputs or len(loop.outputs[slot].inputs) != 1:
         return Skip("the counter tested in the condition is read elsewhere")
     cond = loop.inputs[1]
-    bound_value = folder.value(bound)
+    bound_value = folder.scalar(bound)
     first = cond.inputs[0] if len(cond.inputs) == 1 else None
-    runs_once = bound_value is not None and bound_value.size == 1 and bound_value.reshape(-1)[0] >= 1
+    runs_once = bound_value is not None and bound_value >= 1
     if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, loop.inputs[2 + slot], bound, folder)):
         return Skip("the initial condition is not the counter test at 0 (nor true with a bound of at least 1)")
     return slot, bound, [test, increment]
@@ -281,8 +278,7 @@ def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folde
     if test is None or test.op not in ("Less", "Greater"):
         return False
     left, right = test.inputs if test.op == "Less" else test.inputs[::-1]
-    value = folder.value(left)
-    return value is not None and value.size == 1 and value.reshape(-1)[0] == 0 and same_value(right, bound, folder)
+    return folder.scalar(left) == 0 and same_value(right, bound, folder)
 
 
 def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes: ShapeTable) -> str:
@@ -304,8 +300,7 @@ def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes
 
 
 def _is_true(t: gs.Tensor, folder: ConstantFolder) -> bool:
-    value = folder.value(t)
-    return value is not None and value.size == 1 and bool(value.reshape(-1)[0])
+    return bool(folder.scalar(t))
 
 
 def _is_sequence(t: gs.Tensor) -> bool:
@@ -318,10 +313,6 @@ def _local_ids(body: gs.Graph) -> set[int]:
         for n in level.graph.nodes:
             ids.update(id(t) for t in n.outputs)
     return ids
-
-
-def _in_graph(node: gs.Node, graph: gs.Graph) -> bool:
-    return any(n is node for n in graph.nodes)
 
 
 def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=()) -> list[Read] | Skip:
@@ -340,7 +331,7 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
         for user in list(index.outputs):
             if _among(user, ignore):
                 continue
-            if not _in_graph(user, body):
+            if not has_node(body, user):
                 return Skip(f"the iteration counter is read outside the body by {user.op}")
             if is_op(user, "Slice") and not reverse and any(user.inputs[p] is index for p in (1, 2)):
                 entry = slices.setdefault(id(user), [user, None, None])
@@ -393,7 +384,7 @@ def invariant_nodes(t: gs.Tensor, body: gs.Graph, local: set[int]) -> list[gs.No
         if id(value) in inputs or len(value.inputs) != 1:
             return None
         node = value.inputs[0]
-        if not _in_graph(node, body) or any(True for _ in subgraphs_of(node)) or node.op.startswith("Random"):
+        if not has_node(body, node) or any(True for _ in subgraphs_of(node)) or node.op.startswith("Random"):
             return None
         if any(node is n for n in order):
             continue
@@ -455,8 +446,7 @@ def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local
         return (user.outputs[0], helpers + [user], True, offset)
     if is_op(user, "Add") and not reverse and not offset:
         other = user.inputs[1] if user.inputs[0] is index else user.inputs[0]
-        one = folder.value(other)
-        if one is not None and one.size == 1 and one.reshape(-1)[0] == 1:
+        if folder.scalar(other) == 1:
             return (user.outputs[0], helpers + [user], reverse, 1)  # i+1: only a Slice's end may take it
     return Skip(f"the iteration counter is used in arithmetic ({user.op} '{user.name}'), not only to index")
 
@@ -496,11 +486,9 @@ def _is_last_index(t: gs.Tensor, trip: gs.Tensor, folder) -> bool:
     if node is None:
         return False
     if is_op(node, "Sub"):
-        one = folder.value(node.inputs[1])
-        return one is not None and one.size == 1 and one.reshape(-1)[0] == 1 and same_value(node.inputs[0], trip, folder)
+        return folder.scalar(node.inputs[1]) == 1 and same_value(node.inputs[0], trip, folder)
     if is_op(node, "Add"):
-        minus = folder.value(node.inputs[1])
-        return minus is not None and minus.size == 1 and minus.reshape(-1)[0] == -1 and same_value(node.inputs[0], trip, folder)
+        return folder.scalar(node.inputs[1]) == -1 and same_value(node.inputs[0], trip, folder)
     return False
 
 
@@ -510,9 +498,9 @@ def same_value(a: gs.Tensor, b: gs.Tensor, folder: ConstantFolder) -> bool:
     a, b = _through_scalar_ops(a), _through_scalar_ops(b)
     if a is b:
         return True
-    va, vb = folder.value(a), folder.value(b)
-    if va is not None and vb is not None:
-        return va.size == 1 and vb.size == 1 and int(va.reshape(-1)[0]) == int(vb.reshape(-1)[0])
+    if folder.value(a) is not None and folder.value(b) is not None:
+        va, vb = folder.scalar(a), folder.scalar(b)
+        return va is not None and vb is not None and int(va) == int(vb)
     da, db = shape_dim(a, folder), shape_dim(b, folder)
     return da is not None and db is not None and da[0] is db[0] and da[1] == db[1]
 
@@ -570,7 +558,7 @@ def _stack(loop: gs.Node, body: gs.Graph, k: int, graph: gs.Graph, opset: int, s
     initial, inside, out = loop.inputs[2 + k], body.inputs[2 + k], body.outputs[1 + k]
     grower = out.inputs[0] if len(out.inputs) == 1 else None
     result = loop.outputs[k]
-    if grower is None or len(inside.outputs) != 1 or inside.outputs[0] is not grower or not _in_graph(grower, body):
+    if grower is None or len(inside.outputs) != 1 or inside.outputs[0] is not grower or not has_node(body, grower):
         return None
     if len(out.outputs) or sum(o is out for o in body.outputs) != 1:
         return None  # the grown value is read in the step: a state
