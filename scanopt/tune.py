@@ -38,8 +38,9 @@ NOT_CANDIDATES = NEUTRAL_PASSES + ("upgrade",)  # upgrade is what a migration ne
 measure = timing.measure
 
 
-def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable, declared: bool):
-    """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known.
+def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None):
+    """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known
+    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are).
 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
@@ -52,6 +53,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment")}
     base_options["target"] = "portable"
     original_shapes = ShapeTable(model)
+    declared = deployment is not None
+    deployment = original_shapes if deployment is None else deployment
     inits = {t.name: t for t in model.graph.initializer}
     measured: dict[str, dict] = {}
     notes: list[str] = []
@@ -122,9 +125,11 @@ def _line(label: str, choice: dict) -> str:
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:
     """{form name: (model, passes)} built from ``sub``, the original first; and
     {pair form: the form it turned out identical to}."""
+    shapes = ShapeTable(sub)  # one inference of the subgraph for every candidate (read-only)
+
     def run(allowed: set[str]):
         selected = [p for p in chosen if p in neutral or p.name in allowed]
-        result, report = run_passes(sub, selected, options, frozenset(), None)
+        result, report = run_passes(sub, selected, options, frozenset(), None, shapes)
         applied = {o.pass_name for o in report.outcomes if o.applied and o.pass_name in allowed}
         return result, applied
 
