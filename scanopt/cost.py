@@ -285,6 +285,19 @@ def _static(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def scan_dims(x_shape, view: Any) -> tuple[int | None, int | None, int | None]:
+    """T, B, I of a Scan from the shape of its first scan input (``view``: its ScanView):
+    the scan axis, the product of the axes between, the last (a step of one scalar: B=1, no
+    I); None where not static."""
+    if not x_shape or (view.batched and len(x_shape) < 2):
+        return None, None, None
+    axis = 1 if view.batched else view.input_axes[0] % len(x_shape)
+    rest = [d for k, d in enumerate(x_shape) if k != axis]
+    batch = rest[:-1]
+    B = math.prod(batch) if all(_static(d) is not None for d in batch) else None
+    return _static(x_shape[axis]), B, _static(rest[-1]) if rest else None
+
+
 def scan_shape(node: Any, view: Any, match: Any, ctx: Any, deployment: Any = None) -> Shape:
     """T, B, I, H, K of a Scan from its first scan input and first state, as far as known:
     the deployment shapes (static or declared) first, then what the graph says."""
@@ -301,16 +314,7 @@ def scan_shape(node: Any, view: Any, match: Any, ctx: Any, deployment: Any = Non
 
     x = by_name.get(view.scan_inputs[0]) if view.scan_inputs else None
     x_shape = shape_of(x)
-    T = B = I = None
-    if x_shape is not None and len(x_shape) >= 2:
-        axis = 1 if view.batched else view.input_axes[0] % len(x_shape)
-        T = _static(x_shape[axis])
-        rest = [d for k, d in enumerate(x_shape) if k != axis]
-        I = _static(rest[-1])
-        batch = rest[:-1]
-        B = math.prod(batch) if all(_static(d) is not None for d in batch) else None
-        if not batch:
-            B = 1
+    T, B, I = scan_dims(x_shape, view) if x_shape is not None and len(x_shape) >= 2 else (None, None, None)
     T = getattr(match, "steps", None) if getattr(match, "steps", None) is not None else (T if T is not None else view.trip_count)
     H = None
     dirs = getattr(match, "dirs", None)
@@ -325,14 +329,10 @@ def scan_shape(node: Any, view: Any, match: Any, ctx: Any, deployment: Any = Non
 
 def _multiplies(node: Any) -> bool:
     """Whether the body (at any depth) holds a matrix product, whose FLOPs the widths decide."""
-    stack = [node.attrs["body"]]
-    while stack:
-        graph = stack.pop()
-        for n in graph.nodes:
-            if n.op in ("MatMul", "Gemm", "Conv", "Einsum", "MatMulInteger"):
-                return True
-            stack.extend(v for v in n.attrs.values() if hasattr(v, "nodes"))
-    return False
+    from scanopt.graph import walk_graphs
+
+    return any(n.op in ("MatMul", "Gemm", "Conv", "Einsum", "MatMulInteger")
+               for level in walk_graphs(node.attrs["body"]) for n in level.graph.nodes)
 
 
 def _cell_kind(node: Any, view: Any, match: Any) -> str:

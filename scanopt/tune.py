@@ -29,6 +29,7 @@ from scanopt import timing, tune_cache
 from scanopt.cost import NEUTRAL_PASSES, form_name
 from scanopt.protos import attribute_graphs, outer_names, proto_node_label
 from scanopt.shapes import ShapeTable
+from scanopt.validate import default_opset
 
 MODEL_SECONDS = 30.0
 SCAN_SECONDS = 2.0
@@ -101,7 +102,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             "noise": timings.noise,
             "rounds": timings.rounds,
             "clock": timings.clock,
-            "where": _where(node, feeds_shapes) + (" (declared)" if declared else " (static)"),
+            "where": _where(node, default_opset(model), feeds_shapes) + (" (declared)" if declared else " (static)"),
             "same": same,
             "threads": threads,
         }
@@ -219,16 +220,13 @@ def _feeds(sub, shapes: dict) -> dict:
     return {name: random_array(rng, numpy_dtype(elem, name), shape) for name, (elem, shape) in shapes.items()}
 
 
-def _where(node: onnx.NodeProto, shapes: dict) -> str:
+def _where(node: onnx.NodeProto, opset: int, shapes: dict) -> str:
     """T and B of the Scan at the deployment shapes, e.g. ``T=100 B=8``."""
-    attrs = {a.name: a for a in node.attribute}
-    num_scan = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
-    scan_inputs = [n for n in node.input][len(node.input) - num_scan:] if num_scan else []
-    if not scan_inputs or scan_inputs[0] not in shapes:
+    from scanopt.cost import scan_dims
+    from scanopt.scan_view import ScanView
+
+    view = ScanView.from_proto(node, opset, lambda name: shapes[name][1] if name in shapes else None)
+    if not view.scan_inputs or view.scan_inputs[0] not in shapes:
         return ", ".join(f"{k}[{','.join(map(str, v[1]))}]" for k, v in shapes.items())
-    shape = shapes[scan_inputs[0]][1]
-    axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * num_scan
-    axis = axes[0] % len(shape) if shape else 0
-    rest = [d for k, d in enumerate(shape) if k != axis]
-    batch = int(np.prod(rest[:-1])) if len(rest) > 1 else 1
-    return f"T={shape[axis] if shape else '?'} B={batch}"
+    T, B, _ = scan_dims(shapes[view.scan_inputs[0]][1], view)
+    return f"T={'?' if T is None else T} B={'?' if B is None else B}"
