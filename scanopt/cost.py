@@ -146,9 +146,7 @@ class CostPolicy:
         scale = {f: self.scales.get(scale_key(f, kind), 1.0) for f in forms}
         ratios = {f: [MODEL_MARGIN[f] * scale[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted)
                       / model_seconds("loop", kind, p, body_nodes, self.constants) for p in points] for f in forms}
-        geo = {f: math.exp(sum(math.log(r) for r in rs) / len(rs)) for f, rs in ratios.items()}
-        fit = [f for f in forms if max(ratios[f]) <= SLOWER_BOUND and geo[f] < 1]
-        best = min(fit, key=lambda f: geo[f]) if fit else "loop"
+        best, geo = range_choice(ratios)
         where = shape.describe() + (" (declared)" if self.declared else "")
         if unknown:
             where += (f"; {', '.join(unknown)} unknown: assumed {', '.join(k + ' in {' + ', '.join(map(str, UNKNOWN_RANGE[k])) + '}' for k in unknown)}, "
@@ -199,6 +197,15 @@ class CostPolicy:
                 continue
             if not isinstance(found, Skip):
                 yield other
+
+
+def range_choice(ratios: dict[str, list[float]]) -> tuple[str, dict[str, float]]:
+    """(the form chosen, {form: geometric mean}) from each form's modelled time ÷ the loop's at
+    every point: among the forms never more than SLOWER_BOUND the loop's anywhere and faster
+    on average, the best in geometric mean; else "loop"."""
+    geo = {f: math.exp(sum(math.log(r) for r in rs) / len(rs)) for f, rs in ratios.items()}
+    fit = [f for f in ratios if max(ratios[f]) <= SLOWER_BOUND and geo[f] < 1]
+    return (min(fit, key=lambda f: geo[f]) if fit else "loop"), geo
 
 
 def model_seconds(form: str, kind: str, p: dict, body_nodes: int, c: dict, lifted: int = 2) -> float:
