@@ -135,12 +135,13 @@ class CostPolicy:
             shape = Shape(T=shape.T, B=shape.B, I=1, H=1, K=shape.K)  # no products: widths do not matter
         kind = _cell_kind(node, view, match)
         body_nodes = len(node.attrs["body"].nodes)
-        forms = [pass_name] + [p for p in self._alternatives(pass_name, node, view, level, ctx)]
+        alternatives = dict(self._alternatives(pass_name, node, view, level, ctx))  # form -> its pass's match
+        forms = [pass_name] + list(alternatives)
         unknown = [k for k in ("T", "B", "I", "H") if getattr(shape, k) is None]
         points = [dict(vars(shape))]
         for k in unknown:
             points = [dict(p, **{k: v}) for p in points for v in UNKNOWN_RANGE[k]]
-        lifted = _lifted(pass_name, match, node, view, level, ctx)
+        lifted = _lifted(match if pass_name == "hoist" else alternatives.get("hoist"))
         from scanopt.calibrate import scale_key
 
         scale = {f: self.scales.get(scale_key(f, kind), 1.0) for f in forms}
@@ -179,7 +180,7 @@ class CostPolicy:
                                         "declare shapes (--input-shape) to measure, --target portable applies it anyway")
 
     def _alternatives(self, pass_name: str, node: Any, view: Any, level: Any, ctx: Any):
-        """The other modelled passes of this run that would rewrite this Scan."""
+        """(pass, its match) for the other modelled passes of this run that would rewrite this Scan."""
         from scanopt.graph import node_label
         from scanopt.pass_api import Skip, registered_passes
 
@@ -196,7 +197,7 @@ class CostPolicy:
             except Exception:  # noqa: BLE001 - a pass that cannot judge this Scan offers no alternative
                 continue
             if not isinstance(found, Skip):
-                yield other
+                yield other, found
 
 
 def range_choice(ratios: dict[str, list[float]]) -> tuple[str, dict[str, float]]:
@@ -234,19 +235,10 @@ def model_seconds(form: str, kind: str, p: dict, body_nodes: int, c: dict, lifte
     raise ValueError(form)
 
 
-def _lifted(pass_name, match, node, view, level, ctx) -> int:
-    """How many body nodes hoisting moves out of this Scan (its match's plan), else 2 (a
-    cell's input projection: MatMul and bias Add)."""
-    found = match if pass_name == "hoist" else None
-    if found is None and level is not None:
-        from scanopt.pass_api import registered_passes
-
-        hoist = registered_passes().get("hoist")
-        try:
-            found = hoist().match(node, view, level, ctx) if hoist is not None else None
-        except Exception:  # noqa: BLE001 - no plan: the default
-            found = None
-    steps = getattr(getattr(found, "plan", None), "steps", None)
+def _lifted(hoist_match) -> int:
+    """How many body nodes hoisting moves out of this Scan (the plan of hoist's match, when
+    hoist is a candidate), else 2 (a cell's input projection: MatMul and bias Add)."""
+    steps = getattr(getattr(hoist_match, "plan", None), "steps", None)
     return len(steps) if steps else 2
 
 
