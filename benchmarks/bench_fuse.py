@@ -23,7 +23,6 @@ the same run: scan/fused (speed-up) and fused/native (should be ~1).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -109,34 +108,6 @@ def native_model(kind, i, hd, wts):
     return h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=8)
 
 
-def session(model, threads):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 4
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def latencies(sessions, feeds, seconds):
-    """Median seconds per run for each session: runs interleaved one by one (rotating order),
-    thread CPU time of this thread (one intra-op thread: all the work runs here, and other
-    processes' load does not count)."""
-    for s in sessions:
-        s.run(None, feeds)
-    samples = [[] for _ in sessions]
-    deadline = time.perf_counter() + seconds * len(sessions)
-    rounds = 0
-    while time.perf_counter() < deadline or rounds < 5:
-        order = list(range(len(sessions)))
-        order = order[rounds % len(order):] + order[:rounds % len(order)]
-        for k in order:
-            t0 = time.thread_time()
-            sessions[k].run(None, feeds)
-            samples[k].append(time.thread_time() - t0)
-        rounds += 1
-    return [statistics.median(acc) for acc in samples]
-
-
 def _ops(graph):
     """Op types in a graph and every body in it."""
     for n in graph.node:
@@ -175,8 +146,10 @@ def forms(size: str, seconds: float, threads: int, dirs=("cells", "heldout_cells
 
     t, b = (int(v) for v in size.split("x"))
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
-    print(f"models/{{{','.join(dirs)}}} at T={t}, B={b}; latency = median ms per run")
-    print(f"{'sample':44} {'fused into':24} | {'optimize ms':>11} | {'scan ms':>9} {'fused ms':>9} | {'scan/fused':>10}")
+    print(f"models/{{{','.join(dirs)}}} at T={t}, B={b}; thread CPU time, median ms per run; scan/fused: median of "
+          "paired ratios; A/A: noise of two sessions of the scan")
+    print(f"{'sample':44} {'fused into':24} | {'optimize ms':>11} | {'scan ms':>9} {'fused ms':>9} | {'scan/fused':>10}"
+          f" | {'A/A':>4}")
     for path in [p for d in dirs for p in sorted(glob.glob(os.path.join(root, d, "*.onnx")))]:
         name = os.path.basename(path)[:-5]
         model = onnx.load(path)
@@ -189,12 +162,14 @@ def forms(size: str, seconds: float, threads: int, dirs=("cells", "heldout_cells
         if applied and "bidirectional" in applied[0].detail:
             what += " (bidirectional)"
         feeds = _form_feeds(model, t, b)
-        sessions = [session(m, threads) for m in (model, fused)]
-        want, got = (s.run(None, feeds) for s in sessions)
+        want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                     for m in (model, fused))
         for a, c in zip(want, got):
             np.testing.assert_allclose(c, a, rtol=1e-4, atol=1e-4)
-        ms = [v * 1e3 for v in latencies(sessions, feeds, seconds)]
-        print(f"{name:44} {what:24} | {took:>11.1f} | {ms[0]:>9.3f} {ms[1]:>9.3f} | {ms[0] / ms[1]:>10.2f}", flush=True)
+        timed = measure({"scan": model, "fused": fused}, feeds, threads=threads, seconds=2 * seconds, check_budget=False)
+        ms = [timed.forms[k].seconds * 1e3 for k in ("scan", "fused")]
+        print(f"{name:44} {what:24} | {took:>11.1f} | {ms[0]:>9.3f} {ms[1]:>9.3f} | {1 / timed.forms['fused'].ratio:>10.2f}"
+              f" | {timed.noise:>4.2f}", flush=True)
 
 
 def main(argv=None):

@@ -135,20 +135,19 @@ class CostPolicy:
             shape = Shape(T=shape.T, B=shape.B, I=1, H=1, K=shape.K)  # no products: widths do not matter
         kind = _cell_kind(node, view, match)
         body_nodes = len(node.attrs["body"].nodes)
-        forms = [pass_name] + [p for p in self._alternatives(pass_name, node, view, level, ctx)]
+        alternatives = dict(self._alternatives(pass_name, node, view, level, ctx))  # form -> its pass's match
+        forms = [pass_name] + list(alternatives)
         unknown = [k for k in ("T", "B", "I", "H") if getattr(shape, k) is None]
         points = [dict(vars(shape))]
         for k in unknown:
             points = [dict(p, **{k: v}) for p in points for v in UNKNOWN_RANGE[k]]
-        lifted = _lifted(pass_name, match, node, view, level, ctx)
+        lifted = _lifted(match if pass_name == "hoist" else alternatives.get("hoist"))
         from scanopt.calibrate import scale_key
 
         scale = {f: self.scales.get(scale_key(f, kind), 1.0) for f in forms}
         ratios = {f: [MODEL_MARGIN[f] * scale[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted)
                       / model_seconds("loop", kind, p, body_nodes, self.constants) for p in points] for f in forms}
-        geo = {f: math.exp(sum(math.log(r) for r in rs) / len(rs)) for f, rs in ratios.items()}
-        fit = [f for f in forms if max(ratios[f]) <= SLOWER_BOUND and geo[f] < 1]
-        best = min(fit, key=lambda f: geo[f]) if fit else "loop"
+        best, geo = range_choice(ratios)
         where = shape.describe() + (" (declared)" if self.declared else "")
         if unknown:
             where += (f"; {', '.join(unknown)} unknown: assumed {', '.join(k + ' in {' + ', '.join(map(str, UNKNOWN_RANGE[k])) + '}' for k in unknown)}, "
@@ -181,7 +180,7 @@ class CostPolicy:
                                         "declare shapes (--input-shape) to measure, --target portable applies it anyway")
 
     def _alternatives(self, pass_name: str, node: Any, view: Any, level: Any, ctx: Any):
-        """The other modelled passes of this run that would rewrite this Scan."""
+        """(pass, its match) for the other modelled passes of this run that would rewrite this Scan."""
         from scanopt.graph import node_label
         from scanopt.pass_api import Skip, registered_passes
 
@@ -198,7 +197,16 @@ class CostPolicy:
             except Exception:  # noqa: BLE001 - a pass that cannot judge this Scan offers no alternative
                 continue
             if not isinstance(found, Skip):
-                yield other
+                yield other, found
+
+
+def range_choice(ratios: dict[str, list[float]]) -> tuple[str, dict[str, float]]:
+    """(the form chosen, {form: geometric mean}) from each form's modelled time ÷ the loop's at
+    every point: among the forms never more than SLOWER_BOUND the loop's anywhere and faster
+    on average, the best in geometric mean; else "loop"."""
+    geo = {f: math.exp(sum(math.log(r) for r in rs) / len(rs)) for f, rs in ratios.items()}
+    fit = [f for f in ratios if max(ratios[f]) <= SLOWER_BOUND and geo[f] < 1]
+    return (min(fit, key=lambda f: geo[f]) if fit else "loop"), geo
 
 
 def model_seconds(form: str, kind: str, p: dict, body_nodes: int, c: dict, lifted: int = 2) -> float:
@@ -227,19 +235,10 @@ def model_seconds(form: str, kind: str, p: dict, body_nodes: int, c: dict, lifte
     raise ValueError(form)
 
 
-def _lifted(pass_name, match, node, view, level, ctx) -> int:
-    """How many body nodes hoisting moves out of this Scan (its match's plan), else 2 (a
-    cell's input projection: MatMul and bias Add)."""
-    found = match if pass_name == "hoist" else None
-    if found is None and level is not None:
-        from scanopt.pass_api import registered_passes
-
-        hoist = registered_passes().get("hoist")
-        try:
-            found = hoist().match(node, view, level, ctx) if hoist is not None else None
-        except Exception:  # noqa: BLE001 - no plan: the default
-            found = None
-    steps = getattr(getattr(found, "plan", None), "steps", None)
+def _lifted(hoist_match) -> int:
+    """How many body nodes hoisting moves out of this Scan (the plan of hoist's match, when
+    hoist is a candidate), else 2 (a cell's input projection: MatMul and bias Add)."""
+    steps = getattr(getattr(hoist_match, "plan", None), "steps", None)
     return len(steps) if steps else 2
 
 
@@ -285,6 +284,19 @@ def _static(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def scan_dims(x_shape, view: Any) -> tuple[int | None, int | None, int | None]:
+    """T, B, I of a Scan from the shape of its first scan input (``view``: its ScanView):
+    the scan axis, the product of the axes between, the last (a step of one scalar: B=1, no
+    I); None where not static."""
+    if not x_shape or (view.batched and len(x_shape) < 2):
+        return None, None, None
+    axis = 1 if view.batched else view.input_axes[0] % len(x_shape)
+    rest = [d for k, d in enumerate(x_shape) if k != axis]
+    batch = rest[:-1]
+    B = math.prod(batch) if all(_static(d) is not None for d in batch) else None
+    return _static(x_shape[axis]), B, _static(rest[-1]) if rest else None
+
+
 def scan_shape(node: Any, view: Any, match: Any, ctx: Any, deployment: Any = None) -> Shape:
     """T, B, I, H, K of a Scan from its first scan input and first state, as far as known:
     the deployment shapes (static or declared) first, then what the graph says."""
@@ -301,16 +313,7 @@ def scan_shape(node: Any, view: Any, match: Any, ctx: Any, deployment: Any = Non
 
     x = by_name.get(view.scan_inputs[0]) if view.scan_inputs else None
     x_shape = shape_of(x)
-    T = B = I = None
-    if x_shape is not None and len(x_shape) >= 2:
-        axis = 1 if view.batched else view.input_axes[0] % len(x_shape)
-        T = _static(x_shape[axis])
-        rest = [d for k, d in enumerate(x_shape) if k != axis]
-        I = _static(rest[-1])
-        batch = rest[:-1]
-        B = math.prod(batch) if all(_static(d) is not None for d in batch) else None
-        if not batch:
-            B = 1
+    T, B, I = scan_dims(x_shape, view) if x_shape is not None and len(x_shape) >= 2 else (None, None, None)
     T = getattr(match, "steps", None) if getattr(match, "steps", None) is not None else (T if T is not None else view.trip_count)
     H = None
     dirs = getattr(match, "dirs", None)
@@ -325,14 +328,10 @@ def scan_shape(node: Any, view: Any, match: Any, ctx: Any, deployment: Any = Non
 
 def _multiplies(node: Any) -> bool:
     """Whether the body (at any depth) holds a matrix product, whose FLOPs the widths decide."""
-    stack = [node.attrs["body"]]
-    while stack:
-        graph = stack.pop()
-        for n in graph.nodes:
-            if n.op in ("MatMul", "Gemm", "Conv", "Einsum", "MatMulInteger"):
-                return True
-            stack.extend(v for v in n.attrs.values() if hasattr(v, "nodes"))
-    return False
+    from scanopt.graph import walk_graphs
+
+    return any(n.op in ("MatMul", "Gemm", "Conv", "Einsum", "MatMulInteger")
+               for level in walk_graphs(node.attrs["body"]) for n in level.graph.nodes)
 
 
 def _cell_kind(node: Any, view: Any, match: Any) -> str:

@@ -17,6 +17,7 @@ import onnx
 
 from scanopt.errors import ScanoptError, did_you_mean
 from scanopt.protos import fed_inputs
+from scanopt.shapes import declared_type
 
 
 def parse_input_shape(text: str) -> tuple[str, list[int]]:
@@ -64,7 +65,7 @@ def check_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]] |
             raise ScanoptError(f"input shape for '{name}': {dims!r} is not a list of whole numbers") from None
         if any(d < 0 for d in dims):
             raise ScanoptError(f"input shape for '{name}': sizes must be 0 or more, got {dims}")
-        declared = _declared_dims(inputs[name])
+        declared = declared_type(inputs[name])[1]
         if declared is not None:
             if len(declared) != len(dims):
                 raise ScanoptError(f"input shape for '{name}': rank {len(dims)} given, the model declares rank "
@@ -85,7 +86,7 @@ def shaped_model(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onn
     bound: dict[str, int] = {}
     for value in model.graph.input:
         if value.name in shapes:
-            for d, size in zip(_declared_dims(value) or [], shapes[value.name]):
+            for d, size in zip(declared_type(value)[1] or [], shapes[value.name]):
                 if isinstance(d, str):
                     bound.setdefault(d, size)
     copy = onnx.ModelProto()
@@ -121,12 +122,6 @@ def tune_default() -> bool:
 
 def describe_shapes(shapes: Mapping[str, list[int]] | None) -> str:
     return " ".join(f"{name}:{','.join(map(str, dims))}" for name, dims in (shapes or {}).items())
-
-
-def _declared_dims(value: onnx.ValueInfoProto) -> list | None:
-    if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in value.type.tensor_type.shape.dim]
 
 
 def _text(dims: list) -> str:

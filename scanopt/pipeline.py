@@ -256,7 +256,7 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
 
     if progress:
         progress("timing the candidate forms of each Scan at the deployment shapes")
-    measured, notes = tune(model, _run_passes, chosen, options, deployment or ShapeTable(model), bool(declared))
+    measured, notes = tune(model, _run_passes, chosen, options, deployment)
     options = dict(options, measured=measured)
     if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
         import scanopt.tune

@@ -31,7 +31,7 @@ class ShapeTable:
         self._dims = None
         for graph in walk_proto_graphs(inferred.graph):
             for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-                self._table.setdefault(value.name, _type_of(value))
+                self._table.setdefault(value.name, declared_type(value))
             for init in graph.initializer:
                 self._table.setdefault(init.name, (init.data_type, list(init.dims)))
 
@@ -210,7 +210,9 @@ def _nbytes(tensor: onnx.TensorProto) -> int:
     return tensor.ByteSize() if length is None else length
 
 
-def _type_of(value: onnx.ValueInfoProto) -> tuple[int | None, list[Dim] | None]:
+def declared_type(value: onnx.ValueInfoProto) -> tuple[int | None, list[Dim] | None]:
+    """(elem type or None, dims as int / symbolic name / None, or None without a shape) as
+    ``value`` declares them."""
     if not value.type.HasField("tensor_type"):
         return None, None
     tensor_type = value.type.tensor_type

@@ -29,6 +29,7 @@ from scanopt import timing, tune_cache
 from scanopt.cost import NEUTRAL_PASSES, form_name
 from scanopt.protos import attribute_graphs, outer_names, proto_node_label
 from scanopt.shapes import ShapeTable
+from scanopt.validate import default_opset
 
 MODEL_SECONDS = 30.0
 SCAN_SECONDS = 2.0
@@ -38,8 +39,9 @@ NOT_CANDIDATES = NEUTRAL_PASSES + ("upgrade",)  # upgrade is what a migration ne
 measure = timing.measure
 
 
-def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable, declared: bool):
-    """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known.
+def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None):
+    """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known
+    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are).
 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
@@ -52,6 +54,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment")}
     base_options["target"] = "portable"
     original_shapes = ShapeTable(model)
+    declared = deployment is not None
+    deployment = original_shapes if deployment is None else deployment
     inits = {t.name: t for t in model.graph.initializer}
     measured: dict[str, dict] = {}
     notes: list[str] = []
@@ -98,7 +102,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             "noise": timings.noise,
             "rounds": timings.rounds,
             "clock": timings.clock,
-            "where": _where(node, feeds_shapes) + (" (declared)" if declared else " (static)"),
+            "where": _where(node, default_opset(model), feeds_shapes) + (" (declared)" if declared else " (static)"),
             "same": same,
             "threads": threads,
         }
@@ -122,9 +126,11 @@ def _line(label: str, choice: dict) -> str:
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:
     """{form name: (model, passes)} built from ``sub``, the original first; and
     {pair form: the form it turned out identical to}."""
+    shapes = ShapeTable(sub)  # one inference of the subgraph for every candidate (read-only)
+
     def run(allowed: set[str]):
         selected = [p for p in chosen if p in neutral or p.name in allowed]
-        result, report = run_passes(sub, selected, options, frozenset(), None)
+        result, report = run_passes(sub, selected, options, frozenset(), None, shapes)
         applied = {o.pass_name for o in report.outcomes if o.applied and o.pass_name in allowed}
         return result, applied
 
@@ -216,16 +222,13 @@ def _feeds(sub, shapes: dict) -> dict:
     return {name: random_array(rng, numpy_dtype(elem, name), shape) for name, (elem, shape) in shapes.items()}
 
 
-def _where(node: onnx.NodeProto, shapes: dict) -> str:
+def _where(node: onnx.NodeProto, opset: int, shapes: dict) -> str:
     """T and B of the Scan at the deployment shapes, e.g. ``T=100 B=8``."""
-    attrs = {a.name: a for a in node.attribute}
-    num_scan = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
-    scan_inputs = [n for n in node.input][len(node.input) - num_scan:] if num_scan else []
-    if not scan_inputs or scan_inputs[0] not in shapes:
+    from scanopt.cost import scan_dims
+    from scanopt.scan_view import ScanView
+
+    view = ScanView.from_proto(node, opset, lambda name: shapes[name][1] if name in shapes else None)
+    if not view.scan_inputs or view.scan_inputs[0] not in shapes:
         return ", ".join(f"{k}[{','.join(map(str, v[1]))}]" for k, v in shapes.items())
-    shape = shapes[scan_inputs[0]][1]
-    axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * num_scan
-    axis = axes[0] % len(shape) if shape else 0
-    rest = [d for k, d in enumerate(shape) if k != axis]
-    batch = int(np.prod(rest[:-1])) if len(rest) > 1 else 1
-    return f"T={shape[axis] if shape else '?'} B={batch}"
+    T, B, _ = scan_dims(shapes[view.scan_inputs[0]][1], view)
+    return f"T={'?' if T is None else T} B={'?' if B is None else B}"

@@ -248,3 +248,20 @@ def test_a_loop_that_loop_to_scan_converts_is_measured_at_the_declared_shapes_li
     assert "RNN" in ops(out) and "Loop" not in ops(out)
     fuse = next(o for o in report.outcomes if o.pass_name == "fuse" and o.applied)
     assert fuse.expected.startswith("native applied: 0.3 ms vs loop 1 ms")
+
+
+def test_the_report_reads_a_scan8s_length_from_axis_1_and_a_scan9s_from_its_scan_axis():
+    """Scan-8 scans axis 1 (axis 0 is the batch); a Scan-9 its scan_input_axes: the
+    report's T and B come from the reading the cost policy uses (cost.scan_dims)."""
+    import builders
+
+    from scanopt.tune import _where
+
+    scan8 = builders.scan8_sum(batch=5, steps=3, seq_lens=False)
+    node = scan8.graph.node[0]
+    shapes = {name: (1, shape) for name, shape in (("s0", (5, 2)), ("X", (5, 3, 2)))}
+    assert _where(node, 8, shapes) == "T=3 B=5"
+    scan9 = builders.scan9_sum(steps=7, scan_input_axes=[1])
+    node = scan9.graph.node[0]
+    x = node.input[-1]
+    assert _where(node, 11, {x: (1, (2, 7))}) == "T=7 B=1"
