@@ -60,6 +60,15 @@ def has_node(graph: gs.Graph, node: gs.Node) -> bool:
     return _position(graph, node) is not None
 
 
+def node_position(graph: gs.Graph, node: gs.Node) -> int:
+    """The index of ``node`` in ``graph.nodes`` (by identity; through the position index
+    inside :func:`editing`). Raises ValueError if ``graph`` does not hold it."""
+    position = _position(graph, node)
+    if position is None:
+        raise ValueError(f"node '{node.name}' is not in graph '{graph.name}'")
+    return position
+
+
 def is_removed(node: gs.Node) -> bool:
     """True for a node taken out of its graph by :func:`scanopt.rewrite.detach` or
     :func:`cleanup` (both unhook its tensors): an O(1) test, where has_node is O(graph).

@@ -39,7 +39,7 @@ from scanopt.graph import GraphLevel, constant_value
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import LiftEmitter, from_processing_order, through_identity, value_dtype
 from scanopt.protos import in_default_domain
-from scanopt.rewrite import Builder, consumers, is_graph_output, place_appended, rebind_outputs
+from scanopt.rewrite import consumers, is_graph_output, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 
@@ -81,9 +81,8 @@ class GemmDistances(ScanPass):
         graph = level.graph
         view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
         n = view.num_states
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
-        e = LiftEmitter(Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else ""), ctx.opset, steps=None)
+        position, start, build = replacing(node, graph, ctx.names)
+        e = LiftEmitter(build, ctx.opset, steps=None)
         queries = node.inputs[match.query_state] if match.query_state is not None else match.queries
         rows = node.inputs[n]
         dtype = value_dtype(rows, ctx.shapes)

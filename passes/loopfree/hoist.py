@@ -27,7 +27,7 @@ from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
     plan_node, step_bytes, to_processing_order, value_dtype,
 )
-from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
+from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses, replacing
 from scanopt.scan_view import ScanView
 
 TRIVIAL = ("Constant", "Identity")  # moving only these out gains nothing
@@ -115,9 +115,7 @@ class Hoist(ScanPass):
         graph, view, plan = level.graph, match.view, match.plan
         body = node.attrs["body"]
         n = view.num_states
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        position, start, build = replacing(node, graph, ctx.names)
         order: dict = {}
 
         def steps() -> gs.Tensor:

@@ -39,7 +39,7 @@ from scanopt.emit import supports
 from scanopt.passes.loopfree.prefix_scan import (
     chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product, cumulative_sum,
 )
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 # Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
@@ -247,11 +247,9 @@ class Linrec(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, LinrecMatch)
         graph, view, plan = level.graph, match.view, match.plan
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
+        position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}

@@ -29,7 +29,7 @@ from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, largest_intermediate,
     needed_nodes, plan_nodes, through_identity, to_processing_order, from_processing_order,
 )
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.rewrite import place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 MAX_CHUNKS = 8
@@ -98,11 +98,9 @@ class Vectorize(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, VectorizeMatch)
         graph, view, plan = level.graph, match.view, match.plan
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
+        position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
         chunk: dict = {}  # the current chunk's first input and, once asked for, its step count
 
         def steps() -> gs.Tensor:

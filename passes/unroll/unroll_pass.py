@@ -34,7 +34,7 @@ from scanopt.graph import GraphLevel, node_label, walk_graphs
 from scanopt.ir import OWNER
 from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.passes.loopfree.lift import value_dtype
 from scanopt.passes.unroll.batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
@@ -118,9 +118,7 @@ class Unroll(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, UnrollMatch)
         graph, view, steps = level.graph, match.view, match.steps
-        position = next(i for i, n in enumerate(graph.nodes) if n is node)
-        count_before = len(graph.nodes)
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        position, count_before, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
         states = list(node.inputs[:n])
