@@ -222,6 +222,17 @@ def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
 HUGE = 2**62
 
 
+def constant_axes(node: gs.Node, index: int = 1) -> list[int] | None:
+    """The ``axes`` of a Reduce*/Squeeze/Unsqueeze node: its attribute (older opsets) or its
+    input ``index`` when that is known at optimization time; None when omitted or computed."""
+    if "axes" in node.attrs:
+        return [int(a) for a in node.attrs["axes"]]
+    if len(node.inputs) > index and node.inputs[index].name:
+        value = constant_value(node.inputs[index])
+        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    return None
+
+
 def reverses_axis(node: gs.Node, axis: int, rank: int | None, opset: int) -> bool:
     """True if ``node`` is a Slice (opset 10+) that reverses its data along ``axis`` whole,
     for every length: one step of -1 from the last element past the first."""

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper as h
 
 import builders as b
-from scanopt.graph import NameAllocator, cleanup, constant_value, outer_captures, walk_graphs
+from scanopt.graph import NameAllocator, cleanup, constant_axes, constant_value, outer_captures, walk_graphs
 from scanopt.ir import export_model, import_model
 
 
@@ -86,6 +86,15 @@ def test_constant_value_reads_outer_initializer_from_inside_a_body():
     mul = next(n for n in body.nodes if n.op == "Mul")
     np.testing.assert_array_equal(constant_value(mul.inputs[1]), [3.0, 4.0])
     assert constant_value(mul.inputs[0]) is None  # the scanned element
+
+
+def test_constant_axes_reads_the_attribute_or_a_constant_input():
+    x = gs.Variable("x", np.float32, [2, 1])
+    attr = gs.Node("Squeeze", attrs={"axes": [-1]}, inputs=[x], outputs=[gs.Variable("a")])
+    given = gs.Node("Squeeze", inputs=[x, gs.Constant("ax", np.array([1], np.int64))], outputs=[gs.Variable("b")])
+    computed = gs.Node("Squeeze", inputs=[x, gs.Variable("run_time", np.int64, [1])], outputs=[gs.Variable("c")])
+    omitted = gs.Node("ReduceSum", inputs=[x], outputs=[gs.Variable("d")])
+    assert [constant_axes(n) for n in (attr, given, computed, omitted)] == [[-1], [1], None, None]
 
 
 def test_cleanup_keeps_outer_values_used_only_in_bodies_and_removes_dead_nodes():

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, constant_value
+from scanopt.graph import GraphLevel, constant_axes
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.loopfree.lift import LiftEmitter, from_processing_order, through_identity, value_dtype
+from scanopt.passes.loopfree.lift import LiftEmitter, changing_states, from_processing_order, through_identity, value_dtype
 from scanopt.protos import in_default_domain
 from scanopt.rewrite import consumers, is_graph_output, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -60,12 +60,11 @@ class GemmDistances(ScanPass):
         if view.batched:
             return Skip("opset-8 batched Scan: distances handles Scan-9+ (the upgrade pass converts it first)")
         body = node.attrs["body"]
-        for i in range(view.num_states):
-            if through_identity(body.outputs[i]) is not body.inputs[i]:
-                return Skip("a state changes across iterations: not a map")
+        if changing_states(body, view.num_states):
+            return Skip("a state changes across iterations: not a map")
         if view.input_directions[0:1] == (1,) or (view.output_directions[0:1] == (1,) and ctx.opset < 10):
             return Skip("a reverse scan input (the rows read backwards): left to vectorize")
-        found = find_distances(node, view, ctx.opset)
+        found = find_distances(node, view)
         if found is None:
             return Skip("not ReduceSumSquare(Sub(Q, x_t), last axis) with Q invariant and one scan input/output")
         queries = node.inputs[found.query_state] if found.query_state is not None else found.queries
@@ -102,7 +101,7 @@ class GemmDistances(ScanPass):
         return f"pairwise squared distances as one matrix product, clamped at 0 ({added} nodes, no Scan left)"
 
 
-def find_distances(node: gs.Node, view, opset: int) -> Distances | None:
+def find_distances(node: gs.Node, view) -> Distances | None:
     """The pattern of the module docstring in ``node``'s body, or None."""
     body = node.attrs["body"]
     n = view.num_states
@@ -112,7 +111,7 @@ def find_distances(node: gs.Node, view, opset: int) -> Distances | None:
     reduce = result.inputs[0] if len(result.inputs) == 1 else None
     if reduce is None or reduce.op != "ReduceSumSquare" or not in_default_domain(reduce.domain):
         return None
-    if int(reduce.attrs.get("keepdims", 1)) != 0 or _axes(reduce, opset) not in ([1], [-1]):
+    if int(reduce.attrs.get("keepdims", 1)) != 0 or constant_axes(reduce) not in ([1], [-1]):
         return None
     diff = reduce.inputs[0]
     sub = diff.inputs[0] if len(diff.inputs) == 1 else None
@@ -130,15 +129,6 @@ def find_distances(node: gs.Node, view, opset: int) -> Distances | None:
     if id(other) in produced or any(other is t for t in body.inputs):
         return None
     return Distances(None, other)
-
-
-def _axes(reduce: gs.Node, opset: int):
-    if "axes" in reduce.attrs:
-        return list(reduce.attrs["axes"])
-    if len(reduce.inputs) > 1 and reduce.inputs[1].name:
-        value = constant_value(reduce.inputs[1])
-        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
-    return None
 
 
 def emit_distances(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> gs.Tensor:

@@ -489,6 +489,11 @@ def needed_nodes(body: gs.Graph, wanted: Sequence[gs.Tensor]) -> list[gs.Node]:
     return [n for n in body.nodes if id(n) in keep]
 
 
+def changing_states(body: gs.Graph, num_states: int) -> list[int]:
+    """The states the body changes: those whose output is not their input (through Identity)."""
+    return [i for i in range(num_states) if through_identity(body.outputs[i]) is not body.inputs[i]]
+
+
 def through_identity(t: gs.Tensor) -> gs.Tensor:
     """The value ``t`` copies through a chain of Identity nodes (``t`` itself if none)."""
     seen = 0

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX
-from scanopt.graph import constant_value
+from scanopt.graph import constant_axes
 from scanopt.passes.loopfree.prefix_scan import doubling, split_steps
 from scanopt.protos import in_default_domain
 
@@ -62,10 +62,7 @@ def _unsqueezed(t: gs.Tensor, axis_from_end: int, rank: int):
     node = _producer(t, "Unsqueeze")
     if node is None:
         return None
-    axes = node.attrs.get("axes")
-    if axes is None and len(node.inputs) > 1:
-        value = constant_value(node.inputs[1])
-        axes = None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    axes = constant_axes(node)
     if axes is None or len(axes) != 1 or (axes[0] % rank) != rank + axis_from_end:
         return None
     return node.inputs[0]
@@ -120,10 +117,7 @@ def _reads_through(y: gs.Tensor, new_state: set[int], rank: int):
     if squeeze is not None:
         inner = squeeze.inputs[0]
         matmul = _producer(inner, "MatMul")
-        axes = squeeze.attrs.get("axes")
-        if axes is None and len(squeeze.inputs) > 1:
-            value = constant_value(squeeze.inputs[1])
-            axes = None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+        axes = constant_axes(squeeze)
         if matmul is None or axes is None or len(axes) != 1 or axes[0] % rank != rank - 2:
             return None
         if id(matmul.inputs[1]) not in new_state:

@@ -31,7 +31,7 @@ from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
-    through_identity, to_processing_order, value_dtype,
+    changing_states, through_identity, to_processing_order, value_dtype,
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
@@ -101,7 +101,7 @@ class Linrec(ScanPass):
             return Skip(f"CumSum and Pad with run-time pads need opset 11+, the model is at opset {ctx.opset}")
         body = node.attrs["body"]
         n = view.num_states
-        changing = [i for i in range(n) if through_identity(body.outputs[i]) is not body.inputs[i]]
+        changing = changing_states(body, n)
         if not changing:
             return Skip("no state changes across steps: a map (vectorize's case)")
         depends = _dependence(body, [body.inputs[i] for i in changing])
