@@ -93,11 +93,12 @@ def mamba(T=64, B=1, D=8, N=4, seed=0, opset=17):
                        scan_inputs=["h0", "X", "DL", "BT", "CT"])
 
 
-def linear_attention(T=64, DK=8, DV=8, gamma=0.95, opset=17, einsum=True):
-    """Decayed linear attention, matrix state S [DK, DV]: S' = γ S + k ⊗ v, y = q S'."""
+def linear_attention(T=64, DK=8, DV=8, gamma=0.95, opset=17, einsum=True, read="i,ij->j"):
+    """Decayed linear attention, matrix state S [DK, DV]: S' = γ S + k ⊗ v, y = q S' (``read``:
+    the equation of y's Einsum)."""
     if einsum:
         outer = [h.make_node("Einsum", ["k", "v"], ["kv"], equation="i,j->ij")]
-        read = [h.make_node("Einsum", ["q", "S_new"], ["y"], equation="i,ij->j")]
+        read = [h.make_node("Einsum", ["q", "S_new"], ["y"], equation=read)]
     else:
         outer = [h.make_node("Unsqueeze", ["k", "ax1"], ["kc"]), h.make_node("Unsqueeze", ["v", "ax0"], ["vr"]),
                  h.make_node("MatMul", ["kc", "vr"], ["kv"])]
@@ -163,12 +164,21 @@ def mamba_einsum(T=24, B=1, D=4, N=3, opset=17):
                        num_scan_inputs=4, scan_inputs=["h0", "X", "DL", "BT", "CT"])
 
 
-def linear_attention_transposed(T=24, DK=4, DV=4, gamma=0.9, opset=17):
-    """Linear attention with the state stored [DV, DK]: S' = γ S + vᵀk, y = S'·q."""
-    nodes = [h.make_node("Einsum", ["v", "k"], ["vk"], equation="i,j->ij"), h.make_node("Mul", ["gamma", "S"], ["gs"]),
-             h.make_node("Add", ["gs", "vk"], ["S_new"]), h.make_node("MatMul", ["S_new", "q"], ["y"])]
+def linear_attention_transposed(T=24, DK=4, DV=4, gamma=0.9, opset=17, einsum=True, read=None):
+    """Linear attention with the state stored [DV, DK]: S' = γ S + vᵀk, y = S'·q (``einsum``: the
+    outer product an Einsum and y a MatMul, else the other way round; ``read``: y's Einsum equation)."""
+    if einsum:
+        nodes = [h.make_node("Einsum", ["v", "k"], ["vk"], equation="i,j->ij")]
+        y = h.make_node("MatMul", ["S_new", "q"], ["y"])
+    else:
+        nodes = [h.make_node("Unsqueeze", ["v", "ax1"], ["vc"]), h.make_node("Unsqueeze", ["k", "ax0"], ["kr"]),
+                 h.make_node("Mul", ["vc", "kr"], ["vk"])]
+        y = h.make_node("Einsum", ["S_new", "q"], ["y"], equation=read or "ij,j->i")
+    nodes += [h.make_node("Mul", ["gamma", "S"], ["gs"]), h.make_node("Add", ["gs", "vk"], ["S_new"]), y]
     return _scan_model(nodes, [b.vi("S", [DV, DK]), b.vi("q", [DK]), b.vi("k", [DK]), b.vi("v", [DV])],
                        [b.vi("S_new", [DV, DK]), b.vi("y", [DV])],
                        [b.vi("S0", [DV, DK]), b.vi("Q", [T, DK]), b.vi("K", [T, DK]), b.vi("V", [T, DV])],
-                       [b.vi("ST", [DV, DK]), b.vi("Y", [T, DV])], [b.init("gamma", np.array(gamma, np.float32))],
+                       [b.vi("ST", [DV, DK]), b.vi("Y", [T, DV])],
+                       [b.init("gamma", np.array(gamma, np.float32)), b.init("ax0", np.array([0], np.int64)),
+                        b.init("ax1", np.array([1], np.int64))],
                        opset=opset, num_scan_inputs=3, scan_inputs=["S0", "Q", "K", "V"])

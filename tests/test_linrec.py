@@ -103,8 +103,13 @@ OTHER_WAYS = {
     "sum_as_sub_of_a_negative": (lb.body_model([h.make_node("Neg", ["x"], ["nx"]), h.make_node("Sub", ["h", "nx"], ["h_new"])],
                                                T=40, H=8), "CumSum"),
     "mamba_einsum": (lb.mamba_einsum(), "chunked scan"),
-    # y = S'·q with S stored [dv, dk]: not the matmul form's q·S', so the elementwise form
-    "linear_attention_transposed": (lb.linear_attention_transposed(), "chunked scan"),
+    # the state stored [dv, dk], read as S'·q: the matmul form on Sᵀ
+    "linear_attention_transposed_einsum": (lb.linear_attention_transposed(DK=4, DV=6), "chunked matmul form"),
+    "linear_attention_transposed_matmul": (lb.linear_attention_transposed(DK=6, DV=4, einsum=False), "chunked matmul form"),
+    # y_i = S'_ii·q_i (a diagonal, not a product; square state): the elementwise form
+    "linear_attention_diagonal_read": (lb.linear_attention(T=24, DK=4, DV=4, read="i,ii->i"), "chunked scan"),
+    "linear_attention_transposed_diagonal_read": (lb.linear_attention_transposed(einsum=False, read="ii,i->i"),
+                                                  "chunked scan"),
 }
 
 

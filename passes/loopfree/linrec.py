@@ -177,7 +177,7 @@ class Linrec(ScanPass):
             if per_step.get(id(leaf)) or shape is None or any(d != 1 for d in shape):
                 return None  # a per-step or non-scalar decay: the elementwise forms
         new_state = {id(t) for t in _identity_chain(body.outputs[i])}
-        found = find_attention(update.b.tensor, body.outputs[n:], new_state, ranks[i], through_identity)
+        found = find_attention(update.b.tensor, body.outputs[n:], new_state, ranks[i])
         if found is None:
             return None
         chunk = _divisor_at_most(view.trip_count, ctx.options.get("linrec_attention_chunk", DEFAULT_ATTENTION_CHUNK))
@@ -306,8 +306,14 @@ class Linrec(ScanPass):
         gamma, _, _ = _evaluate(e, update.a, mapping, plan, match.dtypes[i], ctx)
         keys, values = (_lifted_steps(e, t, mapping, plan, ctx) for t in (found.keys, found.values))
         queries = [_lifted_steps(e, t, mapping, plan, ctx) for t in found.queries]
-        ys, final = emit_attention(e, gamma, keys, values, queries, node.inputs[i], found.batch, view.trip_count,
+        s0 = node.inputs[i]
+        swap = list(range(found.batch)) + [found.batch + 1, found.batch]  # S [*b, dv, dk] <-> Sᵀ [*b, dk, dv]
+        if found.transposed:
+            s0 = e.op("Transpose", [s0], perm=swap)
+        ys, final = emit_attention(e, gamma, keys, values, queries, s0, found.batch, view.trip_count,
                                    match.chunk, match.dtypes[i])
+        if found.transposed:
+            final = e.op("Transpose", [final], perm=swap)
         outputs = [from_processing_order(e, y, view, k, match.out_ranks[k]) for k, y in enumerate(ys)]
         states = [final if k == i else node.inputs[k] for k in range(view.num_states)]
         rebind_outputs(node, states + outputs, graph)
