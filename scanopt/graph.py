@@ -69,6 +69,18 @@ def node_position(graph: gs.Graph, node: gs.Node) -> int:
     return position
 
 
+def identity_root(tensor: gs.Tensor) -> gs.Tensor:
+    """The value ``tensor`` copies through a chain of Identity nodes (itself if none)."""
+    seen = set()
+    while len(tensor.inputs) == 1 and is_op(tensor.inputs[0], "Identity") and id(tensor) not in seen:
+        seen.add(id(tensor))
+        producer = tensor.inputs[0]
+        if len(producer.inputs) != 1:
+            break
+        tensor = producer.inputs[0]
+    return tensor
+
+
 def is_removed(node: gs.Node) -> bool:
     """True for a node taken out of its graph by :func:`scanopt.rewrite.detach` or
     :func:`cleanup` (both unhook its tensors): an O(1) test, where has_node is O(graph).

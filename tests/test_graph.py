@@ -8,7 +8,7 @@ import pytest
 from onnx import helper as h
 
 import builders as b
-from scanopt.graph import NameAllocator, cleanup, constant_axes, constant_value, outer_captures, walk_graphs
+from scanopt.graph import NameAllocator, cleanup, constant_axes, constant_value, identity_root, outer_captures, walk_graphs
 from scanopt.ir import export_model, import_model
 
 
@@ -95,6 +95,14 @@ def test_constant_axes_reads_the_attribute_or_a_constant_input():
     computed = gs.Node("Squeeze", inputs=[x, gs.Variable("run_time", np.int64, [1])], outputs=[gs.Variable("c")])
     omitted = gs.Node("ReduceSum", inputs=[x], outputs=[gs.Variable("d")])
     assert [constant_axes(n) for n in (attr, given, computed, omitted)] == [[-1], [1], None, None]
+
+
+def test_identity_root_follows_identity_chains_only():
+    x, a, b_, c = (gs.Variable(n, np.float32, [2]) for n in "xabc")
+    gs.Node("Identity", inputs=[x], outputs=[a])
+    gs.Node("Identity", inputs=[a], outputs=[b_])
+    gs.Node("Neg", inputs=[b_], outputs=[c])
+    assert identity_root(b_) is x and identity_root(x) is x and identity_root(c) is c
 
 
 def test_cleanup_keeps_outer_values_used_only_in_bodies_and_removes_dead_nodes():

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, constant_axes
+from scanopt.graph import GraphLevel, constant_axes, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.loopfree.lift import LiftEmitter, changing_states, from_processing_order, through_identity, value_dtype
+from scanopt.passes.loopfree.lift import LiftEmitter, changing_states, from_processing_order, value_dtype
 from scanopt.protos import in_default_domain
 from scanopt.rewrite import consumers, is_graph_output, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -107,7 +107,7 @@ def find_distances(node: gs.Node, view) -> Distances | None:
     n = view.num_states
     if view.num_scan_inputs != 1 or view.num_scan_outputs != 1 or view.input_axes[0] != 0:
         return None
-    result = through_identity(body.outputs[n])
+    result = identity_root(body.outputs[n])
     reduce = result.inputs[0] if len(result.inputs) == 1 else None
     if reduce is None or reduce.op != "ReduceSumSquare" or not in_default_domain(reduce.domain):
         return None
@@ -118,11 +118,11 @@ def find_distances(node: gs.Node, view) -> Distances | None:
     if sub is None or sub.op != "Sub" or len(diff.outputs) != 1:
         return None
     element = body.inputs[n]
-    sides = [through_identity(t) for t in sub.inputs]
+    sides = [identity_root(t) for t in sub.inputs]
     if element not in sides:
         return None
     other = sides[1 - sides.index(element)]
-    states = [i for i in range(n) if body.inputs[i] is other and through_identity(body.outputs[i]) is other]
+    states = [i for i in range(n) if body.inputs[i] is other and identity_root(body.outputs[i]) is other]
     if states:
         return Distances(states[0], None)
     produced = {id(t) for nd in body.nodes for t in nd.outputs}

@@ -41,7 +41,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
-from scanopt.graph import constant_value, dtype_of, node_label, subgraphs_of
+from scanopt.graph import constant_value, dtype_of, identity_root, node_label, subgraphs_of
 from scanopt.protos import in_default_domain
 
 ELEMENTWISE = frozenset({
@@ -491,16 +491,7 @@ def needed_nodes(body: gs.Graph, wanted: Sequence[gs.Tensor]) -> list[gs.Node]:
 
 def changing_states(body: gs.Graph, num_states: int) -> list[int]:
     """The states the body changes: those whose output is not their input (through Identity)."""
-    return [i for i in range(num_states) if through_identity(body.outputs[i]) is not body.inputs[i]]
-
-
-def through_identity(t: gs.Tensor) -> gs.Tensor:
-    """The value ``t`` copies through a chain of Identity nodes (``t`` itself if none)."""
-    seen = 0
-    while len(t.inputs) == 1 and t.inputs[0].op == "Identity" and in_default_domain(t.inputs[0].domain) and seen < 10_000:
-        t = t.inputs[0].inputs[0]
-        seen += 1
-    return t
+    return [i for i in range(num_states) if identity_root(body.outputs[i]) is not body.inputs[i]]
 
 
 def value_dtype(t: gs.Tensor, shapes) -> np.dtype | None:

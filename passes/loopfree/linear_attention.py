@@ -23,8 +23,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX
-from scanopt.graph import constant_axes
-from scanopt.passes.loopfree.lift import through_identity
+from scanopt.graph import constant_axes, identity_root
 from scanopt.passes.loopfree.prefix_scan import doubling, split_steps
 from scanopt.protos import in_default_domain
 
@@ -46,7 +45,7 @@ def find_attention(b_leaf: gs.Tensor, outputs, new_state: set[int], state_rank: 
     pair = _outer_product(b_leaf, state_rank)
     if pair is None:
         return None
-    outputs = [through_identity(t) for t in outputs]
+    outputs = [identity_root(t) for t in outputs]
     queries = [_reads_through(y, new_state, state_rank) for y in outputs]
     if all(q is not None for q in queries):
         return AttentionForm(pair[0], pair[1], tuple(queries), nb)

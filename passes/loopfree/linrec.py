@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel
+from scanopt.graph import GraphLevel, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
-    changing_states, through_identity, to_processing_order, value_dtype,
+    changing_states, to_processing_order, value_dtype,
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
@@ -110,7 +110,7 @@ class Linrec(ScanPass):
         dtypes: dict[int, np.dtype] = {}
         for i in changing:
             label = f"state '{view.initial_states[i] or i}'"
-            h_in, h_out = body.inputs[i], through_identity(body.outputs[i])
+            h_in, h_out = body.inputs[i], identity_root(body.outputs[i])
             try:
                 update = linear_update(h_in, h_out, lambda t, i=i: i in depends.get(id(t), ()))
             except NotLinear as exc:
@@ -401,7 +401,7 @@ def _state_elements(shape) -> int | None:
 def _identity_chain(t: gs.Tensor) -> list[gs.Tensor]:
     """``t`` and the values it copies through Identity nodes (all the new state)."""
     chain = [t]
-    while chain[-1] is not through_identity(chain[-1]):
+    while chain[-1] is not identity_root(chain[-1]):
         chain.append(chain[-1].inputs[0].inputs[0])
     return chain
 
