@@ -233,3 +233,15 @@ def test_remove_node_inside_a_pass_finds_nodes_after_earlier_removals_and_other_
         remove_node(graph, nodes[1])
         remove_node(graph, nodes[1])  # not there any more: nothing happens
     assert [n.name for n in graph.nodes] == ["neg0", "neg2", "neg5"]
+
+
+def test_shape_table_dtype_is_declared_else_inferred_else_none():
+    from scanopt.shapes import ShapeTable
+
+    m = b.scan9_sum(weight=np.array([1.0, 2.0]))
+    table, graph = ShapeTable(m), import_model(m)
+    body = graph.nodes[0].attrs["body"]
+    undeclared = next(t for n in body.nodes for t in n.outputs if t.dtype is None)
+    assert table.dtype(graph.inputs[0]) == np.float32  # declared
+    assert table.dtype(undeclared) == np.dtype(np.float32)  # inferred
+    assert table.dtype(gs.Variable("nowhere")) is None

@@ -37,7 +37,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, constant_axes, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.loopfree.lift import LiftEmitter, changing_states, from_processing_order, value_dtype
+from scanopt.passes.loopfree.lift import LiftEmitter, changing_states, from_processing_order
 from scanopt.protos import in_default_domain
 from scanopt.rewrite import consumers, is_graph_output, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -68,7 +68,7 @@ class GemmDistances(ScanPass):
         if found is None:
             return Skip("not ReduceSumSquare(Sub(Q, x_t), last axis) with Q invariant and one scan input/output")
         queries = node.inputs[found.query_state] if found.query_state is not None else found.queries
-        dtype = value_dtype(node.inputs[view.num_states], ctx.shapes)
+        dtype = ctx.shapes.dtype(node.inputs[view.num_states])
         if view.input_ranks[0] != 2 or ctx.shapes.rank(queries) != 2:
             return Skip("the rows and queries must be matrices [n, features] (Gemm is 2-D)")
         if dtype is None or dtype.type not in (np.float32, np.float64):
@@ -84,7 +84,7 @@ class GemmDistances(ScanPass):
         e = LiftEmitter(build, ctx.opset, steps=None)
         queries = node.inputs[match.query_state] if match.query_state is not None else match.queries
         rows = node.inputs[n]
-        dtype = value_dtype(rows, ctx.shapes)
+        dtype = ctx.shapes.dtype(rows)
         ranking = order_only_topk(node.outputs[n], graph)
         if ranking is not None:  # only TopK's indices are read: the order of ‖x‖² − 2·q·x suffices
             topk, _ = ranking

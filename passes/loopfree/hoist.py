@@ -25,7 +25,7 @@ from scanopt.graph import GraphLevel, is_op, note_output
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
-    plan_node, step_bytes, to_processing_order, value_dtype,
+    plan_node, step_bytes, to_processing_order,
 )
 from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses, replacing
 from scanopt.scan_view import ScanView
@@ -106,7 +106,7 @@ class Hoist(ScanPass):
             if id(t) in lifted:
                 frontier.setdefault(id(t), t)
         for t in frontier.values():
-            if plan.values[id(t)].per_step and value_dtype(t, ctx.shapes) is None:
+            if plan.values[id(t)].per_step and ctx.shapes.dtype(t) is None:
                 return Skip(f"the element type of '{t.name}' is unknown, so it cannot become a scan input")
         return HoistMatch(view, plan, list(frontier.values()))
 
@@ -139,8 +139,8 @@ class Hoist(ScanPass):
                 shape = ctx.shapes.shape(t)
                 if outer.shape is None and shape is not None:  # so later passes see the trip count
                     outer.shape = [_trip_dim(node, view, ctx)] + list(shape)
-                    outer.dtype = value_dtype(t, ctx.shapes)
-                element = body_build.variable(f"{t.name}_step", value_dtype(t, ctx.shapes), shape)
+                    outer.dtype = ctx.shapes.dtype(t)
+                element = body_build.variable(f"{t.name}_step", ctx.shapes.dtype(t), shape)
                 body.inputs.append(element)
                 node.inputs.append(outer)
                 new_inputs += 1

@@ -284,7 +284,7 @@ class _Rule:
         trans = (int(self.attrs.get("transA", 0)), int(self.attrs.get("transB", 0)))
         has_c = len(self.node.inputs) > 2 and bool(self.node.inputs[2].name)
         c_pad = 2 - self.rank(2) if has_c and self.per_step(2) else 0
-        dtype = dtype_of(self.node.outputs[0]) or dtype_of(self.node.inputs[0])
+        dtype = next((d for d in map(dtype_of, (self.node.outputs[0], self.node.inputs[0])) if d is not None), None)
         if dtype is None and (alpha != 1.0 or (has_c and beta != 1.0)):
             raise Declined(f"{self.label}: alpha/beta need the element type, which is unknown")
 
@@ -494,14 +494,6 @@ def changing_states(body: gs.Graph, num_states: int) -> list[int]:
     return [i for i in range(num_states) if identity_root(body.outputs[i]) is not body.inputs[i]]
 
 
-def value_dtype(t: gs.Tensor, shapes) -> np.dtype | None:
-    """A body value's numpy dtype: declared, else inferred, else None."""
-    dtype = dtype_of(t)
-    if dtype is None and shapes.elem_type(t):
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(shapes.elem_type(t)))
-    return dtype
-
-
 def element_value(view, j: int, element: gs.Tensor, shapes) -> Value:
     """Body input ``element`` of scan input ``j`` as a per-step value: its rank is the outer
     rank less the scan axis, else the inferred one."""
@@ -565,5 +557,5 @@ def step_bytes(node: gs.Node, outs: Sequence[Value | None], sizes: dict[int, int
 
 
 def _itemsize(t: gs.Tensor, shapes) -> int:
-    dtype = value_dtype(t, shapes)
+    dtype = shapes.dtype(t)
     return dtype.itemsize if dtype is not None else 4

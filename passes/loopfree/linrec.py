@@ -31,7 +31,7 @@ from scanopt.graph import GraphLevel, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
-    changing_states, to_processing_order, value_dtype,
+    changing_states, to_processing_order,
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
@@ -123,7 +123,7 @@ class Linrec(ScanPass):
             rank = ctx.shapes.rank(h_in) if ctx.shapes.rank(h_in) is not None else ctx.shapes.rank(node.inputs[i])
             if rank is None:
                 return Skip(f"{label} has an unknown rank")
-            dtype = value_dtype(h_in, ctx.shapes)
+            dtype = ctx.shapes.dtype(h_in)
             if dtype is None or dtype.type not in STATE_DTYPES:
                 return Skip(f"{label} is {dtype}: the loop rounds such a state every step and a parallel form "
                             "rounds in another order (float32, float64, int32, int64 states only)")
