@@ -4,9 +4,10 @@
 
 Models are the hand-written forms of tests/linrec_builders.py at the issue's sizes (B=1):
 cumulative sum H=128; EMA with learned decay H=128; minGRU I=H=64; Mamba-style selective scan
-D=64, N=16; decayed linear attention DK=DV=64; each also at T=16 and 64 (the "never slower at
-T <= 64" rows). Timing: thread CPU time (``time.thread_time``) of ``session.run`` with one
-intra-op thread, the two sessions interleaved run by run; the median over the runs and the
+D=64, N=16; decayed linear attention DK=DV=64 (also with the state stored transposed); each also
+at T=16 and 64 (the "never slower at T <= 64" rows). Timing: thread CPU time
+(``time.thread_time``) of ``session.run`` with one intra-op thread, the two sessions
+interleaved run by run; the median over the runs and the
 spread (interquartile range as % of the median). The A/A row times the Scan against a second
 session of itself: its ratio is the noise floor. ratio = Scan / rewritten (above 1: faster).
 The rewrite is the pass's own form (tuning off). Outputs are compared first (max abs
@@ -39,6 +40,8 @@ CASES = {
     "mingru": (lambda T: lb.mingru(T=T, I=64, H=64, B=1), (16, 64, 1024), "3x at T=1024"),
     "mamba": (lambda T: lb.mamba(T=T, B=1, D=64, N=16), (16, 64, 1024), "3x at T=1024"),
     "linear_attention": (lambda T: lb.linear_attention(T=T, DK=64, DV=64), (16, 64, 1024), "2x at T=1024"),
+    "linear_attention_transposed": (lambda T: lb.linear_attention_transposed(T=T, DK=64, DV=64), (16, 64, 1024),
+                                    "2x at T=1024"),
 }
 
 

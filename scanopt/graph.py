@@ -60,6 +60,27 @@ def has_node(graph: gs.Graph, node: gs.Node) -> bool:
     return _position(graph, node) is not None
 
 
+def node_position(graph: gs.Graph, node: gs.Node) -> int:
+    """The index of ``node`` in ``graph.nodes`` (by identity; through the position index
+    inside :func:`editing`). Raises ValueError if ``graph`` does not hold it."""
+    position = _position(graph, node)
+    if position is None:
+        raise ValueError(f"node '{node.name}' is not in graph '{graph.name}'")
+    return position
+
+
+def identity_root(tensor: gs.Tensor) -> gs.Tensor:
+    """The value ``tensor`` copies through a chain of Identity nodes (itself if none)."""
+    seen = set()
+    while len(tensor.inputs) == 1 and is_op(tensor.inputs[0], "Identity") and id(tensor) not in seen:
+        seen.add(id(tensor))
+        producer = tensor.inputs[0]
+        if len(producer.inputs) != 1:
+            break
+        tensor = producer.inputs[0]
+    return tensor
+
+
 def is_removed(node: gs.Node) -> bool:
     """True for a node taken out of its graph by :func:`scanopt.rewrite.detach` or
     :func:`cleanup` (both unhook its tensors): an O(1) test, where has_node is O(graph).
@@ -211,6 +232,17 @@ def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
 # A Slice start at or above this (or an end at or below its negation) is clamped to the
 # axis end for any tensor that fits in memory: no axis has 2**62 elements.
 HUGE = 2**62
+
+
+def constant_axes(node: gs.Node, index: int = 1) -> list[int] | None:
+    """The ``axes`` of a Reduce*/Squeeze/Unsqueeze node: its attribute (older opsets) or its
+    input ``index`` when that is known at optimization time; None when omitted or computed."""
+    if "axes" in node.attrs:
+        return [int(a) for a in node.attrs["axes"]]
+    if len(node.inputs) > index and node.inputs[index].name:
+        value = constant_value(node.inputs[index])
+        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    return None
 
 
 def reverses_axis(node: gs.Node, axis: int, rank: int | None, opset: int) -> bool:

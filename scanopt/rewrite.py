@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import NameAllocator, has_node, in_graph_outputs, note_output, output_positions, remove_node
+from scanopt.graph import NameAllocator, has_node, in_graph_outputs, node_position, note_output, output_positions, remove_node
 
 
 class Builder:
@@ -57,6 +57,14 @@ class Builder:
         node = gs.Node(op, name=self._fresh(op.lower()), attrs=attrs, inputs=list(inputs), outputs=list(outputs), domain=domain)
         self.graph.nodes.append(node)
         return outputs[0] if len(outputs) == 1 else list(outputs)
+
+
+def replacing(node: gs.Node, graph: gs.Graph, names: NameAllocator) -> tuple[int, int, Builder]:
+    """The prologue of a rewrite that replaces ``node``: where it stands (for
+    :func:`place_appended`), where the nodes it is about to append will start, and a
+    Builder naming new values after it."""
+    prefix = f"{node.name}_" if node.name else ""
+    return node_position(graph, node), len(graph.nodes), Builder(graph, names, prefix=prefix)
 
 
 def detach(node: gs.Node, graph: gs.Graph) -> None:

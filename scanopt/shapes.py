@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.external_data import expected_length
+from scanopt.graph import dtype_of
 from scanopt.inference import bounded_inference
 from scanopt.protos import walk_proto_graphs
 
@@ -65,6 +67,14 @@ class ShapeTable:
 
     def elem_type(self, tensor: gs.Tensor) -> int | None:
         return self.elem_type_of(tensor.name)
+
+    def dtype(self, tensor: gs.Tensor) -> np.dtype | None:
+        """A value's numpy dtype: declared, else inferred, else None (np.dtype is falsy:
+        test for None)."""
+        dtype = dtype_of(tensor)
+        if dtype is None and self.elem_type(tensor):
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.elem_type(tensor)))
+        return dtype
 
     def elem_type_of(self, name: str) -> int | None:
         """The element type of the value called ``name`` at any level, or None."""

@@ -93,11 +93,12 @@ def mamba(T=64, B=1, D=8, N=4, seed=0, opset=17):
                        scan_inputs=["h0", "X", "DL", "BT", "CT"])
 
 
-def linear_attention(T=64, DK=8, DV=8, gamma=0.95, opset=17, einsum=True):
-    """Decayed linear attention, matrix state S [DK, DV]: S' = γ S + k ⊗ v, y = q S'."""
+def linear_attention(T=64, DK=8, DV=8, gamma=0.95, opset=17, einsum=True, read="i,ij->j"):
+    """Decayed linear attention, matrix state S [DK, DV]: S' = γ S + k ⊗ v, y = q S' (``read``:
+    the equation of y's Einsum)."""
     if einsum:
         outer = [h.make_node("Einsum", ["k", "v"], ["kv"], equation="i,j->ij")]
-        read = [h.make_node("Einsum", ["q", "S_new"], ["y"], equation="i,ij->j")]
+        read = [h.make_node("Einsum", ["q", "S_new"], ["y"], equation=read)]
     else:
         outer = [h.make_node("Unsqueeze", ["k", "ax1"], ["kc"]), h.make_node("Unsqueeze", ["v", "ax0"], ["vr"]),
                  h.make_node("MatMul", ["kc", "vr"], ["kv"])]
@@ -131,3 +132,53 @@ def body_model(update_nodes, T=16, H=4, extra_inputs=(), opset=17, state="h_new"
                        [b.vi("h0", [H], dtype), b.vi("X", [T, H], dtype)],
                        [b.vi("hT", [H], dtype)] + [b.vi(f"Y{k}", [T, H], dtype) for k in range(len(outputs))],
                        list(inits), opset=opset, num_scan_inputs=1, scan_inputs=["h0", "X"])
+
+
+def decay_input(T=40, H=8, product=False, opset=17):
+    """The decay g [H] a graph input (a value the optimizer cannot see): h' = h ⊙ g + x, or
+    with ``product`` h' = h ⊙ x ⊙ g (b = 0)."""
+    nodes = ([h.make_node("Mul", ["h", "x"], ["hx"]), h.make_node("Mul", ["hx", "g"], ["h_new"])] if product else
+             [h.make_node("Mul", ["h", "g"], ["hg"]), h.make_node("Add", ["hg", "x"], ["h_new"])])
+    nodes.append(h.make_node("Identity", ["h_new"], ["y"]))
+    return _scan_model(nodes, [b.vi("h", [H]), b.vi("x", [H])], [b.vi("h_new", [H]), b.vi("y", [H])],
+                       [b.vi("h0", [H]), b.vi("X", [T, H]), b.vi("g", [H])], [b.vi("hT", [H]), b.vi("Y", [T, H])], [],
+                       opset=opset, num_scan_inputs=1, scan_inputs=["h0", "X"])
+
+
+def mamba_einsum(T=24, B=1, D=4, N=3, opset=17):
+    """:func:`mamba` as an Einsum author writes it: Δ⊗A, Δ⊙x⊗B_t and Σ_n h'⊙C_t each one Einsum."""
+    a_log = np.log(np.arange(1, N + 1, dtype=np.float32))[None, :].repeat(D, 0)
+    nodes = [
+        h.make_node("Exp", ["A_log"], ["A_pos"]), h.make_node("Neg", ["A_pos"], ["A"]),
+        h.make_node("Softplus", ["dl"], ["delta"]),
+        h.make_node("Einsum", ["delta", "A"], ["dA"], equation="bd,dn->bdn"), h.make_node("Exp", ["dA"], ["a"]),
+        h.make_node("Einsum", ["delta", "x", "bt"], ["bx"], equation="bd,bd,bn->bdn"),
+        h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bx"], ["h_new"]),
+        h.make_node("Einsum", ["h_new", "ct"], ["y"], equation="bdn,bn->bd"),
+    ]
+    body_in = [b.vi("h", [B, D, N]), b.vi("x", [B, D]), b.vi("dl", [B, D]), b.vi("bt", [B, N]), b.vi("ct", [B, N])]
+    outer_in = [b.vi("h0", [B, D, N]), b.vi("X", [T, B, D]), b.vi("DL", [T, B, D]), b.vi("BT", [T, B, N]),
+                b.vi("CT", [T, B, N])]
+    return _scan_model(nodes, body_in, [b.vi("h_new", [B, D, N]), b.vi("y", [B, D])], outer_in,
+                       [b.vi("hT", [B, D, N]), b.vi("Y", [T, B, D])], [b.init("A_log", a_log)], opset=opset,
+                       num_scan_inputs=4, scan_inputs=["h0", "X", "DL", "BT", "CT"])
+
+
+def linear_attention_transposed(T=24, DK=4, DV=4, gamma=0.9, opset=17, einsum=True, read=None):
+    """Linear attention with the state stored [DV, DK]: S' = γ S + vᵀk, y = S'·q (``einsum``: the
+    outer product an Einsum and y a MatMul, else the other way round; ``read``: y's Einsum equation)."""
+    if einsum:
+        nodes = [h.make_node("Einsum", ["v", "k"], ["vk"], equation="i,j->ij")]
+        y = h.make_node("MatMul", ["S_new", "q"], ["y"])
+    else:
+        nodes = [h.make_node("Unsqueeze", ["v", "ax1"], ["vc"]), h.make_node("Unsqueeze", ["k", "ax0"], ["kr"]),
+                 h.make_node("Mul", ["vc", "kr"], ["vk"])]
+        y = h.make_node("Einsum", ["S_new", "q"], ["y"], equation=read or "ij,j->i")
+    nodes += [h.make_node("Mul", ["gamma", "S"], ["gs"]), h.make_node("Add", ["gs", "vk"], ["S_new"]), y]
+    return _scan_model(nodes, [b.vi("S", [DV, DK]), b.vi("q", [DK]), b.vi("k", [DK]), b.vi("v", [DV])],
+                       [b.vi("S_new", [DV, DK]), b.vi("y", [DV])],
+                       [b.vi("S0", [DV, DK]), b.vi("Q", [T, DK]), b.vi("K", [T, DK]), b.vi("V", [T, DV])],
+                       [b.vi("ST", [DV, DK]), b.vi("Y", [T, DV])],
+                       [b.init("gamma", np.array(gamma, np.float32)), b.init("ax0", np.array([0], np.int64)),
+                        b.init("ax1", np.array([1], np.int64))],
+                       opset=opset, num_scan_inputs=3, scan_inputs=["S0", "Q", "K", "V"])

@@ -32,22 +32,23 @@ def knn_model(rows: np.ndarray, k: int = 3, body_sub=("next_in", "next"), opset:
     """skl2onnx's KNN shape: Scan(state Q pass-through, scan rows) -> [rows, q] squared
     distances, Transpose, Sqrt, TopK(k, smallest)."""
     features = rows.shape[1]
+    dtype = h.np_dtype_to_tensor_dtype(rows.dtype)
     axes = {"axes": [1]} if opset < 18 else {}
     reduce_inputs = ["d"] if opset < 18 else ["d", "ax"]
     body_nodes = [h.make_node("Identity", ["next_in"], ["next_out"]), h.make_node("Sub", list(body_sub), ["d"]),
                   h.make_node("ReduceSumSquare", reduce_inputs, ["dd"], keepdims=0, **axes),
                   h.make_node("Identity", ["dd"], ["scan_out"])]
     body_inits = [b.init("ax", np.array([1], np.int64))] if opset >= 18 else []
-    body = h.make_graph(body_nodes, "body", [b.vi("next_in", ["q", features]), b.vi("next", [features])],
-                        [b.vi("next_out", ["q", features]), b.vi("scan_out", ["q"])], initializer=body_inits)
+    body = h.make_graph(body_nodes, "body", [b.vi("next_in", ["q", features], dtype), b.vi("next", [features], dtype)],
+                        [b.vi("next_out", ["q", features], dtype), b.vi("scan_out", ["q"], dtype)], initializer=body_inits)
     nodes = [
         h.make_node("Scan", ["X", "R"], ["Xf", "D"], body=body, num_scan_inputs=1),
         h.make_node("Transpose", ["D"], ["Dt"], perm=[1, 0]),
         h.make_node("Sqrt", ["Dt"], ["dist"]),
         h.make_node("TopK", ["dist", "K"], ["values", "indices"], largest=0, sorted=1),
     ]
-    graph = h.make_graph(nodes, "knn", [b.vi("X", ["q", features])],
-                         [b.vi("values", ["q", k]), h.make_tensor_value_info("indices", onnx.TensorProto.INT64, ["q", k])],
+    graph = h.make_graph(nodes, "knn", [b.vi("X", ["q", features], dtype)],
+                         [b.vi("values", ["q", k], dtype), h.make_tensor_value_info("indices", onnx.TensorProto.INT64, ["q", k])],
                          initializer=[b.init("R", rows), b.init("K", np.array([k], np.int64))])
     return b.model(graph, opset=opset)
 
@@ -114,9 +115,10 @@ def test_a_query_on_a_training_row_is_zero_or_tiny_never_nan():
     assert got["values"].max() <= bound
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("opset, sub", [(17, ("next_in", "next")), (17, ("next", "next_in")), (18, ("next_in", "next"))])
-def test_forms_match_the_loop(opset, sub):
-    rows = np.random.default_rng(2).standard_normal((40, 6)).astype(np.float32)
+def test_forms_match_the_loop(opset, sub, dtype):
+    rows = np.random.default_rng(2).standard_normal((40, 6)).astype(dtype)
     m = knn_model(rows, body_sub=sub, opset=opset)
     out, outcomes = distances(m)
     assert outcomes[0][0], outcomes

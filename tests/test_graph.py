@@ -8,7 +8,7 @@ import pytest
 from onnx import helper as h
 
 import builders as b
-from scanopt.graph import NameAllocator, cleanup, constant_value, outer_captures, walk_graphs
+from scanopt.graph import NameAllocator, cleanup, constant_axes, constant_value, identity_root, outer_captures, walk_graphs
 from scanopt.ir import export_model, import_model
 
 
@@ -86,6 +86,23 @@ def test_constant_value_reads_outer_initializer_from_inside_a_body():
     mul = next(n for n in body.nodes if n.op == "Mul")
     np.testing.assert_array_equal(constant_value(mul.inputs[1]), [3.0, 4.0])
     assert constant_value(mul.inputs[0]) is None  # the scanned element
+
+
+def test_constant_axes_reads_the_attribute_or_a_constant_input():
+    x = gs.Variable("x", np.float32, [2, 1])
+    attr = gs.Node("Squeeze", attrs={"axes": [-1]}, inputs=[x], outputs=[gs.Variable("a")])
+    given = gs.Node("Squeeze", inputs=[x, gs.Constant("ax", np.array([1], np.int64))], outputs=[gs.Variable("b")])
+    computed = gs.Node("Squeeze", inputs=[x, gs.Variable("run_time", np.int64, [1])], outputs=[gs.Variable("c")])
+    omitted = gs.Node("ReduceSum", inputs=[x], outputs=[gs.Variable("d")])
+    assert [constant_axes(n) for n in (attr, given, computed, omitted)] == [[-1], [1], None, None]
+
+
+def test_identity_root_follows_identity_chains_only():
+    x, a, b_, c = (gs.Variable(n, np.float32, [2]) for n in "xabc")
+    gs.Node("Identity", inputs=[x], outputs=[a])
+    gs.Node("Identity", inputs=[a], outputs=[b_])
+    gs.Node("Neg", inputs=[b_], outputs=[c])
+    assert identity_root(b_) is x and identity_root(x) is x and identity_root(c) is c
 
 
 def test_cleanup_keeps_outer_values_used_only_in_bodies_and_removes_dead_nodes():
@@ -216,3 +233,15 @@ def test_remove_node_inside_a_pass_finds_nodes_after_earlier_removals_and_other_
         remove_node(graph, nodes[1])
         remove_node(graph, nodes[1])  # not there any more: nothing happens
     assert [n.name for n in graph.nodes] == ["neg0", "neg2", "neg5"]
+
+
+def test_shape_table_dtype_is_declared_else_inferred_else_none():
+    from scanopt.shapes import ShapeTable
+
+    m = b.scan9_sum(weight=np.array([1.0, 2.0]))
+    table, graph = ShapeTable(m), import_model(m)
+    body = graph.nodes[0].attrs["body"]
+    undeclared = next(t for n in body.nodes for t in n.outputs if t.dtype is None)
+    assert table.dtype(graph.inputs[0]) == np.float32  # declared
+    assert table.dtype(undeclared) == np.dtype(np.float32)  # inferred
+    assert table.dtype(gs.Variable("nowhere")) is None

@@ -67,25 +67,18 @@ def test_every_chunk_length_matches_the_loop(chunk, within):
     assert_equivalent(m, rewritten(m, "chunked scan", linrec_chunk=chunk, linrec_form=within))
 
 
-def test_long_sequence_float32_within_tolerance():
-    """T=4096: the parallel form sums in another order; with a decay in (0, 1) the error
+@pytest.mark.parametrize("model, form, h0, atol", [
+    (lb.ema(T=4096, H=16), "chunked scan", np.ones([16], np.float32), 1e-5),
+    (lb.running_sum(T=4096, H=16), "CumSum", np.zeros([16], np.float32), 1e-4),
+], ids=["ema", "cumsum"])
+def test_4096_steps_in_float32_stay_at_rounding(model, form, h0, atol):
+    """The parallel forms sum in another order; with a decay in (0, 1) (or none) the error
     stays at float32 rounding (no division, nothing grows)."""
-    m = lb.ema(T=4096, H=16)
-    out = rewritten(m, "chunked scan")
-    x = np.random.default_rng(1).normal(size=[4096, 16]).astype(np.float32)
-    feeds = {"h0": np.ones([16], np.float32), "X": x}
-    want, got = run(m, feeds), run(out, feeds)
+    out = rewritten(model, form)
+    feeds = {"h0": h0, "X": np.random.default_rng(1).normal(size=[4096, 16]).astype(np.float32)}
+    want, got = run(model, feeds), run(out, feeds)
     for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
-
-
-def test_cumsum_at_4096_is_the_loops_sum():
-    m = lb.running_sum(T=4096, H=8)
-    out = rewritten(m, "CumSum")
-    feeds = {"h0": np.zeros([8], np.float32), "X": np.random.default_rng(2).normal(size=[4096, 8]).astype(np.float32)}
-    want, got = run(m, feeds), run(out, feeds)
-    for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=atol)
 
 
 def test_product_underflow_gives_zeros_not_nan():
@@ -96,6 +89,48 @@ def test_product_underflow_gives_zeros_not_nan():
     want, got = run(m, feeds), run(out, feeds)
     assert np.isfinite(got["Y"]).all() and got["Y"][-1].max() == 0.0
     np.testing.assert_allclose(got["Y"], want["Y"], rtol=1e-6)
+
+
+# ---------------------------------------------------------------- the same recurrences written other ways
+_A = np.full([8], 0.3, np.float32)
+OTHER_WAYS = {
+    "ema_as_h_plus_a_times_x_minus_h": (lb.body_model([
+        h.make_node("Sub", ["x", "h"], ["d"]), h.make_node("Mul", ["a", "d"], ["ad"]), h.make_node("Add", ["h", "ad"], ["h_new"])],
+        T=40, H=8, inits=[b.init("a", _A)]), "chunked scan"),
+    "ema_float64": (lb.body_model([
+        h.make_node("Sub", ["x", "h"], ["d"]), h.make_node("Mul", ["a", "d"], ["ad"]), h.make_node("Add", ["h", "ad"], ["h_new"])],
+        T=40, H=8, inits=[b.init("a", _A.astype(np.float64))], dtype=TP.DOUBLE), "chunked scan"),
+    "sum_as_sub_of_a_negative": (lb.body_model([h.make_node("Neg", ["x"], ["nx"]), h.make_node("Sub", ["h", "nx"], ["h_new"])],
+                                               T=40, H=8), "CumSum"),
+    "mamba_einsum": (lb.mamba_einsum(), "chunked scan"),
+    # the state stored [dv, dk], read as S'·q: the matmul form on Sᵀ
+    "linear_attention_transposed_einsum": (lb.linear_attention_transposed(DK=4, DV=6), "chunked matmul form"),
+    "linear_attention_transposed_matmul": (lb.linear_attention_transposed(DK=6, DV=4, einsum=False), "chunked matmul form"),
+    # y_i = S'_ii·q_i (a diagonal, not a product; square state): the elementwise form
+    "linear_attention_diagonal_read": (lb.linear_attention(T=24, DK=4, DV=4, read="i,ii->i"), "chunked scan"),
+    "linear_attention_transposed_diagonal_read": (lb.linear_attention_transposed(einsum=False, read="ii,i->i"),
+                                                  "chunked scan"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_WAYS))
+def test_written_other_ways_match_the_loop(name):
+    model, form = OTHER_WAYS[name]
+    assert_equivalent(model, rewritten(model, form))
+
+
+@pytest.mark.parametrize("product, form", [(False, "chunked scan"), (True, "chunked")])
+def test_decay_from_a_graph_input_matches_the_loop_where_it_is_finite(product, form):
+    """A decay the optimizer cannot see still gives h' = a⊙h + b. Fed |g| < 1 (and > 1 short of
+    overflow) the forms agree; past float32's range the loop gives ±inf and the reassociated
+    form may give nan, which verification catches (it rolls the rewrite back)."""
+    m = lb.decay_input(product=product)
+    out = rewritten(m, form)
+    r = np.random.default_rng(4)
+    for g in (r.uniform(0.1, 0.99, 8), r.uniform(-2.5, 2.5, 8)):
+        feeds = {"h0": r.normal(size=8).astype(np.float32), "X": r.normal(size=[40, 8]).astype(np.float32),
+                 "g": g.astype(np.float32)}
+        assert_equivalent(m, out, inputs=feeds)
 
 
 # ---------------------------------------------------------------- random linear recurrences

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx_graphsurgeon as gs
 import onnxruntime as ort
+import pytest
 
 import builders as b
 from scanopt.graph import NameAllocator
 from scanopt.ir import export_model, import_model
-from scanopt.rewrite import Builder, rebind_outputs, replace_all_uses
+from scanopt.rewrite import Builder, rebind_outputs, replace_all_uses, replacing
 
 
 def _run(m, feeds):
@@ -58,3 +60,14 @@ def test_replace_all_uses_reaches_into_bodies():
     replace_all_uses(w, w2, graph)
     assert next(n for n in body.nodes if n.op == "Mul").inputs[1] is w2
     assert not w.outputs
+
+
+def test_replacing_gives_the_nodes_position_the_append_start_and_a_named_builder():
+    graph = gs.Graph()
+    nodes = [gs.Node("Identity", name=f"n{i}") for i in range(3)]
+    graph.nodes.extend(nodes)
+    position, start, build = replacing(nodes[1], graph, NameAllocator(graph))
+    assert (position, start) == (1, 3)
+    assert build.op("Relu", [gs.Variable("x")]).name.startswith("n1_")
+    with pytest.raises(ValueError, match="not in graph"):
+        replacing(gs.Node("Identity", name="stray"), graph, NameAllocator(graph))

@@ -10,19 +10,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import is_op, outer_captures, subgraphs_of, walk_graphs
-
-def identity_root(tensor: gs.Tensor) -> gs.Tensor:
-    """The value ``tensor`` copies through a chain of Identity nodes (itself if none)."""
-    seen = set()
-    while len(tensor.inputs) == 1 and is_op(tensor.inputs[0], "Identity") and id(tensor) not in seen:
-        seen.add(id(tensor))
-        producer = tensor.inputs[0]
-        if len(producer.inputs) != 1:
-            break
-        tensor = producer.inputs[0]
-    return tensor
-
+from scanopt.graph import identity_root, is_op, outer_captures, subgraphs_of, walk_graphs
 
 def input_dependencies(body: gs.Graph) -> list[frozenset[int]]:
     """For each body output, the positions of the body inputs its value depends on.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import has_node, in_graph_outputs, is_op
+from scanopt.graph import has_node, in_graph_outputs, is_op, node_position
 from scanopt.rewrite import Builder, detach, is_read, replace_all_uses
 
 
@@ -27,7 +27,7 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     redirects = [(finals[j], inits[j]) for j in plan.invariant_states]
 
     if plan.removes_node:
-        position = _index(graph, node)
+        position = node_position(graph, node)
         detach(node, graph)
         _redirect(redirects, after, top, graph)
         graph.nodes[position:position] = after.graph.nodes
@@ -79,7 +79,7 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     node.attrs.clear()
     node.attrs.update(plan.attrs)
     _redirect(redirects, after, top, graph)
-    position = _index(graph, node)
+    position = node_position(graph, node)
     graph.nodes[position:position + 1] = before.graph.nodes + [node] + after.graph.nodes
     return description
 
@@ -95,10 +95,6 @@ def _compute_after(chain, stacked: gs.Tensor, target: gs.Tensor, perm, after: Bu
             return
         value = after.op(op, inputs, dtype=dtype, **attrs)
     moves.append((value, target, perm))
-
-
-def _index(graph: gs.Graph, node: gs.Node) -> int:
-    return next(i for i, x in enumerate(graph.nodes) if x is node)
 
 
 def _edit_body(body: gs.Graph, plan, inits: list, names) -> None:

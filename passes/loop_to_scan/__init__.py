@@ -24,7 +24,7 @@ from scanopt.constexpr import ConstantFolder
 from scanopt.emit import INT64_MAX, Emitter
 from scanopt.graph import HUGE, GraphLevel, is_op, node_label, remove_node
 from scanopt.pass_api import LoopPass, Match, PassContext, Skip, register_pass
-from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
+from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses, replacing
 
 from scanopt.passes.loop_to_scan.analysis import LoopMatch, Read, analyse, shape_dim
 
@@ -49,9 +49,7 @@ class LoopToScan(LoopPass):
         graph, body = level.graph, node.attrs["body"]
         trip = match.trip
         n_carried = len(node.inputs) - 2
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
-        outer = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        position, start, outer = replacing(node, graph, ctx.names)
         inner = Builder(body, ctx.names)
         emit = Emitter(outer, ctx.opset)
 

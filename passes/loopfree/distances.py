@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, constant_value
+from scanopt.graph import GraphLevel, constant_axes, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.loopfree.lift import LiftEmitter, from_processing_order, through_identity, value_dtype
+from scanopt.passes.loopfree.lift import LiftEmitter, changing_states, from_processing_order
 from scanopt.protos import in_default_domain
-from scanopt.rewrite import Builder, consumers, is_graph_output, place_appended, rebind_outputs
+from scanopt.rewrite import consumers, is_graph_output, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 
@@ -60,16 +60,15 @@ class GemmDistances(ScanPass):
         if view.batched:
             return Skip("opset-8 batched Scan: distances handles Scan-9+ (the upgrade pass converts it first)")
         body = node.attrs["body"]
-        for i in range(view.num_states):
-            if through_identity(body.outputs[i]) is not body.inputs[i]:
-                return Skip("a state changes across iterations: not a map")
+        if changing_states(body, view.num_states):
+            return Skip("a state changes across iterations: not a map")
         if view.input_directions[0:1] == (1,) or (view.output_directions[0:1] == (1,) and ctx.opset < 10):
             return Skip("a reverse scan input (the rows read backwards): left to vectorize")
-        found = find_distances(node, view, ctx.opset)
+        found = find_distances(node, view)
         if found is None:
             return Skip("not ReduceSumSquare(Sub(Q, x_t), last axis) with Q invariant and one scan input/output")
         queries = node.inputs[found.query_state] if found.query_state is not None else found.queries
-        dtype = value_dtype(node.inputs[view.num_states], ctx.shapes)
+        dtype = ctx.shapes.dtype(node.inputs[view.num_states])
         if view.input_ranks[0] != 2 or ctx.shapes.rank(queries) != 2:
             return Skip("the rows and queries must be matrices [n, features] (Gemm is 2-D)")
         if dtype is None or dtype.type not in (np.float32, np.float64):
@@ -81,12 +80,11 @@ class GemmDistances(ScanPass):
         graph = level.graph
         view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
         n = view.num_states
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
-        e = LiftEmitter(Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else ""), ctx.opset, steps=None)
+        position, start, build = replacing(node, graph, ctx.names)
+        e = LiftEmitter(build, ctx.opset, steps=None)
         queries = node.inputs[match.query_state] if match.query_state is not None else match.queries
         rows = node.inputs[n]
-        dtype = value_dtype(rows, ctx.shapes)
+        dtype = ctx.shapes.dtype(rows)
         ranking = order_only_topk(node.outputs[n], graph)
         if ranking is not None:  # only TopK's indices are read: the order of ‖x‖² − 2·q·x suffices
             topk, _ = ranking
@@ -103,43 +101,34 @@ class GemmDistances(ScanPass):
         return f"pairwise squared distances as one matrix product, clamped at 0 ({added} nodes, no Scan left)"
 
 
-def find_distances(node: gs.Node, view, opset: int) -> Distances | None:
+def find_distances(node: gs.Node, view) -> Distances | None:
     """The pattern of the module docstring in ``node``'s body, or None."""
     body = node.attrs["body"]
     n = view.num_states
     if view.num_scan_inputs != 1 or view.num_scan_outputs != 1 or view.input_axes[0] != 0:
         return None
-    result = through_identity(body.outputs[n])
+    result = identity_root(body.outputs[n])
     reduce = result.inputs[0] if len(result.inputs) == 1 else None
     if reduce is None or reduce.op != "ReduceSumSquare" or not in_default_domain(reduce.domain):
         return None
-    if int(reduce.attrs.get("keepdims", 1)) != 0 or _axes(reduce, opset) not in ([1], [-1]):
+    if int(reduce.attrs.get("keepdims", 1)) != 0 or constant_axes(reduce) not in ([1], [-1]):
         return None
     diff = reduce.inputs[0]
     sub = diff.inputs[0] if len(diff.inputs) == 1 else None
     if sub is None or sub.op != "Sub" or len(diff.outputs) != 1:
         return None
     element = body.inputs[n]
-    sides = [through_identity(t) for t in sub.inputs]
+    sides = [identity_root(t) for t in sub.inputs]
     if element not in sides:
         return None
     other = sides[1 - sides.index(element)]
-    states = [i for i in range(n) if body.inputs[i] is other and through_identity(body.outputs[i]) is other]
+    states = [i for i in range(n) if body.inputs[i] is other and identity_root(body.outputs[i]) is other]
     if states:
         return Distances(states[0], None)
     produced = {id(t) for nd in body.nodes for t in nd.outputs}
     if id(other) in produced or any(other is t for t in body.inputs):
         return None
     return Distances(None, other)
-
-
-def _axes(reduce: gs.Node, opset: int):
-    if "axes" in reduce.attrs:
-        return list(reduce.attrs["axes"])
-    if len(reduce.inputs) > 1 and reduce.inputs[1].name:
-        value = constant_value(reduce.inputs[1])
-        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
-    return None
 
 
 def emit_distances(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> gs.Tensor:

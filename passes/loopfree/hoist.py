@@ -25,9 +25,9 @@ from scanopt.graph import GraphLevel, is_op, note_output
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, ELEMENTWISE, ONE_WAY, Declined, LiftEmitter, LiftPlan, element_value, emit_nodes,
-    plan_node, step_bytes, to_processing_order, value_dtype,
+    plan_node, step_bytes, to_processing_order,
 )
-from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses
+from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses, replacing
 from scanopt.scan_view import ScanView
 
 TRIVIAL = ("Constant", "Identity")  # moving only these out gains nothing
@@ -106,7 +106,7 @@ class Hoist(ScanPass):
             if id(t) in lifted:
                 frontier.setdefault(id(t), t)
         for t in frontier.values():
-            if plan.values[id(t)].per_step and value_dtype(t, ctx.shapes) is None:
+            if plan.values[id(t)].per_step and ctx.shapes.dtype(t) is None:
                 return Skip(f"the element type of '{t.name}' is unknown, so it cannot become a scan input")
         return HoistMatch(view, plan, list(frontier.values()))
 
@@ -115,9 +115,7 @@ class Hoist(ScanPass):
         graph, view, plan = level.graph, match.view, match.plan
         body = node.attrs["body"]
         n = view.num_states
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        position, start, build = replacing(node, graph, ctx.names)
         order: dict = {}
 
         def steps() -> gs.Tensor:
@@ -141,8 +139,8 @@ class Hoist(ScanPass):
                 shape = ctx.shapes.shape(t)
                 if outer.shape is None and shape is not None:  # so later passes see the trip count
                     outer.shape = [_trip_dim(node, view, ctx)] + list(shape)
-                    outer.dtype = value_dtype(t, ctx.shapes)
-                element = body_build.variable(f"{t.name}_step", value_dtype(t, ctx.shapes), shape)
+                    outer.dtype = ctx.shapes.dtype(t)
+                element = body_build.variable(f"{t.name}_step", ctx.shapes.dtype(t), shape)
                 body.inputs.append(element)
                 node.inputs.append(outer)
                 new_inputs += 1

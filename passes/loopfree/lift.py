@@ -41,7 +41,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
-from scanopt.graph import constant_value, dtype_of, node_label, subgraphs_of
+from scanopt.graph import constant_value, dtype_of, identity_root, node_label, subgraphs_of
 from scanopt.protos import in_default_domain
 
 ELEMENTWISE = frozenset({
@@ -284,7 +284,7 @@ class _Rule:
         trans = (int(self.attrs.get("transA", 0)), int(self.attrs.get("transB", 0)))
         has_c = len(self.node.inputs) > 2 and bool(self.node.inputs[2].name)
         c_pad = 2 - self.rank(2) if has_c and self.per_step(2) else 0
-        dtype = dtype_of(self.node.outputs[0]) or dtype_of(self.node.inputs[0])
+        dtype = next((d for d in map(dtype_of, (self.node.outputs[0], self.node.inputs[0])) if d is not None), None)
         if dtype is None and (alpha != 1.0 or (has_c and beta != 1.0)):
             raise Declined(f"{self.label}: alpha/beta need the element type, which is unknown")
 
@@ -489,21 +489,9 @@ def needed_nodes(body: gs.Graph, wanted: Sequence[gs.Tensor]) -> list[gs.Node]:
     return [n for n in body.nodes if id(n) in keep]
 
 
-def through_identity(t: gs.Tensor) -> gs.Tensor:
-    """The value ``t`` copies through a chain of Identity nodes (``t`` itself if none)."""
-    seen = 0
-    while len(t.inputs) == 1 and t.inputs[0].op == "Identity" and in_default_domain(t.inputs[0].domain) and seen < 10_000:
-        t = t.inputs[0].inputs[0]
-        seen += 1
-    return t
-
-
-def value_dtype(t: gs.Tensor, shapes) -> np.dtype | None:
-    """A body value's numpy dtype: declared, else inferred, else None."""
-    dtype = dtype_of(t)
-    if dtype is None and shapes.elem_type(t):
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(shapes.elem_type(t)))
-    return dtype
+def changing_states(body: gs.Graph, num_states: int) -> list[int]:
+    """The states the body changes: those whose output is not their input (through Identity)."""
+    return [i for i in range(num_states) if identity_root(body.outputs[i]) is not body.inputs[i]]
 
 
 def element_value(view, j: int, element: gs.Tensor, shapes) -> Value:
@@ -569,5 +557,5 @@ def step_bytes(node: gs.Node, outs: Sequence[Value | None], sizes: dict[int, int
 
 
 def _itemsize(t: gs.Tensor, shapes) -> int:
-    dtype = value_dtype(t, shapes)
+    dtype = shapes.dtype(t)
     return dtype.itemsize if dtype is not None else 4

@@ -10,6 +10,8 @@ Recognized: one matrix state [*batch, dk, dv] whose a is a step-invariant scalar
 of ones) and whose b is an outer product of two per-step vectors (Einsum ``...i,...j->...ij``,
 Mul or MatMul of Unsqueeze(k, -1) and Unsqueeze(v, -2)); every scan output is q·S' (Einsum
 ``...i,...ij->...j``, MatMul of a vector q and S', or Squeeze(MatMul(Unsqueeze(q, -2), S'), -2)).
+The state may be stored transposed, [*batch, dv, dk]: S' = γ·S + vᵀk with every output S'·q
+(Einsum ``...ij,...j->...i`` or MatMul of S' and a vector q); the form then runs on Sᵀ.
 Powers of γ are repeated products (no log, no exp, no division).
 """
 
@@ -21,7 +23,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX
-from scanopt.graph import constant_value
+from scanopt.graph import constant_axes, identity_root
 from scanopt.passes.loopfree.prefix_scan import doubling, split_steps
 from scanopt.protos import in_default_domain
 
@@ -32,10 +34,10 @@ class AttentionForm:
     values: gs.Tensor  # v_t [*batch, dv]
     queries: tuple[gs.Tensor, ...]  # per scan output, q_t [*batch, dk]: the output is q_t · S'_t
     batch: int  # number of batch axes
+    transposed: bool = False  # the state is stored [*batch, dv, dk] and read as S'·q
 
 
-def find_attention(b_leaf: gs.Tensor, outputs, new_state: set[int], state_rank: int, through_identity
-                   ) -> AttentionForm | None:
+def find_attention(b_leaf: gs.Tensor, outputs, new_state: set[int], state_rank: int) -> AttentionForm | None:
     """The pattern of the module docstring (b given as its single leaf), else None."""
     nb = state_rank - 2
     if nb < 0:
@@ -43,13 +45,14 @@ def find_attention(b_leaf: gs.Tensor, outputs, new_state: set[int], state_rank: 
     pair = _outer_product(b_leaf, state_rank)
     if pair is None:
         return None
-    queries = []
-    for t in outputs:
-        q = _reads_through(through_identity(t), new_state, state_rank)
-        if q is None:
-            return None
-        queries.append(q)
-    return AttentionForm(pair[0], pair[1], tuple(queries), nb)
+    outputs = [identity_root(t) for t in outputs]
+    queries = [_reads_through(y, new_state, state_rank) for y in outputs]
+    if all(q is not None for q in queries):
+        return AttentionForm(pair[0], pair[1], tuple(queries), nb)
+    queries = [_reads_transposed(y, new_state, state_rank) for y in outputs]
+    if all(q is not None for q in queries):
+        return AttentionForm(pair[1], pair[0], tuple(queries), nb, transposed=True)
+    return None
 
 
 def _producer(t: gs.Tensor, op: str):
@@ -62,10 +65,7 @@ def _unsqueezed(t: gs.Tensor, axis_from_end: int, rank: int):
     node = _producer(t, "Unsqueeze")
     if node is None:
         return None
-    axes = node.attrs.get("axes")
-    if axes is None and len(node.inputs) > 1:
-        value = constant_value(node.inputs[1])
-        axes = None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    axes = constant_axes(node)
     if axes is None or len(axes) != 1 or (axes[0] % rank) != rank + axis_from_end:
         return None
     return node.inputs[0]
@@ -110,8 +110,8 @@ def _reads_through(y: gs.Tensor, new_state: set[int], rank: int):
             return None
         (x, s), out = terms
         batch = s[:-2]
-        if len(s) != rank or x != batch + s[-2] or out != batch + s[-1]:
-            return None
+        if len(s) != rank or s[-1] == s[-2] or x != batch + s[-2] or out != batch + s[-1]:
+            return None  # (s[-1] == s[-2]: the diagonal, not a product)
         return einsum.inputs[0]
     matmul = _producer(y, "MatMul")
     if matmul is not None and rank == 2 and id(matmul.inputs[1]) in new_state:
@@ -120,15 +120,30 @@ def _reads_through(y: gs.Tensor, new_state: set[int], rank: int):
     if squeeze is not None:
         inner = squeeze.inputs[0]
         matmul = _producer(inner, "MatMul")
-        axes = squeeze.attrs.get("axes")
-        if axes is None and len(squeeze.inputs) > 1:
-            value = constant_value(squeeze.inputs[1])
-            axes = None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+        axes = constant_axes(squeeze)
         if matmul is None or axes is None or len(axes) != 1 or axes[0] % rank != rank - 2:
             return None
         if id(matmul.inputs[1]) not in new_state:
             return None
         return _unsqueezed(matmul.inputs[0], -2, rank)
+    return None
+
+
+def _reads_transposed(y: gs.Tensor, new_state: set[int], rank: int):
+    """q when ``y`` [*batch, dv] is the new state stored [*batch, dv, dk] times q [*batch, dk]."""
+    einsum = _producer(y, "Einsum")
+    if einsum is not None:
+        terms = _einsum_terms(einsum)
+        if terms is None or len(terms[0]) != 2 or id(einsum.inputs[0]) not in new_state:
+            return None
+        (s, x), out = terms
+        batch = s[:-2]
+        if len(s) != rank or s[-1] == s[-2] or x != batch + s[-1] or out != batch + s[-2]:
+            return None
+        return einsum.inputs[1]
+    matmul = _producer(y, "MatMul")
+    if matmul is not None and rank == 2 and id(matmul.inputs[0]) in new_state:
+        return matmul.inputs[1]  # a vector q (rank checked by the caller's plan)
     return None
 
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel
+from scanopt.graph import GraphLevel, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
-    through_identity, to_processing_order, value_dtype,
+    changing_states, to_processing_order,
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
@@ -39,7 +39,7 @@ from scanopt.emit import supports
 from scanopt.passes.loopfree.prefix_scan import (
     chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product, cumulative_sum,
 )
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 # Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
@@ -101,7 +101,7 @@ class Linrec(ScanPass):
             return Skip(f"CumSum and Pad with run-time pads need opset 11+, the model is at opset {ctx.opset}")
         body = node.attrs["body"]
         n = view.num_states
-        changing = [i for i in range(n) if through_identity(body.outputs[i]) is not body.inputs[i]]
+        changing = changing_states(body, n)
         if not changing:
             return Skip("no state changes across steps: a map (vectorize's case)")
         depends = _dependence(body, [body.inputs[i] for i in changing])
@@ -110,7 +110,7 @@ class Linrec(ScanPass):
         dtypes: dict[int, np.dtype] = {}
         for i in changing:
             label = f"state '{view.initial_states[i] or i}'"
-            h_in, h_out = body.inputs[i], through_identity(body.outputs[i])
+            h_in, h_out = body.inputs[i], identity_root(body.outputs[i])
             try:
                 update = linear_update(h_in, h_out, lambda t, i=i: i in depends.get(id(t), ()))
             except NotLinear as exc:
@@ -123,7 +123,7 @@ class Linrec(ScanPass):
             rank = ctx.shapes.rank(h_in) if ctx.shapes.rank(h_in) is not None else ctx.shapes.rank(node.inputs[i])
             if rank is None:
                 return Skip(f"{label} has an unknown rank")
-            dtype = value_dtype(h_in, ctx.shapes)
+            dtype = ctx.shapes.dtype(h_in)
             if dtype is None or dtype.type not in STATE_DTYPES:
                 return Skip(f"{label} is {dtype}: the loop rounds such a state every step and a parallel form "
                             "rounds in another order (float32, float64, int32, int64 states only)")
@@ -177,7 +177,7 @@ class Linrec(ScanPass):
             if per_step.get(id(leaf)) or shape is None or any(d != 1 for d in shape):
                 return None  # a per-step or non-scalar decay: the elementwise forms
         new_state = {id(t) for t in _identity_chain(body.outputs[i])}
-        found = find_attention(update.b.tensor, body.outputs[n:], new_state, ranks[i], through_identity)
+        found = find_attention(update.b.tensor, body.outputs[n:], new_state, ranks[i])
         if found is None:
             return None
         chunk = _divisor_at_most(view.trip_count, ctx.options.get("linrec_attention_chunk", DEFAULT_ATTENTION_CHUNK))
@@ -247,11 +247,9 @@ class Linrec(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, LinrecMatch)
         graph, view, plan = level.graph, match.view, match.plan
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
+        position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
@@ -308,8 +306,14 @@ class Linrec(ScanPass):
         gamma, _, _ = _evaluate(e, update.a, mapping, plan, match.dtypes[i], ctx)
         keys, values = (_lifted_steps(e, t, mapping, plan, ctx) for t in (found.keys, found.values))
         queries = [_lifted_steps(e, t, mapping, plan, ctx) for t in found.queries]
-        ys, final = emit_attention(e, gamma, keys, values, queries, node.inputs[i], found.batch, view.trip_count,
+        s0 = node.inputs[i]
+        swap = list(range(found.batch)) + [found.batch + 1, found.batch]  # S [*b, dv, dk] <-> Sᵀ [*b, dk, dv]
+        if found.transposed:
+            s0 = e.op("Transpose", [s0], perm=swap)
+        ys, final = emit_attention(e, gamma, keys, values, queries, s0, found.batch, view.trip_count,
                                    match.chunk, match.dtypes[i])
+        if found.transposed:
+            final = e.op("Transpose", [final], perm=swap)
         outputs = [from_processing_order(e, y, view, k, match.out_ranks[k]) for k, y in enumerate(ys)]
         states = [final if k == i else node.inputs[k] for k in range(view.num_states)]
         rebind_outputs(node, states + outputs, graph)
@@ -397,7 +401,7 @@ def _state_elements(shape) -> int | None:
 def _identity_chain(t: gs.Tensor) -> list[gs.Tensor]:
     """``t`` and the values it copies through Identity nodes (all the new state)."""
     chain = [t]
-    while chain[-1] is not through_identity(chain[-1]):
+    while chain[-1] is not identity_root(chain[-1]):
         chain.append(chain[-1].inputs[0].inputs[0])
     return chain
 

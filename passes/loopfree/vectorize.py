@@ -27,9 +27,9 @@ from scanopt.graph import GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, largest_intermediate,
-    needed_nodes, plan_nodes, through_identity, to_processing_order, from_processing_order,
+    changing_states, needed_nodes, plan_nodes, to_processing_order, from_processing_order,
 )
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
+from scanopt.rewrite import place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 MAX_CHUNKS = 8
@@ -55,9 +55,10 @@ class Vectorize(ScanPass):
             return Skip("opset-8 batched Scan: vectorize handles Scan-9+ (the upgrade pass converts it first)")
         body = node.attrs["body"]
         n = view.num_states
-        for i in range(n):
-            if through_identity(body.outputs[i]) is not body.inputs[i]:
-                return Skip(f"state '{view.initial_states[i] or i}' changes across iterations: a recurrence, not a map")
+        changing = changing_states(body, n)
+        if changing:
+            i = changing[0]
+            return Skip(f"state '{view.initial_states[i] or i}' changes across iterations: a recurrence, not a map")
         if ctx.opset < 10 and any(view.input_directions + view.output_directions):
             return Skip(f"reverse directions need Slice with steps (opset 10+), the model is at opset {ctx.opset}")
         roots: dict[int, Value] = {}
@@ -98,11 +99,9 @@ class Vectorize(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, VectorizeMatch)
         graph, view, plan = level.graph, match.view, match.plan
-        position = next(i for i, x in enumerate(graph.nodes) if x is node)
-        start = len(graph.nodes)
+        position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
         chunk: dict = {}  # the current chunk's first input and, once asked for, its step count
 
         def steps() -> gs.Tensor:

@@ -34,8 +34,7 @@ from scanopt.graph import GraphLevel, node_label, walk_graphs
 from scanopt.ir import OWNER
 from scanopt.emit import Emitter
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
-from scanopt.rewrite import Builder, place_appended, rebind_outputs
-from scanopt.passes.loopfree.lift import value_dtype
+from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.passes.unroll.batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
 
@@ -109,7 +108,7 @@ class Unroll(ScanPass):
                 empty.append(array)
         dtypes = None
         if view.batched and view.sequence_lens and steps:
-            dtypes = [value_dtype(t, ctx.shapes) for t in body.outputs[view.num_states:]]
+            dtypes = [ctx.shapes.dtype(t) for t in body.outputs[view.num_states:]]
             unknown = [view.scan_outputs[k] for k, d in enumerate(dtypes) if d is None]
             if unknown:
                 return Skip(f"the element type of scan output '{unknown[0]}' is unknown (needed for the zeros past each length)")
@@ -118,9 +117,7 @@ class Unroll(ScanPass):
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, UnrollMatch)
         graph, view, steps = level.graph, match.view, match.steps
-        position = next(i for i, n in enumerate(graph.nodes) if n is node)
-        count_before = len(graph.nodes)
-        build = Builder(graph, ctx.names, prefix=f"{node.name}_" if node.name else "")
+        position, count_before, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
         states = list(node.inputs[:n])
@@ -182,7 +179,7 @@ def _empty_output(element: gs.Tensor, axis: int, ctx: PassContext, batched: bool
     """The empty scan output for zero steps, when the element's shape and type are static
     (Scan-8: [1, 0, ...], expanded to the batch later)."""
     shape = ctx.shapes.shape(element)
-    dtype = value_dtype(element, ctx.shapes)
+    dtype = ctx.shapes.dtype(element)
     if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
         return None
     shape = list(shape)
