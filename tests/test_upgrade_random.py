@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as TP
@@ -16,7 +17,8 @@ from onnx import numpy_helper
 
 from builders import vi
 from equivalence import assert_equivalent, assert_valid
-from scanopt.migrate import migrate
+from scanopt.errors import ScanoptError
+from scanopt.migrate import migrate, migrate_verified
 from scanopt.verify import compare_models
 
 TARGETS = (9, 10, 11, 13, 16, 18, 21, 26)
@@ -182,7 +184,14 @@ def test_random_scan8_upgrades_equivalently(case, target, force_c):
     (outcome,) = migration.outcomes
     assert outcome.applied and outcome.detail.startswith("strategy (")
     assert_valid(migration.model)
-    assert_equivalent(original, migration.model, engine="both", seeds=2)
+    if not compare_models(original, migration.model, engine="both", seeds=2).passed:
+        # The full-spec reference executor is the judge of the upgrade itself; a mismatch only
+        # onnxruntime shows is onnxruntime's (1.32's optimizer folds Transpose -> MatMul with a
+        # 1-D operand into a wrong FusedMatMul once the body is a Scan-9:
+        # test_onnxruntime_fused_matmul_probe), and verification must then refuse the migration.
+        assert_equivalent(original, migration.model, engine="reference", seeds=2)
+        with pytest.raises(ScanoptError):
+            migrate_verified(original, target, options={"upgrade_strategy": "c"} if force_c else None)
     if lens:  # lengths 0..T, including 0, on the reference executor (onnxruntime refuses 0)
         b = batch if isinstance(batch, int) else 3
         t = steps if isinstance(steps, int) else 2
@@ -194,3 +203,42 @@ def test_random_scan8_upgrades_equivalently(case, target, force_c):
             feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
         result = compare_models(original, migration.model, inputs=feeds, engine="reference")
         assert result.passed, result.format()
+
+
+def test_onnxruntime_fused_matmul_probe():
+    """Why the test above lets verification refuse a migration onnxruntime alone miscomputes:
+    probes whether the installed onnxruntime's optimizer gets Transpose(s) @ c with a 1-D c
+    wrong (1.32 does), and asserts verification catches a candidate it gets wrong."""
+    import onnxruntime as ort
+
+    c = np.array([1.5, -2.0], np.float32)
+    s = np.array([[1, 2], [3, 4]], np.float32)
+    graph = h.make_graph([h.make_node("Transpose", ["s"], ["t"]), h.make_node("MatMul", ["t", "c"], ["y"])], "g",
+                         [vi("s", [2, 2])], [vi("y", [2])], [numpy_helper.from_array(c, "c")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=7)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"s": s})[0]
+    if np.allclose(got, s.T @ c):
+        pytest.skip("this onnxruntime computes Transpose -> MatMul with a 1-D operand right")
+    result = compare_models(model, model, engine="both", seeds=1)
+    assert not result.passed  # onnxruntime and the reference executor disagree: never silently accepted
+
+
+def test_a_migration_only_onnxruntime_miscomputes_is_refused_and_the_reference_agrees():
+    """The example hypothesis found: a Scan-8 body Transpose(s) @ c with a 1-D c. Upgraded, it
+    is right by the reference executor; onnxruntime 1.32 miscomputes the Scan-9 body, so
+    ``migrate_verified`` must refuse it (the user's onnxruntime would run it wrong)."""
+    body = h.make_graph(
+        [h.make_node("Transpose", ["s0"], ["t"]), h.make_node("MatMul", ["t", "c2"], ["m"]),
+         h.make_node("Add", ["s0", "s0"], ["a"]), h.make_node("Identity", ["m"], ["y"])], "body",
+        [vi("s0", [2, 2]), vi("x0_t", [2, 2])], [vi("a", [2, 2]), vi("y", [2])])
+    node = h.make_node("Scan", ["", "s0_0", "x0"], ["s0_final", "y0"], body=body, num_scan_inputs=1, directions=[0])
+    graph = h.make_graph([node], "main", [vi("s0_0", [1, 2, 2]), vi("x0", [1, 1, 2, 2])],
+                         [vi("s0_final", [1, 2, 2]), vi("y0", [1, 1, 2])],
+                         [numpy_helper.from_array(np.array([0.7, -1.3], np.float32), "c2")])
+    original = h.make_model(graph, opset_imports=[h.make_opsetid("", 8)], ir_version=4)
+    migrated = migrate(original, 9).model
+    assert_equivalent(original, migrated, engine="reference", seeds=2)
+    if compare_models(original, migrated, engine="both", seeds=2).passed:
+        pytest.skip("this onnxruntime runs the upgraded body right")
+    with pytest.raises(ScanoptError, match="not equivalent"):
+        migrate_verified(original, 9)
