@@ -113,15 +113,7 @@ def test_gru_with_its_projection_split_per_gate_into_three_scan_inputs():
 
 
 def test_lstm_whose_recurrent_gemm_takes_the_projected_input_as_c():
-    nodes = [
-        h.make_node("Gemm", ["h", "R", "xp_t0"], ["g"], transB=1),
-        h.make_node("Split", ["g", "sizes"], ["gi", "gf", "gc", "go"], axis=1),
-        h.make_node("Sigmoid", ["gi"], ["i"]), h.make_node("Sigmoid", ["gf"], ["f"]),
-        h.make_node("Tanh", ["gc"], ["cc"]), h.make_node("Sigmoid", ["go"], ["o"]),
-        h.make_node("Mul", ["f", "c"], ["fc"]), h.make_node("Mul", ["i", "cc"], ["ic"]),
-        h.make_node("Add", ["fc", "ic"], ["c_new"]), h.make_node("Tanh", ["c_new"], ["tc"]),
-        h.make_node("Mul", ["o", "tc"], ["h_new"]),
-    ]
+    nodes = _LSTM_OVER_XP_T0
     inits = [_init("R", _w(1, 4 * H, H)), numpy_helper.from_array(np.array([H] * 4, np.int64), "sizes")]
     outer = [h.make_node("MatMul", ["X", "W"], ["xw"]), h.make_node("Add", ["xw", "b"], ["xp0"])]
     _fused(_model(nodes, inits, 1, outer, [_init("W", _w(2, I, 4 * H)), _init("b", _w(3, 4 * H))], lstm=True,
