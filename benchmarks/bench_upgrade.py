@@ -9,16 +9,15 @@ x [B, T, hidden], h [B, hidden]. Two variants: without sequence_lens, and with l
 drawn in [T/2, T]. Every strategy that applies to a case is forced in turn (scanopt.migrate.
 migrate with options upgrade_strategy): (a) only at batch 1 without lengths, (b) and (c)
 always. Each upgraded model is checked equal to the original on the benchmark inputs
-first. Latencies are medians over blocks of interleaved runs (~``--seconds`` per model),
-so machine noise hits all models of a case alike; ratio = original / upgraded (above 1:
-the upgraded model is faster), from the same run.
+first. Timed by scanopt.timing.measure (thread CPU time with one thread, forms interleaved in
+rotating order, an A/A pair of the original for the noise; ~``--seconds`` per case): ratio =
+original / upgraded from the median of paired ratios (above 1: the upgraded model is faster),
+± half the interquartile range of those ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import onnx
@@ -28,6 +27,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from scanopt.migrate import migrate
+from scanopt.timing import measure
 
 F = TP.FLOAT
 
@@ -72,25 +72,6 @@ def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def latencies(sessions: dict, inputs: dict, seconds: float) -> dict[str, float]:
-    """Median seconds per run of each session, interleaved in blocks."""
-    for s in sessions.values():  # warm up and size the blocks
-        s.run(None, inputs)
-    start = time.perf_counter()
-    next(iter(sessions.values())).run(None, inputs)
-    one = max(time.perf_counter() - start, 1e-5)
-    per_block = max(1, int(0.02 / one))
-    blocks = max(5, int(seconds / (per_block * one)))
-    times = {name: [] for name in sessions}
-    for _ in range(blocks):
-        for name, s in sessions.items():
-            start = time.perf_counter()
-            for _ in range(per_block):
-                s.run(None, inputs)
-            times[name].append((time.perf_counter() - start) / per_block)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,8,32")
@@ -101,9 +82,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     print(f"onnxruntime {ort.__version__}, hidden {args.hidden}, target opset {args.target}, "
-          f"{args.threads} thread(s); ratio = Scan-8 latency / upgraded latency")
-    print("| lengths | B | T | Scan-8 ms | (a) | (b) | (c) |")
-    print("|---|---|---|---|---|---|---|")
+          f"{args.threads} thread(s), scanopt.timing.measure ({'thread CPU' if args.threads == 1 else 'wall'} "
+          "time, forms interleaved, medians of paired ratios +- half the IQR); ratio = Scan-8 time / upgraded time")
+    print("| lengths | B | T | Scan-8 ms | (a) | (b) | (c) | A/A noise |")
+    print("|---|---|---|---|---|---|---|---|")
     for lens in (False, True):
         for batch in map(int, args.batches.split(",")):
             for steps in map(int, args.steps.split(",")):
@@ -119,10 +101,11 @@ def main() -> None:
                 for name, s in sessions.items():
                     for e, g in zip(expected, s.run(None, inputs)):
                         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5, err_msg=name)
-                t = latencies(sessions, inputs, args.seconds)
-                cells = [f"{t['orig'] / t[k]:.2f}x" if k in t else "-" for k in ("a", "b", "c")]
-                print(f"| {'[T/2, T]' if lens else 'none'} | {batch} | {steps} | {t['orig'] * 1e3:.3f} | " + " | ".join(cells) + " |",
-                      flush=True)
+                timed = measure(models, inputs, threads=args.threads, seconds=args.seconds, check_budget=False)
+                t = timed.forms
+                cells = [f"{1 / t[k].ratio:.2f}x ±{t[k].spread:.2f}" if k in t else "-" for k in ("a", "b", "c")]
+                print(f"| {'[T/2, T]' if lens else 'none'} | {batch} | {steps} | {t['orig'].seconds * 1e3:.3f} | "
+                      + " | ".join(cells) + f" | {timed.noise:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
