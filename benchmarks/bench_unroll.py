@@ -1,21 +1,21 @@
 """onnxruntime latency of unrolled vs looped Scans, to choose the unroll pass's default.
 
-    python benchmarks/bench_unroll.py [--steps 1,2,4,8,16,32,64] [--runs 1000] [--threads 1]
+    python benchmarks/bench_unroll.py [--steps 1,2,4,8,16,32,64] [--seconds 0.5] [--threads 1] [--scan8]
 
 Cells (weights are outer-scope initializers, as PyTorch exports them; batch 1):
   rnn-16 / rnn-256: h = tanh(x W + h R + b)                      (5 body nodes)
   gru-16 / gru-256: a GRU cell written out (MatMul, Split, gates) (15 body nodes)
 For each cell and trip count T the looped Scan and the unroll pass's output run on the
-same inputs (checked equal first); each latency is the median of ``--runs`` runs after
-warmup, the two models interleaved in blocks so machine noise hits both alike. ratio =
-unrolled / looped (below 1: unrolling is faster). Also printed: nodes and file size
+same inputs (checked equal first), timed by scanopt.timing.measure (thread CPU time with one
+thread, the two interleaved in rotating order with an A/A pair of the loop, ~``--seconds``
+per case). ratio = unrolled / looped, the median of paired ratios (below 1: unrolling is
+faster), ± half their interquartile range. Also printed: nodes and file size
 after unrolling, and how long the pass took.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -30,6 +30,8 @@ from scanopt.ir import export_model, import_model
 from scanopt.pass_api import PassContext
 from scanopt.passes.unroll import Unroll
 from scanopt.shapes import ShapeTable
+from scanopt.engines import run
+from scanopt.timing import measure
 
 F = TP.FLOAT
 
@@ -96,26 +98,13 @@ def unroll(model: onnx.ModelProto, steps: int) -> onnx.ModelProto:
     return export_model(cleanup(graph), model)
 
 
-def session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def latencies(sessions, feeds, runs: int, block: int = 10) -> list[float]:
-    """Median seconds per run of each session, interleaved in blocks after warmup."""
-    times = [[] for _ in sessions]
-    for s in sessions:
-        for _ in range(20):
-            s.run(None, feeds)
-    for _ in range(0, runs, block):
-        for s, bucket in zip(sessions, times):
-            for _ in range(block):
-                start = time.perf_counter()
-                s.run(None, feeds)
-                bucket.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+def timed(looped: onnx.ModelProto, unrolled: onnx.ModelProto, feeds: dict, args) -> tuple[float, float, str]:
+    """(looped s, unrolled s, 'ratio ±spread, A/A noise') from scanopt.timing.measure: thread CPU
+    time with one thread, the two forms interleaved with an A/A pair of the loop."""
+    t = measure({"loop": looped, "unrolled": unrolled}, feeds, threads=args.threads, seconds=args.seconds,
+                check_budget=False)
+    u = t.forms["unrolled"]
+    return t.forms["loop"].seconds, u.seconds, f"{u.ratio:.2f} ±{u.spread:.2f} (A/A {t.noise:.2f})"
 
 
 def scan8_model(batch: int, steps: int, hidden: int, lens: bool) -> onnx.ModelProto:
@@ -151,19 +140,18 @@ def scan8_table(args) -> None:
                          "X": rng.standard_normal((batch, steps, 1, 16)).astype(np.float32)}
                 if lens:
                     feeds["L"] = np.maximum(1, steps - np.arange(batch) % steps).astype(np.int64)
-                sessions = [session(looped, args.threads), session(unrolled, args.threads)]
-                for a, b in zip(*(s.run(None, feeds) for s in sessions)):
+                for a, b in zip(run(looped, feeds, "ort").values(), run(unrolled, feeds, "ort").values()):
                     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
-                t_loop, t_unroll = latencies(sessions, feeds, args.runs)
+                t_loop, t_unroll, ratio = timed(looped, unrolled, feeds, args)
                 print(f"| {batch} | {steps} | {'yes' if lens else 'no'} | {t_loop * 1e6:.1f} | {t_unroll * 1e6:.1f} | "
-                      f"{t_unroll / t_loop:.2f} | {len(unrolled.graph.node)} |", flush=True)
+                      f"{ratio} | {len(unrolled.graph.node)} |", flush=True)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="1,2,4,8,16,32,64")
     parser.add_argument("--cells", default="rnn-16,rnn-256,gru-16,gru-256")
-    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=0.5, help="timing budget per case")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--scan8", action="store_true", help="time opset-8 Scans unrolled in place instead")
     args = parser.parse_args(argv)
@@ -171,8 +159,10 @@ def main(argv=None) -> None:
         scan8_table(args)
         return
     steps_list = [int(s) for s in args.steps.split(",")]
-    print(f"onnxruntime {ort.__version__}, {args.threads} intra-op thread(s), median of {args.runs} runs, batch 1")
-    header = f"{'cell':<8} {'T':>3} {'looped us':>10} {'unrolled us':>12} {'ratio':>6} {'nodes':>6} {'KB':>6} {'pass ms':>8}"
+    print(f"onnxruntime {ort.__version__}, {args.threads} intra-op thread(s), scanopt.timing.measure (thread CPU "
+          "time with 1 thread, interleaved, medians of paired ratios +- half the IQR, A/A noise), batch 1")
+    header = (f"{'cell':<8} {'T':>3} {'looped us':>10} {'unrolled us':>12} {'ratio unrolled/looped':>24} {'nodes':>6} "
+              f"{'KB':>6} {'pass ms':>8}")
     print(header)
     print("-" * len(header))
     started = time.perf_counter()
@@ -186,13 +176,12 @@ def main(argv=None) -> None:
             rng = np.random.default_rng(steps)
             feeds = {"h0": rng.standard_normal((1, int(hidden))).astype(np.float32),
                      "X": rng.standard_normal((steps, 1, int(hidden))).astype(np.float32)}
-            sessions = [session(looped, args.threads), session(unrolled, args.threads)]
-            for a, b in zip(*(s.run(None, feeds) for s in sessions)):
+            for a, b in zip(run(looped, feeds, "ort").values(), run(unrolled, feeds, "ort").values()):
                 np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
-            t_loop, t_unroll = latencies(sessions, feeds, args.runs)
+            t_loop, t_unroll, ratio = timed(looped, unrolled, feeds, args)
             nodes = len(unrolled.graph.node)
             size_kb = unrolled.ByteSize() / 1024
-            print(f"{cell:<8} {steps:>3} {t_loop * 1e6:>10.1f} {t_unroll * 1e6:>12.1f} {t_unroll / t_loop:>6.2f} "
+            print(f"{cell:<8} {steps:>3} {t_loop * 1e6:>10.1f} {t_unroll * 1e6:>12.1f} {ratio:>24} "
                   f"{nodes:>6} {size_kb:>6.0f} {pass_ms:>8.1f}", flush=True)
     print(f"total {time.perf_counter() - started:.0f} s")
 
