@@ -5,11 +5,12 @@
 Models are the hand-written forms of tests/linrec_builders.py at the issue's sizes (B=1):
 cumulative sum H=128; EMA with learned decay H=128; minGRU I=H=64; Mamba-style selective scan
 D=64, N=16; decayed linear attention DK=DV=64 (also with the state stored transposed); each also
-at T=16 and 64 (the "never slower at T <= 64" rows). Timing: thread CPU time
-(``time.thread_time``) of ``session.run`` with one intra-op thread, the two sessions
-interleaved run by run; the median over the runs and the
-spread (interquartile range as % of the median). The A/A row times the Scan against a second
-session of itself: its ratio is the noise floor. ratio = Scan / rewritten (above 1: faster).
+at T=16 and 64 (the "never slower at T <= 64" rows). Timing: scanopt.timing.measure, the
+one timer tune and every benchmark use (thread CPU time of ``session.run`` with one intra-op
+thread, the forms interleaved in rotating order with an A/A pair of the Scan, whose deviation
+and spread give each row's noise); ratio = Scan / rewritten from the median of paired ratios
+(above 1: faster), ± half their interquartile range. The A/A row times the Scan against
+itself as a second form: its ratio is the noise floor.
 The rewrite is the pass's own form (tuning off). Outputs are compared first (max abs
 difference printed). ``--chunks`` times the chunked form at
 several chunk lengths instead (how DEFAULT_CHUNK was chosen). ``knn`` rows: skl2onnx
@@ -21,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -33,6 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import linrec_builders as lb  # noqa: E402
 
 import scanopt  # noqa: E402
+from scanopt.engines import run  # noqa: E402
+from scanopt.timing import measure  # noqa: E402
 
 CASES = {
     "cumsum": (lambda T: lb.running_sum(T=T, H=128, B=1), (16, 64, 4096), "5x at T=4096"),
@@ -45,38 +46,6 @@ CASES = {
 }
 
 
-def session(model) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def cpu_times(sessions, feeds, seconds: float) -> list[list[float]]:
-    """Thread CPU seconds per run of each session, interleaved run by run after a warmup."""
-    for s in sessions:
-        for _ in range(3):
-            s.run(None, feeds)
-    start = time.thread_time()
-    sessions[0].run(None, feeds)
-    once = max(time.thread_time() - start, 1e-6)
-    runs = int(min(500, max(7, seconds / (once * len(sessions)))))
-    times: list[list[float]] = [[] for _ in sessions]
-    for _ in range(runs):
-        for s, bucket in zip(sessions, times):
-            t0 = time.thread_time()
-            s.run(None, feeds)
-            bucket.append(time.thread_time() - t0)
-    return times
-
-
-def summary(times: list[float]) -> tuple[float, float]:
-    """(median, interquartile range as % of the median)."""
-    q = statistics.quantiles(times, n=4)
-    median = statistics.median(times)
-    return median, 100 * (q[2] - q[0]) / median
-
-
 def feeds_for(model) -> dict:
     rng = np.random.default_rng(0)
     feeds = {}
@@ -87,12 +56,16 @@ def feeds_for(model) -> dict:
 
 
 def row(label: str, model, optimized, seconds: float, feeds=None) -> str:
-    sessions = [session(model), session(optimized)]
+    """A table row: the loop and the rewritten form timed by scanopt.timing.measure (thread CPU
+    time, one thread, interleaved in rotating order with an A/A pair of the loop)."""
     feeds = feeds if feeds is not None else feeds_for(model)
-    before, after = (s.run(None, feeds) for s in sessions)
-    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(before, after))
-    (t0, s0), (t1, s1) = (summary(t) for t in cpu_times(sessions, feeds, seconds))
-    return (f"| {label} | {t0 * 1e3:.3f} ±{s0:.0f}% | {t1 * 1e3:.3f} ±{s1:.0f}% | {t0 / t1:.2f}x | {diff:.2g} |")
+    before, after = (run(m, feeds, "ort") for m in (model, optimized))
+    diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+               for a, b in zip(before.values(), after.values()))
+    t = measure({"loop": model, "rewritten": optimized}, feeds, threads=1, seconds=seconds, check_budget=False)
+    loop, new = t.forms["loop"], t.forms["rewritten"]
+    return (f"| {label} | {loop.seconds * 1e3:.3f} | {new.seconds * 1e3:.3f} | {1 / new.ratio:.2f}x ±{new.spread:.2f} "
+            f"(A/A {t.noise:.2f}) | {diff:.2g} |")
 
 
 def rewrite(model, **options):
@@ -135,7 +108,7 @@ def main(argv=None) -> None:
     parser.add_argument("--only", action="append", choices=sorted(CASES) + ["knn"])
     parser.add_argument("--chunks", help="comma-separated chunk lengths to compare at each case's largest T")
     args = parser.parse_args(argv)
-    print(f"onnxruntime {ort.__version__}, 1 intra-op thread, thread CPU time, median ±IQR%")
+    print(f"onnxruntime {ort.__version__}, 1 intra-op thread, scanopt.timing.measure (thread CPU time, interleaved, A/A)")
     print("| case | Scan ms | rewritten ms | ratio | max abs diff |")
     print("|---|---|---|---|---|")
     aa = CASES["ema"][0](256)
