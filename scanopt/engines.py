@@ -364,7 +364,14 @@ def _prepare_reference(model: onnx.ModelProto) -> Runner:
     except Exception as exc:
         raise EngineError(f"the reference executor cannot load the model: {_one_line(exc)}") from exc
     names = [o.name for o in model.graph.output]
-    return Runner("reference", names, lambda feeds: evaluator.run(names, {**weights, **feeds}))
+
+    def run(feeds):
+        # IEEE overflow and NaN are what the model computes (onnxruntime is silent about
+        # them too), not news for the user: numpy's RuntimeWarnings would only be noise
+        with np.errstate(all="ignore"):
+            return evaluator.run(names, {**weights, **feeds})
+
+    return Runner("reference", names, run)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -404,3 +404,21 @@ def test_synthesized_seeds_are_compared_one_at_a_time(monkeypatch):
     result = compare_models(model, perturbed(model, "y", 0.0), seeds=3)
     assert result.passed and len(result.comparisons) == 3
     assert alive_before == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_reference_engine_is_silent_about_float_overflow():
+    """exp(1000) is inf in both engines; numpy's RuntimeWarning would reach the user's terminal."""
+    import warnings
+
+    from onnx import TensorProto, helper
+
+    from scanopt.engines import run
+
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outputs = run(model, {"x": np.array([-1000.0, 0.0, 1000.0], np.float32)}, "reference")
+    np.testing.assert_allclose(outputs["y"], [0.0, 0.5, 1.0])
