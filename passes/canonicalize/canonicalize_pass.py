@@ -35,7 +35,8 @@ from scanopt.constexpr import ConstantFolder
 from scanopt.passes.canonicalize.analysis import epilogue, identity_root, input_dependencies, shadows
 from scanopt.graph import in_graph_outputs, reverses_axis
 from scanopt.passes.canonicalize.edit import apply_plan
-from scanopt.passes.canonicalize.fission import Fission, match_fission, split
+from scanopt.passes.canonicalize.fission import match_fission, split
+from scanopt.passes.canonicalize.fission_plan import Fission
 from scanopt.scan_view import ScanView
 from scanopt.rewrite import consumers, is_read
 
