@@ -73,8 +73,8 @@ def match_fission(node: gs.Node, view: ScanView, level: GraphLevel, ctx) -> Fiss
         if isinstance(trial, str):
             return trial
         plan.forms = ["+".join(name for name, _ in found) for found in trial]
-        if mode == "always" or measured is not None or any(_pays(e, ctx) for found in trial for _, e in found):
-            return plan
+        if mode == "always" or any((measured is not None) or _pays(e, ctx) for found in trial for _, e in found):
+            return plan  # measured: the fastest form is a split one, and this split gives a piece a form
         tried.append(f"states {plan.first} | {plan.rest}: " + ", ".join(form or "a loop" for form in plan.forms))
     return (f"split into {splits} would do, but no piece would then get a native or loop-free form predicted "
             f"faster than its loop ({'; '.join(tried)}; among {', '.join(_selected(ctx))}): two loops would cost "
