@@ -182,3 +182,55 @@ def test_a_nested_body_reading_h_moves_its_read_to_the_frontier():
     out, report = scanopt.optimize(model, passes=["canonicalize"], options={"fission": "always"})
     assert ops(out)["Scan"] == 2 and _splits(report), [o.detail for o in report.outcomes]
     assert_equivalent(model, out)
+
+
+def _choice(form, passes):
+    """A measured choice as scanopt.tune hands it to the cost policy (times in seconds)."""
+    times = {"loop": 1e-3, form: 5e-4} if form != "loop" else {"loop": 1e-3}
+    return {"form": form, "passes": passes, "times": times, "noise": 0.02, "rounds": 9, "clock": "thread CPU",
+            "where": "T=16 B=1 (declared)", "same": {}}
+
+
+def test_measured_loop_keeps_the_scan_whole():
+    """Canonicalize runs inside every form the tuner times, so a measured "loop" means the
+    split forms lost: no split."""
+    out, report = scanopt.optimize(_pair(_sum), options={"measured": {"cell_scan": _choice("loop", [])}, "tune": False})
+    assert ops(out)["Scan"] == 1 and not _splits(report)
+    assert any("the measured fastest form is loop" in o.detail for o in report.outcomes)
+
+
+def test_measured_split_form_splits_and_both_pieces_follow_it():
+    """Measured "native" (fuse alone): the first piece fuses, the second stays a loop even
+    though linrec would rewrite it (its modelled verdict would apply it)."""
+    model = _pair(_sum)
+    measured = {"cell_scan": _choice("native", ["fuse"])}
+    out, report = scanopt.optimize(model, options={"measured": measured, "tune": False})
+    assert _splits(report) and ops(out)["RNN"] == 1 and ops(out)["Scan"] == 1, [o.detail for o in report.outcomes]
+    assert any(o.pass_name == "linrec" and o.declined_for_speed for o in report.outcomes)
+    assert_equivalent(model, out)
+
+
+def test_modelled_default_does_not_split_for_a_form_it_cannot_predict():
+    """Shapes unknown, target onnxruntime: the cost model predicts the native RNN at H=4
+    slower than its loop, and has no numbers for linrec's form: one loop stays one loop."""
+    out, report = scanopt.optimize(_pair(_sum), options={"tune": False})
+    assert not _splits(report) and ops(out)["RNN"] == 0
+    assert any("predicted faster than its loop" in o.detail for o in report.outcomes if o.pass_name == "canonicalize")
+
+
+def test_a_scan_a_pass_rewrites_whole_is_not_split():
+    """Two independent running sums: linrec takes the whole Scan, so it stays one."""
+    body = cb.Body()
+    a = body.op("Add", "s", body.op("Mul", "x", body.const(np.float32(2.0), "two")))
+    c = body.op("Add", "u", body.op("Mul", "x", body.const(np.float32(3.0), "three")))
+    model = cb.scan_model(body, [("s", a, cb.I), ("u", c, cb.I)], ys=[])
+    _, report = scanopt.optimize(model, passes=["canonicalize", "linrec"], options=PORTABLE)
+    reasons = [o.detail for o in report.outcomes if o.pass_name == "canonicalize" and not o.applied]
+    assert any("the Scan as it is gets linrec" in r for r in reasons), reasons
+    assert not _splits(report)
+
+
+def test_an_unknown_fission_mode_is_named_and_nothing_splits():
+    out, report = scanopt.optimize(_pair(_sum), options=dict(PORTABLE, fission="sometimes"))
+    assert not _splits(report) and ops(out)["RNN"] == 0
+    assert any("option fission='sometimes' is not one of auto, always, never" in o.detail for o in report.outcomes)
