@@ -14,7 +14,10 @@ Canonical form (what later passes and backends may assume):
   while moving it outside costs one reversal (Slice/ReverseSequence) per tensor. The one
   direction change made is the one that is cheaper: a full reversal (Slice, step -1) that
   alone feeds a scan input, or alone reads a scan output, is removed and the direction
-  toggled instead.
+  toggled instead;
+- no two loops in one where splitting pays: a Scan whose states split one way (an RNN's h
+  and a running sum of h) becomes two Scans once nothing else above changes (loop
+  fission, :mod:`fission`; option ``fission``), Scan-8 included.
 Scan-8 (opset 8, batched, ``sequence_lens``) gets the edits that keep its batch semantics
 exactly: dead states, unread and duplicate scan outputs, duplicate and unused scan inputs go
 (:func:`_match_scan8`); its loop-invariant states stay (the body sees one batch item of them,
