@@ -181,23 +181,12 @@ class CostPolicy:
 
     def _alternatives(self, pass_name: str, node: Any, view: Any, level: Any, ctx: Any):
         """(pass, its match) for the other modelled passes of this run that would rewrite this Scan."""
-        from scanopt.graph import node_label
-        from scanopt.pass_api import Skip, registered_passes
+        from scanopt.pass_api import dry_matches
 
         if level is None:
             return
-        registry = registered_passes()
-        for other in ctx.selected or ():
-            if other == pass_name or other not in MODELLED or other not in registry:
-                continue
-            if (other, node_label(node)) in ctx.denied:
-                continue
-            try:
-                found = registry[other]().match(node, view, level, ctx)
-            except Exception:  # noqa: BLE001 - a pass that cannot judge this Scan offers no alternative
-                continue
-            if not isinstance(found, Skip):
-                yield other, found
+        others = [other for other in ctx.selected or () if other != pass_name and other in MODELLED]
+        yield from dry_matches(others, node, view, level, ctx)
 
 
 def range_choice(ratios: dict[str, list[float]]) -> tuple[str, dict[str, float]]:

@@ -226,6 +226,23 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
+def dry_matches(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext):
+    """(pass name, its Match) for each registered ScanPass in ``names`` whose ``match``
+    accepts ``node``, without rewriting: what another pass would do with a Scan (the cost
+    policy's alternatives, canonicalize's fission trial). A pass denied on the node, or one
+    that cannot judge it (it raises), offers nothing."""
+    registry = registered_passes()
+    for name in names:
+        if name not in registry or (name, node_label(node)) in ctx.denied:
+            continue
+        try:
+            found = registry[name]().match(node, view, level, ctx)
+        except Exception:  # noqa: BLE001 - a pass that cannot judge this Scan offers no alternative
+            continue
+        if not isinstance(found, Skip):
+            yield name, found
+
+
 def registered_passes() -> dict[str, type[Pass]]:
     import scanopt.passes  # noqa: F401 - importing registers the built-in passes
 

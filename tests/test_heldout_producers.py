@@ -38,7 +38,7 @@ OUTCOMES = {
     "keras_stacked": ({"RNN": 1, "GRU": 1}, ""),
     "tf_scan_cumsum": ({}, ""),  # linrec: CumSum
     "tf_map_fn_tanh": ({}, ""),
-    "tf_scan_pair": ({"Scan": 1}, "no LSTM cell"),
+    "tf_scan_pair": ({"RNN": 1}, ""),  # split by canonicalize: the RNN, then a CumSum of its h
 }
 LOOP_OPS = ("Scan", "Loop", "RNN", "GRU", "LSTM")
 

@@ -33,7 +33,7 @@ EXPECTED = {
     "ts_nested_map": "vectorized",
     "ts_gru_stack": "GRU",  # chunk(3): Slices whose bounds fold once Shape(gates)[1] is constant
     "ts_lstm_stack": "LSTM",
-    "dyn_while_rnn_sum": None,  # a running sum besides h: no native cell
+    "dyn_while_rnn_sum": "RNN",  # canonicalize splits off the running sum (a CumSum): fission
     "tf_scan_rnn": "RNN",
     "tf_map_fn": "vectorized",
     "keras_simplernn": "RNN",

@@ -14,7 +14,10 @@ Canonical form (what later passes and backends may assume):
   while moving it outside costs one reversal (Slice/ReverseSequence) per tensor. The one
   direction change made is the one that is cheaper: a full reversal (Slice, step -1) that
   alone feeds a scan input, or alone reads a scan output, is removed and the direction
-  toggled instead.
+  toggled instead;
+- no two loops in one where splitting pays: a Scan whose states split one way (an RNN's h
+  and a running sum of h) becomes two Scans once nothing else above changes (loop
+  fission, :mod:`fission`; option ``fission``), Scan-8 included.
 Scan-8 (opset 8, batched, ``sequence_lens``) gets the edits that keep its batch semantics
 exactly: dead states, unread and duplicate scan outputs, duplicate and unused scan inputs go
 (:func:`_match_scan8`); its loop-invariant states stay (the body sees one batch item of them,
@@ -35,6 +38,9 @@ from scanopt.constexpr import ConstantFolder
 from scanopt.passes.canonicalize.analysis import epilogue, identity_root, input_dependencies, shadows
 from scanopt.graph import in_graph_outputs, reverses_axis
 from scanopt.passes.canonicalize.edit import apply_plan
+from scanopt.passes.canonicalize.fission import match_fission, split
+from scanopt.passes.canonicalize.fission_plan import Fission
+from scanopt.scan_view import ScanView
 from scanopt.rewrite import consumers, is_read
 
 DIRECTIONS = ("scan_input_directions", "scan_output_directions")
@@ -82,6 +88,8 @@ class CanonicalPlan(Match):
 class Canonicalize(ScanPass):
     name = "canonicalize"
     summary = "scan axes to 0, default attributes dropped, dead/duplicate/invariant states and outputs removed"
+    tunables = {"fission": (str, "auto (default): split a Scan whose states split one way into two Scans where a piece "
+                                 "then gets a native or loop-free form; always: wherever the states split; never")}
 
     def match(self, node, view, level, ctx):
         top = level.parents[0] if level.parents else level.graph
@@ -89,7 +97,7 @@ class Canonicalize(ScanPass):
         if not any(read):
             return Skip("none of its outputs is read; the cleanup pass removes it")
         if view.batched:
-            return _match_scan8(node, view, read)
+            return _or_fission(_match_scan8(node, view, read), node, view, level, ctx)
         plan = CanonicalPlan(view.num_states)
         out_dirs, out_axes = _plan_outputs(plan, node, view, read, level, ctx)
         needed = _plan_states(plan, node, read)
@@ -102,11 +110,24 @@ class Canonicalize(ScanPass):
             [in_dirs[i] for i in plan.keep_inputs], [out_dirs[i] for i in plan.keep_outputs],
         )
         if not plan.changes():
-            return Skip("not canonical: " + "; ".join(plan.left)) if plan.left else Skip("already canonical")
+            skip = Skip("not canonical: " + "; ".join(plan.left)) if plan.left else Skip("already canonical")
+            return _or_fission(skip, node, view, level, ctx)
         return plan
 
-    def rewrite(self, node, plan: CanonicalPlan, level, ctx):
+    def rewrite(self, node, plan: CanonicalPlan | Fission, level, ctx):
+        if isinstance(plan, Fission):
+            return split(node, ScanView.from_gs(node, ctx.opset, ctx.shapes), plan, level, ctx)
         return apply_plan(node, plan, level, ctx)
+
+
+def _or_fission(found, node, view, level, ctx):
+    """A Scan with nothing else to change may still be two loops in one (see fission)."""
+    if not isinstance(found, Skip):
+        return found
+    split_found = match_fission(node, view, level, ctx)
+    if split_found is None:
+        return found
+    return split_found if isinstance(split_found, Fission) else Skip(f"{found.reason}; not split: {split_found}")
 
 
 def _match_scan8(node, view, read):
