@@ -3,7 +3,8 @@
 A key holds everything a measurement depends on: the Scan's extracted subgraph (its
 structure, attributes and input/weight shapes and dtypes; weight values only for small
 tensors, which can be sizes or constants a rewrite reads), the candidate passes and
-their options, onnxruntime's version, the CPU model and the thread count. Entries are small
+their options, scanopt's own code (a hash of its sources: a choice measured before a
+rewrite changed is measured again), onnxruntime's version, the CPU model and the thread count. Entries are small
 JSON files written atomically. Location: ``options["tune_cache"]``, else ``$SCANOPT_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/scanopt``, else ``~/.cache/scanopt``; ``"off"`` disables it.
 """
@@ -15,6 +16,7 @@ import json
 import os
 import platform
 import tempfile
+from functools import lru_cache
 
 import onnx
 
@@ -39,6 +41,28 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of scanopt's and its passes' source files: the forms a measurement timed are
+    what this code writes, so a changed pass (an upgrade, a local edit) invalidates them."""
+    import scanopt
+    import scanopt.passes
+
+    digest = hashlib.sha256()
+    for root in [*scanopt.__path__, *scanopt.passes.__path__]:
+        for folder, subfolders, files in os.walk(root):
+            subfolders.sort()
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode())
+                try:
+                    with open(path, "rb") as handle:
+                        digest.update(handle.read())
+                except OSError:
+                    digest.update(b"?")
+    return digest.hexdigest()[:16]
 
 
 def signature(model: onnx.ModelProto) -> str:
@@ -94,7 +118,8 @@ def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int
 
     relevant = {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool)) and k not in
                 ("tune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
-    parts = [FORMAT, signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__, cpu_model(),
+    parts = [FORMAT, code_fingerprint(), signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__,
+             cpu_model(),
              threads or "default"]
     return digest(parts)
 
