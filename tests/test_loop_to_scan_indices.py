@@ -156,3 +156,23 @@ def test_index_cast_to_int32_after_arithmetic_stays():
     out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
     assert out is model
     assert "is cast to int32" in report.outcomes[0].detail
+
+
+def test_slice_read_past_an_unproven_length_stays():
+    """Slice(x, [i], [i+1]) with a trip count m from data: for m > len(x) the Loop reads
+    empty rows (a Slice clamps) and may still run; a Scan over x[:m] would stop at len(x)."""
+    axes = const("axes0", np.array([0], np.int64))
+    body = [axes, const("one", np.array(1, np.int64)), oh.make_node("Unsqueeze", ["i", "axes0"], ["start"]),
+            oh.make_node("Add", ["i", "one"], ["i1"]), oh.make_node("Unsqueeze", ["i1", "axes0"], ["end"]),
+            oh.make_node("Slice", ["x", "start", "end", "axes0"], ["x_row"]),
+            oh.make_node("ReduceSum", ["x_row"], ["y_t"], keepdims=0),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"])]
+    graph_body = oh.make_graph(body, "body", [vi("i", [], TP.INT64), vi("cond_in", [], TP.BOOL)],
+                               [vi("cond_out", [], TP.BOOL), vi("y_t", [])])
+    nodes = [const("true", np.array(True)), oh.make_node("Loop", ["m", "true"], ["y"], body=graph_body)]
+    model = make_model(17, nodes, [vi("x", ["L", 3]), vi("m", [], TP.INT64)], [vi("y", [None])])
+    feeds = {"x": np.ones((2, 3), np.float32), "m": np.array(3, np.int64)}
+    np.testing.assert_array_equal(_run(model, feeds), [3, 3, 0])  # the third row is empty, its sum 0
+    out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
+    assert out is model
+    assert "whose length is not provably the trip count" in report.outcomes[0].detail

@@ -37,6 +37,11 @@ class LoopToScan(LoopPass):
     def match(self, node: gs.Node, level: GraphLevel, ctx: PassContext) -> Match | Skip:
         folder = ctx.memo.setdefault(("loop_to_scan", "folder", ctx.edits), ConstantFolder(ctx.opset))
         found = analyse(node, level.graph, ctx.opset, ctx.shapes, folder)
+        if isinstance(found, LoopMatch):
+            for read in found.reads:
+                if is_op(read.node, "Slice") and not _proven_length(found.trip, read, ctx, folder):
+                    return Skip(f"Slice '{read.node.name}' reads row i of '{read.source.name}', whose length is not provably "
+                                "the trip count: past its end a Slice gives an empty row where a Gather fails")
         if isinstance(found, LoopMatch) and ctx.opset < 10:
             if any(not _proven_length(found.trip, r, ctx, folder) for r in found.reads):
                 return Skip("opset 9: a scanned tensor's length is not provably the trip count, and Slice "
