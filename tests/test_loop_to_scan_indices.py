@@ -36,7 +36,7 @@ OUTCOMES = {
     "ts_read_prev": ({"RNN": 1}, ""),
     "ts_read_n_minus": ({"RNN": 1}, ""),
     "ts_range_step2": ({"Loop": 1}, "'x' is read at 2·i: steps of ±1 only"),
-    "ts_break": ({"Loop": 1}, "the initial condition is not constant true"),
+    "ts_break": ({"Loop": 1}, "the condition is computed from data each step"),
 }
 LOOP_OPS = ("Scan", "Loop", "RNN", "GRU", "LSTM")
 

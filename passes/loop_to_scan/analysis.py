@@ -140,22 +140,23 @@ def _bounded_by_trip(loop: gs.Node, body: gs.Graph, trip: gs.Tensor, folder) -> 
     true, or ``0 < M`` (false only when M = 0, where the Loop runs zero times anyway)."""
     cond, cond_in, cond_out = loop.inputs[1], body.inputs[1], body.outputs[0]
     counters = _counters(loop, body, folder)
+    passed = cond_out.inputs and is_op(cond_out.inputs[0], "Identity") and cond_out.inputs[0].inputs[0] is cond_in
+    if cond_out is cond_in or passed or _is_true(cond_out, folder):
+        nodes = [cond_out.inputs[0]] if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity") else []
+    else:  # the body's test first: a data-dependent exit is the reason a user can act on
+        terms = _terms(cond_out, body, folder)
+        if terms is None:
+            return Skip("the condition is computed from data each step (a while loop with an early exit)")
+        ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
+        for a, b in terms[0]:
+            if id(_strip_casts(a)) not in ok or not same_value(_resolve(b, loop, body), trip, folder):
+                return Skip("the condition tests more than the iteration number against the trip count (an early exit)")
+        nodes = terms[1]
     if cond.name and not _is_true(cond, folder):
         terms = _terms(cond, None, folder)
         if terms is None or not all(_is_zero(a, folder) and same_value(_resolve(b, loop, body), trip, folder) for a, b in terms[0]):
             return Skip("the initial condition is not constant true (nor 0 < the trip count)")
-    passed = cond_out.inputs and is_op(cond_out.inputs[0], "Identity") and cond_out.inputs[0].inputs[0] is cond_in
-    if cond_out is cond_in or passed or _is_true(cond_out, folder):
-        nodes = [cond_out.inputs[0]] if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity") else []
-        return nodes, [c for c, _ in counters]
-    terms = _terms(cond_out, body, folder)
-    if terms is None:
-        return Skip("the condition is computed from data each step (a while loop with an early exit)")
-    ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
-    for a, b in terms[0]:
-        if id(_strip_casts(a)) not in ok or not same_value(_resolve(b, loop, body), trip, folder):
-            return Skip("the condition tests more than the iteration number against the trip count (an early exit)")
-    return terms[1], [c for c, _ in counters]
+    return nodes, [c for c, _ in counters]
 
 
 def _counters(loop: gs.Node, body: gs.Graph, folder) -> list[tuple[gs.Tensor, int]]:
