@@ -17,8 +17,14 @@ or ``b - a`` and the index as ``a + i·s``. The forms (loop range: row read, how
 - ts_read_last_minus:  range(n): x[-1-i], list + stack (rows n-1 .. 0 by negative indices)
 - ts_read_prev:        range(n): x[i-1], list + stack (rows n-1, 0, 1, .. n-2: wraps at i=0)
 - ts_read_n_minus:     range(n): x[n-1-i], list + torch.cat of unsqueezed rows
+- ts_range_bf_reverse: batch-first x [B, T, I], range(x.size(1)-1, -1, -1): x[:, i], stack(outs, 1)
+- ts_read_diff:        range(n-1): x[i+1] - x[i] (two reads of x, one cut, one gathered)
+- ts_read_n_minus_i_minus_1: range(n): x[n-i-1] (the reversed read, spelt (n-i)-1)
+- ts_range_half:       range(n // 2, n): x[i] (a start computed from n)
+- ts_range_rev_offset: range(n-2, -1, -1): x[i+1]
 Not scans (they stay Loops, with a reason):
 - ts_range_step2:      range(0, n, 2): x[i], every second row
+- ts_range_neg_step2:  range(n-1, -1, -2): x[i], every second row backwards
 - ts_break:            range(n) with ``if h.sum() > 100: break`` (a data-dependent exit)
 Each comes with <name>.expected.npz: inputs and the outputs torch computed.
 """
@@ -135,14 +141,67 @@ def _modules():
                     break
             return torch.stack(outs), h
 
-    return dict(ts_range_n=RangeN, ts_range_0_n_1=Range0N1, ts_range_reverse=RangeReverse,
+    class BatchFirstReverse(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(1) - 1, -1, -1):
+                h = self.step(x[:, i], h)
+                outs.append(h)
+            return torch.stack(outs, 1), h
+
+    class ReadDiff(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0) - 1):
+                h = self.step(x[i + 1] - x[i], h)
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class ReadNMinusIMinus1(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0)):
+                h = self.step(x[x.size(0) - i - 1], h)
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class RangeHalf(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0) // 2, x.size(0)):
+                h = self.step(x[i], h)
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class RangeRevOffset(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0) - 2, -1, -1):
+                h = self.step(x[i + 1], h)
+                outs.append(h)
+            return torch.stack(outs), h
+
+    class RangeNegStep2(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0) - 1, -1, -2):
+                h = self.step(x[i], h)
+                outs.append(h)
+            return torch.stack(outs), h
+
+    return dict(ts_range_bf_reverse=BatchFirstReverse, ts_read_diff=ReadDiff, ts_read_n_minus_i_minus_1=ReadNMinusIMinus1,
+                ts_range_half=RangeHalf, ts_range_rev_offset=RangeRevOffset, ts_range_neg_step2=RangeNegStep2,
+                ts_range_n=RangeN, ts_range_0_n_1=Range0N1, ts_range_reverse=RangeReverse,
                 ts_range_reverse_cat=RangeReverseCat, ts_range_1_n=Range1N, ts_range_1_n_prev=Range1NPrev,
                 ts_read_last_minus=ReadLastMinus, ts_read_prev=ReadPrev, ts_read_n_minus=ReadNMinus,
                 ts_range_step2=RangeStep2, ts_break=Break)
 
 
 NAMES = ["ts_range_n", "ts_range_0_n_1", "ts_range_reverse", "ts_range_reverse_cat", "ts_range_1_n", "ts_range_1_n_prev",
-         "ts_read_last_minus", "ts_read_prev", "ts_read_n_minus", "ts_range_step2", "ts_break"]
+         "ts_read_last_minus", "ts_read_prev", "ts_read_n_minus", "ts_range_bf_reverse", "ts_read_diff",
+         "ts_read_n_minus_i_minus_1", "ts_range_half", "ts_range_rev_offset", "ts_range_step2", "ts_range_neg_step2",
+         "ts_break"]
+BATCH_FIRST = ("ts_range_bf_reverse",)
 
 
 def write(name):
@@ -150,7 +209,7 @@ def write(name):
     import torch
 
     torch.manual_seed(0)
-    feeds = {"x": torch.randn(T, B, I), "h0": torch.randn(B, H)}
+    feeds = {"x": torch.randn(B, T, I) if name in BATCH_FIRST else torch.randn(T, B, I), "h0": torch.randn(B, H)}
     torch.manual_seed(1)
     module = _modules()[name]()
     module.__module__ = "scanopt_samples"
@@ -158,7 +217,7 @@ def write(name):
         got = module(*feeds.values())
     outputs = ["y", "h_n"]
     path = os.path.join(OUT, f"{name}.onnx")
-    dynamic = {"x": {0: "T", 1: "B"}, "h0": {0: "B"}}
+    dynamic = {"x": {0: "B", 1: "T"} if name in BATCH_FIRST else {0: "T", 1: "B"}, "h0": {0: "B"}}
     torch.onnx.export(torch.jit.script(module), tuple(feeds.values()), path, dynamo=False,
                       input_names=list(feeds), output_names=outputs, dynamic_axes=dynamic, opset_version=17)
     m = onnx.load(path)

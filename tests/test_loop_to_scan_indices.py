@@ -35,7 +35,13 @@ OUTCOMES = {
     "ts_read_last_minus": ({"RNN": 1}, ""),
     "ts_read_prev": ({"RNN": 1}, ""),
     "ts_read_n_minus": ({"RNN": 1}, ""),
+    "ts_range_bf_reverse": ({"RNN": 1}, ""),
+    "ts_read_diff": ({"RNN": 1}, ""),  # x[i+1] - x[i]: two scan inputs, the difference folded into W
+    "ts_read_n_minus_i_minus_1": ({"RNN": 1}, ""),
+    "ts_range_half": ({"RNN": 1}, ""),
+    "ts_range_rev_offset": ({"RNN": 1}, ""),
     "ts_range_step2": ({"Loop": 1}, "'x' is read at 2·i: steps of ±1 only"),
+    "ts_range_neg_step2": ({"Loop": 1}, "- 2·i: steps of ±1 only"),
     "ts_break": ({"Loop": 1}, "the condition is computed from data each step"),
 }
 LOOP_OPS = ("Scan", "Loop", "RNN", "GRU", "LSTM")
