@@ -161,7 +161,7 @@ def test_index_cast_to_int32_after_arithmetic_stays():
     body.node.insert(1, oh.make_node("Cast", ["j"], ["j32"], to=TP.INT32))
     out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
     assert out is model
-    assert "is cast to int32" in report.outcomes[0].detail
+    assert "is cast to int32 (Cast" in report.outcomes[0].detail and "may wrap where int64 does not" in report.outcomes[0].detail
 
 
 def test_slice_read_past_an_unproven_length_stays():
@@ -182,3 +182,22 @@ def test_slice_read_past_an_unproven_length_stays():
     out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
     assert out is model
     assert "whose length is not provably the trip count" in report.outcomes[0].detail
+
+
+def test_reversed_read_in_int32_stays_a_reversed_scan_input():
+    """T-1-i computed in int32 (tf2onnx's index type) needs no gathered indices: x reversed."""
+    nodes_before = [const("one32", np.array(1, np.int32)), oh.make_node("Shape", ["x"], ["sx"]),
+                    const("zero", np.array(0, np.int64)), oh.make_node("Gather", ["sx", "zero"], ["T"], axis=0),
+                    oh.make_node("Cast", ["T"], ["T32"], to=TP.INT32), oh.make_node("Sub", ["T32", "one32"], ["last32"])]
+    body = [oh.make_node("Cast", ["i"], ["i32"], to=TP.INT32), oh.make_node("Sub", ["last32", "i32"], ["j"]),
+            oh.make_node("Gather", ["x", "j"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"]),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"])]
+    graph_body = oh.make_graph(body, "body", [vi("i", [], TP.INT64), vi("cond_in", [], TP.BOOL)],
+                               [vi("cond_out", [], TP.BOOL), vi("y_t", [3])])
+    nodes = nodes_before + [const("true", np.array(True)), oh.make_node("Loop", ["T", "true"], ["y"], body=graph_body)]
+    model = make_model(17, nodes, [vi("x", ["L", 3])], [vi("y", [None, 3])])
+    out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
+    assert "reversed reads" in report.outcomes[0].detail, report.outcomes[0].detail
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(_run(out, {"x": x}), -x[::-1])
+    np.testing.assert_array_equal(_run(model, {"x": x}), -x[::-1])

@@ -20,6 +20,7 @@ class Affine:
     const: int = 0
     terms: tuple[tuple[int, gs.Tensor], ...] = ()  # (coefficient, loop-invariant value)
     invariant: tuple[gs.Node, ...] = ()  # body nodes computing the terms from outer values
+    narrow: str = ""  # why the index may not be computed in int64 (an int32 Cast or operand), else ""
 
     def is_counter(self) -> bool:
         return self.scale == 1 and self.const == 0 and not self.terms
@@ -28,14 +29,17 @@ class Affine:
         return self.scale == 1 and self.const == k and not self.terms
 
     def times(self, k: int) -> Affine:
-        return Affine(self.scale * k, self.const * k, tuple((c * k, t) for c, t in self.terms), self.invariant)
+        return Affine(self.scale * k, self.const * k, tuple((c * k, t) for c, t in self.terms), self.invariant, self.narrow)
 
     def plus_const(self, k: int) -> Affine:
-        return Affine(self.scale, self.const + k, self.terms, self.invariant)
+        return Affine(self.scale, self.const + k, self.terms, self.invariant, self.narrow)
 
     def plus_term(self, coefficient: int, term: gs.Tensor, nodes: list[gs.Node]) -> Affine:
         moved = self.invariant + tuple(n for n in nodes if not any(n is m for m in self.invariant))
-        return Affine(self.scale, self.const, self.terms + ((coefficient, term),), moved)
+        return Affine(self.scale, self.const, self.terms + ((coefficient, term),), moved, self.narrow)
+
+    def narrowed(self, why: str) -> Affine:
+        return Affine(self.scale, self.const, self.terms, self.invariant, self.narrow or why)
 
     def unit_steps(self) -> bool:
         """A step of ±1 and every term added or subtracted once: what a read may index by."""

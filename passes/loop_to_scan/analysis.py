@@ -452,8 +452,8 @@ def _classify(user, index, helpers, affine, trip, shapes, folder, local, body):
     if user.op in _INDEX_PASSTHROUGH and len(user.outputs) == 1:
         if user.op == "Cast" and user.attrs.get("to") not in (6, 7):  # int32, int64
             return Skip(f"the iteration counter is used in arithmetic (Cast '{user.name}' to a non-integer type)")
-        if user.op == "Cast" and user.attrs.get("to") != 7 and not affine.is_counter():
-            return Skip(f"the index {affine.describe()} is cast to int32 (Cast '{user.name}'): it may wrap where int64 does not")
+        if user.op == "Cast" and user.attrs.get("to") != 7:
+            affine = affine.narrowed(f"is cast to int32 (Cast '{user.name}'): it may wrap where int64 does not")
         return (user.outputs[0], helpers + [user], affine)
     if user.op in ("Unsqueeze", "Reshape") and shapes.rank(index) == 0 and shapes.rank(user.outputs[0]) == 1:
         if user.inputs[0] is index:
@@ -477,8 +477,10 @@ def _arithmetic(user, index, affine: Affine, shapes, folder, local, body) -> Aff
     first = user.inputs[0] is index
     other = user.inputs[1] if first else user.inputs[0]
     value = folder.value(other)
-    if value is not None and (value.size != 1 or value.dtype != np.int64):
+    if value is not None and (value.size != 1 or value.dtype.kind not in "iu"):
         return arithmetic
+    if value is not None and value.dtype != np.int64:
+        affine = affine.narrowed(f"is computed in {value.dtype}: it may wrap where int64 does not")
     if user.op == "Mul":
         return arithmetic if value is None else affine.times(int(value.reshape(-1)[0]))
     base = affine.times(-1) if user.op == "Sub" and not first else affine  # c - i
@@ -489,8 +491,10 @@ def _arithmetic(user, index, affine: Affine, shapes, folder, local, body) -> Aff
     if moved is None:
         return arithmetic
     elem, dims = shapes.type_of(other.name)
-    if elem != onnx.TensorProto.INT64 or dims is None or any(d != 1 for d in dims):
-        return Skip(f"the index adds '{other.name}', not provably one int64 value (its type: {elem}, {dims})")
+    if elem not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64) or dims is None or any(d != 1 for d in dims):
+        return Skip(f"the index adds '{other.name}', not provably one integer (its type: {elem}, {dims})")
+    if elem != onnx.TensorProto.INT64:
+        base = base.narrowed("is computed in int32: it may wrap where int64 does not")
     return base.plus_term(sign, other, moved)
 
 
@@ -504,6 +508,8 @@ def _read_kind(affine: Affine, trip: gs.Tensor, folder) -> str | Skip:
         return "reverse"
     if not affine.unit_steps():
         return Skip("steps of ±1 only (a range with another step does not read every row)")
+    if affine.narrow:
+        return Skip(f"the index {affine.narrow} (the gathered indices are int64)")
     return "indexed"
 
 
