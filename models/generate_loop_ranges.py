@@ -22,6 +22,7 @@ or ``b - a`` and the index as ``a + i·s``. The forms (loop range: row read, how
 - ts_read_n_minus_i_minus_1: range(n): x[n-i-1] (the reversed read, spelt (n-i)-1)
 - ts_range_half:       range(n // 2, n): x[i] (a start computed from n)
 - ts_range_rev_offset: range(n-2, -1, -1): x[i+1]
+- ts_range_reverse_cat_list: range(n-1, -1, -1): x[i], ``torch.cat(outs, 1)`` ([B, n·H])
 Not scans (they stay Loops, with a reason):
 - ts_range_step2:      range(0, n, 2): x[i], every second row
 - ts_range_neg_step2:  range(n-1, -1, -2): x[i], every second row backwards
@@ -181,6 +182,14 @@ def _modules():
                 outs.append(h)
             return torch.stack(outs), h
 
+    class RangeReverseCatList(Base):
+        def forward(self, x, h):
+            outs = []
+            for i in range(x.size(0) - 1, -1, -1):
+                h = self.step(x[i], h)
+                outs.append(h)
+            return torch.cat(outs, 1), h
+
     class RangeNegStep2(Base):
         def forward(self, x, h):
             outs = []
@@ -191,6 +200,7 @@ def _modules():
 
     return dict(ts_range_bf_reverse=BatchFirstReverse, ts_read_diff=ReadDiff, ts_read_n_minus_i_minus_1=ReadNMinusIMinus1,
                 ts_range_half=RangeHalf, ts_range_rev_offset=RangeRevOffset, ts_range_neg_step2=RangeNegStep2,
+                ts_range_reverse_cat_list=RangeReverseCatList,
                 ts_range_n=RangeN, ts_range_0_n_1=Range0N1, ts_range_reverse=RangeReverse,
                 ts_range_reverse_cat=RangeReverseCat, ts_range_1_n=Range1N, ts_range_1_n_prev=Range1NPrev,
                 ts_read_last_minus=ReadLastMinus, ts_read_prev=ReadPrev, ts_read_n_minus=ReadNMinus,
@@ -199,7 +209,8 @@ def _modules():
 
 NAMES = ["ts_range_n", "ts_range_0_n_1", "ts_range_reverse", "ts_range_reverse_cat", "ts_range_1_n", "ts_range_1_n_prev",
          "ts_read_last_minus", "ts_read_prev", "ts_read_n_minus", "ts_range_bf_reverse", "ts_read_diff",
-         "ts_read_n_minus_i_minus_1", "ts_range_half", "ts_range_rev_offset", "ts_range_step2", "ts_range_neg_step2",
+         "ts_read_n_minus_i_minus_1", "ts_range_half", "ts_range_rev_offset", "ts_range_reverse_cat_list",
+         "ts_range_step2", "ts_range_neg_step2",
          "ts_break"]
 BATCH_FIRST = ("ts_range_bf_reverse",)
 

@@ -40,6 +40,7 @@ OUTCOMES = {
     "ts_read_n_minus_i_minus_1": ({"RNN": 1}, ""),
     "ts_range_half": ({"RNN": 1}, ""),
     "ts_range_rev_offset": ({"RNN": 1}, ""),
+    "ts_range_reverse_cat_list": ({"RNN": 1}, ""),  # torch.cat(outs, 1): the step axis merged by a Reshape
     "ts_range_step2": ({"Loop": 1}, "'x' is read at 2·i: steps of ±1 only"),
     "ts_range_neg_step2": ({"Loop": 1}, "- 2·i: steps of ±1 only"),
     "ts_break": ({"Loop": 1}, "the condition is computed from data each step"),
