@@ -51,7 +51,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     directory = tune_cache.cache_dir(options)
     names = [p.name for p in chosen if p.name not in NOT_CANDIDATES]
     neutral = [p for p in chosen if p.name in NEUTRAL_PASSES]
-    base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment")}
+    base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment", "observed")}
     base_options["target"] = "portable"
     original_shapes = ShapeTable(model)
     declared = deployment is not None
@@ -104,8 +104,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             "noise": timings.noise,
             "rounds": timings.rounds,
             "clock": timings.clock,
-            "where": _where(node, default_opset(model), feeds_shapes) + (" (static)" if not declared else
-                                                                            " (declared; observed in a run)" if observed.intersection(feeds_shapes) else " (declared)"),
+            "where": _where(node, default_opset(model), feeds_shapes) + _origin(declared, observed.intersection(feeds_shapes)),
             "same": same,
             "threads": threads,
         }
@@ -114,6 +113,13 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         measured[label] = dict(choice, cached=False)
         notes.append(_line(label, measured[label]))
     return measured, notes
+
+
+def _origin(declared: bool, observed: set[str]) -> str:
+    """Where the measured shapes came from, for the report."""
+    if not declared:
+        return " (static)"
+    return " (declared; observed in a run)" if observed else " (declared)"
 
 
 def _line(label: str, choice: dict) -> str:
@@ -162,8 +168,8 @@ def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict
     return forms, same
 
 
-def scan_reads(node: onnx.NodeProto) -> list[str]:
-    """Every outer value ``node`` reads: its inputs, then what its body captures."""
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every value ``node`` reads from its graph: its inputs, then what its bodies capture."""
     reads = [n for n in node.input if n]
     for attr in node.attribute:
         for g in attribute_graphs(attr):
@@ -179,7 +185,7 @@ def unknown_reads(model: onnx.ModelProto, deployment: ShapeTable) -> dict[str, i
     for node in model.graph.node:
         if node.op_type != "Scan" or node.domain not in ("", "ai.onnx"):
             continue
-        for name in scan_reads(node):
+        for name in node_reads(node):
             elem, shape = deployment.type_of(name)
             if name not in inits and elem and (shape is None or not all(isinstance(d, int) for d in shape)):
                 found[name] = elem
@@ -190,10 +196,7 @@ def _read_values(model: onnx.ModelProto) -> set[str]:
     """The names the model reads (graph outputs, node inputs, values bodies capture)."""
     read = {o.name for o in model.graph.output}
     for node in model.graph.node:
-        read.update(node.input)
-        for attr in node.attribute:
-            for g in attribute_graphs(attr):
-                read.update(outer_names(g))
+        read.update(node_reads(node))
     return read
 
 
@@ -202,7 +205,7 @@ def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.
     model reads as outputs: a final value nobody reads stays dead, as it is in the model,
     so canonicalize drops it here too), or why not."""
     inputs, initializers = [], []
-    for name in scan_reads(node):
+    for name in node_reads(node):
         if name in inits:
             initializers.append(inits[name])
             continue
