@@ -252,11 +252,18 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
     options["deployment"] = deployment
     if not tuning:
         return options, []
-    from scanopt.tune import tune
+    from scanopt.observe import observed_deployment
+    from scanopt.tune import tune, unknown_reads
 
+    observed_notes = []
+    if declared:  # a Scan input static inference leaves open: one run at the declared shapes gives it
+        deployment, observed, observed_notes = observed_deployment(model, declared, deployment,
+                                                                   unknown_reads(model, deployment), options)
+        options.update(deployment=deployment, observed=observed)
     if progress:
         progress("timing the candidate forms of each Scan at the deployment shapes")
     measured, notes = tune(model, _run_passes, chosen, options, deployment)
+    notes = observed_notes + notes
     options = dict(options, measured=measured)
     if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
         import scanopt.tune

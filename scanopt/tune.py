@@ -51,21 +51,23 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     directory = tune_cache.cache_dir(options)
     names = [p.name for p in chosen if p.name not in NOT_CANDIDATES]
     neutral = [p for p in chosen if p.name in NEUTRAL_PASSES]
-    base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment")}
+    base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment", "observed")}
     base_options["target"] = "portable"
     original_shapes = ShapeTable(model)
     declared = deployment is not None
     deployment = original_shapes if deployment is None else deployment
     inits = {t.name: t for t in model.graph.initializer}
+    read = _read_values(model)
     measured: dict[str, dict] = {}
     notes: list[str] = []
     by_key: dict[str, dict] = {}
     deadline = time.perf_counter() + budget
+    observed = set(options.get("observed") or ())  # values whose deployment shape a run gave (scanopt.observe)
     for node in model.graph.node:
         if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or not names:
             continue
         label = proto_node_label(node)
-        sub = _extract(node, inits, original_shapes, model)
+        sub = _extract(node, inits, original_shapes, model, read)
         feeds_shapes = _deployment_inputs(sub, deployment)
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
             notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
@@ -102,7 +104,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             "noise": timings.noise,
             "rounds": timings.rounds,
             "clock": timings.clock,
-            "where": _where(node, default_opset(model), feeds_shapes) + (" (declared)" if declared else " (static)"),
+            "where": _where(node, default_opset(model), feeds_shapes) + _origin(declared, observed.intersection(feeds_shapes)),
             "same": same,
             "threads": threads,
         }
@@ -111,6 +113,13 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         measured[label] = dict(choice, cached=False)
         notes.append(_line(label, measured[label]))
     return measured, notes
+
+
+def _origin(declared: bool, observed: set[str]) -> str:
+    """Where the measured shapes came from, for the report."""
+    if not declared:
+        return " (static)"
+    return " (declared; observed in a run)" if observed else " (declared)"
 
 
 def _line(label: str, choice: dict) -> str:
@@ -159,14 +168,44 @@ def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict
     return forms, same
 
 
-def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto):
-    """A model computing just ``node`` (its reads as inputs or weights), or why not."""
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every value ``node`` reads from its graph: its inputs, then what its bodies capture."""
     reads = [n for n in node.input if n]
     for attr in node.attribute:
         for g in attribute_graphs(attr):
             reads += [n for n in outer_names(g) if n not in reads]
+    return list(dict.fromkeys(reads))
+
+
+def unknown_reads(model: onnx.ModelProto, deployment: ShapeTable) -> dict[str, int]:
+    """{name: elem type} of the values the top-level Scans read (weights apart) whose
+    shape at the deployment shapes is not static: what :mod:`scanopt.observe` learns by a run."""
+    inits = {t.name for t in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx"):
+            continue
+        for name in node_reads(node):
+            elem, shape = deployment.type_of(name)
+            if name not in inits and elem and (shape is None or not all(isinstance(d, int) for d in shape)):
+                found[name] = elem
+    return found
+
+
+def _read_values(model: onnx.ModelProto) -> set[str]:
+    """The names the model reads (graph outputs, node inputs, values bodies capture)."""
+    read = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        read.update(node_reads(node))
+    return read
+
+
+def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto, read: set[str]):
+    """A model computing just ``node`` (its reads as inputs or weights, its outputs the
+    model reads as outputs: a final value nobody reads stays dead, as it is in the model,
+    so canonicalize drops it here too), or why not."""
     inputs, initializers = [], []
-    for name in dict.fromkeys(reads):
+    for name in node_reads(node):
         if name in inits:
             initializers.append(inits[name])
             continue
@@ -176,11 +215,13 @@ def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.
         inputs.append(value)
     outputs = []
     for name in node.output:
-        if name:
+        if name and name in read:
             value = _typed(name, shapes)
             if value is None:
                 return f"type of '{name}' unknown"
             outputs.append(value)
+    if not outputs:
+        return "no output of it is read"
     graph = onnx.helper.make_graph([node], "tune", inputs, outputs, initializer=initializers)
     return onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 

@@ -27,7 +27,7 @@ OUTCOMES = {
     "dyn_scan_gru_batch_first": ({"GRU": 1}, ""),
     "dyn_scan_rnn_multi_out": ({"RNN": 1}, ""),  # relu(h) * 2 computed after the loop
     "dyn_while_gru": ({"GRU": 1}, ""),
-    "ts_rnn_range_reverse": ({"Loop": 1}, "the iteration counter is used in arithmetic"),
+    "ts_rnn_range_reverse": ({"RNN": 1}, ""),  # x gathered at n-1 - arange(M): exact for any trip count
     "ts_gru_size1_stack": ({"GRU": 1}, ""),
     "ts_lstm_nobias_reverse": ({"LSTM": 1}, ""),
     "ts_map_size1": ({}, ""),

@@ -37,6 +37,11 @@ class LoopToScan(LoopPass):
     def match(self, node: gs.Node, level: GraphLevel, ctx: PassContext) -> Match | Skip:
         folder = ctx.memo.setdefault(("loop_to_scan", "folder", ctx.edits), ConstantFolder(ctx.opset))
         found = analyse(node, level.graph, ctx.opset, ctx.shapes, folder)
+        if isinstance(found, LoopMatch):
+            for read in found.reads:
+                if is_op(read.node, "Slice") and not _proven_length(found.trip, read, ctx, folder):
+                    return Skip(f"Slice '{read.node.name}' reads row i of '{read.source.name}', whose length is not provably "
+                                "the trip count: past its end a Slice gives an empty row where a Gather fails")
         if isinstance(found, LoopMatch) and ctx.opset < 10:
             if any(not _proven_length(found.trip, r, ctx, folder) for r in found.reads):
                 return Skip("opset 9: a scanned tensor's length is not provably the trip count, and Slice "
@@ -56,9 +61,10 @@ class LoopToScan(LoopPass):
         # Scan inputs: one per (tensor, axis, direction); the first read's output names the step's slice.
         groups: dict[tuple, list[Read]] = {}
         for read in match.reads:
-            groups.setdefault((id(_unsliced(read.source, folder)), read.axis, read.reverse), []).append(read)
+            key = (id(read.node),) if read.index is not None else (id(_unsliced(read.source, folder)), read.axis, read.reverse)
+            groups.setdefault(key, []).append(read)
         elements, sources, axes, directions = [], [], [], []
-        cut = 0
+        cut = gathered = 0
         for read in match.reads:  # loop-invariant sources move out, before the Scan
             for moved in read.invariant:
                 if any(moved is n for n in body.nodes):
@@ -77,10 +83,11 @@ class LoopToScan(LoopPass):
                 elif out is not element:
                     replace_all_uses(out, element, body)
             source = _unsliced(first.source, folder)
-            if not _proven_length(trip, first, ctx, folder):
-                _typed(trip, ctx)
-                ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
-                ends = outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
+            if first.index is not None:
+                source = _gathered(first, _trip_1d(trip, outer, emit, ctx), emit, ctx)
+                gathered += 1
+            elif not _proven_length(trip, first, ctx, folder):
+                ends = _trip_1d(trip, outer, emit, ctx)
                 source = outer.op("Slice", [_typed(source, ctx), emit.ints("zero", [0]), ends, emit.ints("axis", [first.axis])],
                                   dtype=source.dtype)
                 rank = ctx.shapes.rank(first.source)
@@ -145,7 +152,35 @@ class LoopToScan(LoopPass):
             merged = outer.op("Concat", [head, emit.ints("merged", [-1]), tail], axis=0, dtype=np.int64)
             outer.op("Reshape", [stacked, merged], outputs=[stack.result])
         place_appended(graph, position, start - 1)
-        return _describe(label, match, len(sources), cut)
+        return _describe(label, match, len(sources), cut, gathered)
+
+
+def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext) -> gs.Tensor:
+    """The trip count as int64 [1] (a Slice end, an arange length)."""
+    _typed(trip, ctx)
+    ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
+    return outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
+
+
+def _gathered(read: Read, trip: gs.Tensor, emit: Emitter, ctx: PassContext) -> gs.Tensor:
+    """The rows the Loop reads at ``c ± i``, gathered at once: ``Gather(X, c ± arange(M))``.
+    Row k is ``Gather(X, c ± k)``, the Loop's read at step k, whatever M is (the trip count
+    is the Loop's own), with Gather's negative-index wrap and its failure on an index out of
+    range, so the Scan runs exactly when the Loop does and reads the same rows."""
+    index = read.index
+    steps = emit.arange(trip, dtype=np.int64)
+    if index.scale == -1:
+        steps = emit.op("Neg", [steps], dtype=np.int64)
+    if index.const:
+        steps = emit.op("Add", [steps, emit.const("offset", np.int64(index.const))], dtype=np.int64)
+    for coefficient, term in index.terms:
+        scalar = emit.op("Reshape", [term, emit.ints("scalar", [])], dtype=np.int64)
+        steps = emit.op("Add" if coefficient > 0 else "Sub", [steps, scalar], dtype=np.int64)
+    source = _typed(read.source, ctx)
+    rows = emit.op("Gather", [source, steps], axis=read.axis, dtype=source.dtype)
+    shape = ctx.shapes.shape(read.source)
+    rows.shape = None if shape is None else [d if k != read.axis else None for k, d in enumerate(shape)]
+    return rows
 
 
 def _element(read: Read, inner: Builder, ctx: PassContext) -> gs.Tensor:
@@ -290,7 +325,7 @@ def _distinct(outputs: list[gs.Tensor], inner: Builder) -> list[gs.Tensor]:
     return result
 
 
-def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int) -> str:
+def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int, gathered: int) -> str:
     parts = [f"{n_inputs} scan input(s)", f"{len(match.states)} state(s)"]
     if match.stacks:
         kinds = sorted({("SequenceInsert, concatenated" if s.merge else "SequenceInsert") if s.finisher is not None
@@ -302,4 +337,7 @@ def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int) -> str:
         parts.append("bounded by a counter test")
     if cut:
         parts.append(f"{cut} input(s) cut to the trip count")
+    if gathered:
+        shown = ", ".join(f"{r.source.name}[{r.index.describe()}]" for r in match.reads if r.index is not None)
+        parts.append(f"{gathered} input(s) gathered at the Loop's indices ({shown})")
     return "Loop -> Scan: " + ", ".join(parts)

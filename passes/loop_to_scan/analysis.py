@@ -13,12 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import HUGE, has_node, is_op, subgraphs_of, walk_graphs
 from scanopt.pass_api import Match, Skip
 from scanopt.shapes import ShapeTable
+
+from scanopt.passes.loop_to_scan.affine import Affine
 
 # Ops that pass an integer index through unchanged (a scalar stays a scalar).
 _INDEX_PASSTHROUGH = ("Identity", "Cast")
@@ -35,6 +38,7 @@ class Read:
     keeps_axis: bool  # Slice(i, i+1) / Gather([i]): the step's row keeps its axis (length 1)
     helpers: list[gs.Node]  # index arithmetic read only by this read (removed with it)
     invariant: list[gs.Node] = field(default_factory=list)  # body nodes computing ``source`` from outer values
+    index: Affine | None = None  # read at c ± i other than i, T-1-i: the scan input gathers the Loop's indices
 
 
 @dataclass
@@ -136,22 +140,23 @@ def _bounded_by_trip(loop: gs.Node, body: gs.Graph, trip: gs.Tensor, folder) -> 
     true, or ``0 < M`` (false only when M = 0, where the Loop runs zero times anyway)."""
     cond, cond_in, cond_out = loop.inputs[1], body.inputs[1], body.outputs[0]
     counters = _counters(loop, body, folder)
+    passed = cond_out.inputs and is_op(cond_out.inputs[0], "Identity") and cond_out.inputs[0].inputs[0] is cond_in
+    if cond_out is cond_in or passed or _is_true(cond_out, folder):
+        nodes = [cond_out.inputs[0]] if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity") else []
+    else:  # the body's test first: a data-dependent exit is the reason a user can act on
+        terms = _terms(cond_out, body, folder)
+        if terms is None:
+            return Skip("the condition is computed from data each step (a while loop with an early exit)")
+        ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
+        for a, b in terms[0]:
+            if id(_strip_casts(a)) not in ok or not same_value(_resolve(b, loop, body), trip, folder):
+                return Skip("the condition tests more than the iteration number against the trip count (an early exit)")
+        nodes = terms[1]
     if cond.name and not _is_true(cond, folder):
         terms = _terms(cond, None, folder)
         if terms is None or not all(_is_zero(a, folder) and same_value(_resolve(b, loop, body), trip, folder) for a, b in terms[0]):
             return Skip("the initial condition is not constant true (nor 0 < the trip count)")
-    passed = cond_out.inputs and is_op(cond_out.inputs[0], "Identity") and cond_out.inputs[0].inputs[0] is cond_in
-    if cond_out is cond_in or passed or _is_true(cond_out, folder):
-        nodes = [cond_out.inputs[0]] if cond_out is not cond_in and cond_out.inputs and is_op(cond_out.inputs[0], "Identity") else []
-        return nodes, [c for c, _ in counters]
-    terms = _terms(cond_out, body, folder)
-    if terms is None:
-        return Skip("the condition is computed from data each step (a while loop with an early exit)")
-    ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
-    for a, b in terms[0]:
-        if id(_strip_casts(a)) not in ok or not same_value(_resolve(b, loop, body), trip, folder):
-            return Skip("the condition tests more than the iteration number against the trip count (an early exit)")
-    return terms[1], [c for c, _ in counters]
+    return nodes, [c for c, _ in counters]
 
 
 def _counters(loop: gs.Node, body: gs.Graph, folder) -> list[tuple[gs.Tensor, int]]:
@@ -319,13 +324,13 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
     """Every use of the counter, each an indexing read of an outer tensor, else Skip.
 
     Follows the counter through value-preserving steps (Identity, an integer Cast, a
-    scalar made 1-D), ``T-1-i`` and, for a Slice's end only, ``i+1``."""
+    scalar made 1-D) and affine arithmetic with loop-invariant values (:class:`Affine`)."""
     local = _local_ids(body)
     reads: list[Read] = []
-    slices: dict[int, list] = {}  # id(Slice) -> [node, start chain or None, end chain or None]
-    frontier = [(counter, [], False, 0)]  # (index value, helper nodes, reversed, offset)
+    slices: dict[int, list] = {}  # id(Slice) -> [node, start (affine, helpers) or None, end or None]
+    frontier = [(counter, [], Affine())]  # (index value, helper nodes, its expression in i)
     while frontier:
-        index, helpers, reverse, offset = frontier.pop()
+        index, helpers, affine = frontier.pop()
         if _captured_in_nested(index, body):
             return Skip(f"the iteration counter ('{index.name}') is read inside a nested graph")
         for user in list(index.outputs):
@@ -333,11 +338,11 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
                 continue
             if not has_node(body, user):
                 return Skip(f"the iteration counter is read outside the body by {user.op}")
-            if is_op(user, "Slice") and not reverse and any(user.inputs[p] is index for p in (1, 2)):
+            if is_op(user, "Slice") and any(user.inputs[p] is index for p in (1, 2)):
                 entry = slices.setdefault(id(user), [user, None, None])
-                entry[1 if user.inputs[1] is index else 2] = (offset, helpers)
+                entry[1 if user.inputs[1] is index else 2] = (affine, helpers)
                 continue
-            found = _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local, body)
+            found = _classify(user, index, helpers, affine, trip, shapes, folder, local, body)
             if isinstance(found, Skip):
                 return found
             if isinstance(found, Read):
@@ -353,9 +358,12 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
 
 
 def _slice_read(node, start, end, shapes, folder, local, body) -> Read | Skip:
-    """``Slice(X, [i], [i+1], [a])``: the step's row of X along a, axis kept."""
-    if start is None or end is None or start[0] != 0 or end[0] != 1:
-        return Skip(f"Slice '{node.name}' is not [i, i+1) at the iteration number")
+    """``Slice(X, [i], [i+1], [a])``: the step's row of X along a, axis kept. Only at i
+    itself: at another index a Slice clamps where a Gather wraps or fails (``x[-1:0]`` is
+    empty), so its rows are not provably one per step."""
+    if start is None or end is None or not start[0].is_counter() or not end[0].is_counter_plus(1):
+        shown = "?" if start is None or end is None else f"[{start[0].describe()}, {end[0].describe()})"
+        return Skip(f"Slice '{node.name}' reads {shown}, not [i, i+1) at the iteration number i")
     axes = folder.value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else np.zeros(1, np.int64)
     steps = folder.value(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4].name else np.ones(1, np.int64)
     if axes is None or steps is None or axes.size != 1 or steps.size != 1 or steps.reshape(-1)[0] != 1:
@@ -403,12 +411,13 @@ def _captured_in_nested(t: gs.Tensor, body: gs.Graph) -> bool:
     return False
 
 
-def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local, body):
-    """A Read, a (value, helpers, reversed, offset) step of index arithmetic to follow, or Skip."""
+def _classify(user, index, helpers, affine, trip, shapes, folder, local, body):
+    """A Read, a (value, helpers, expression) step of index arithmetic to follow, or Skip."""
     if is_op(user, "Gather") and len(user.inputs) == 2 and user.inputs[1] is index:
         source = user.inputs[0]
-        if offset:
-            return Skip(f"'{source.name}' is read at the iteration number plus one, not at it")
+        kind = _read_kind(affine, trip, folder)
+        if isinstance(kind, Skip):
+            return Skip(f"'{source.name}' is read at {affine.describe()}: {kind.reason}")
         invariant = invariant_nodes(source, body, local) if id(source) in local else []
         if invariant is None:
             return Skip(f"the iteration counter indexes '{source.name}', computed inside the body from its inputs")
@@ -418,8 +427,14 @@ def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local
         index_rank = 0 if not helpers else shapes.rank(index)  # the counter itself is a scalar
         if index_rank not in (0, 1):
             return Skip(f"the counter read of '{source.name}' has an index of unknown rank")
-        return Read(user, source, axis, reverse, index_rank == 1, helpers, invariant)
-    if is_op(user, "SequenceAt") and user.inputs[1] is index and not offset:
+        if kind == "indexed":
+            return Read(user, source, axis, False, index_rank == 1, helpers, invariant + list(affine.invariant), affine)
+        return Read(user, source, axis, kind == "reverse", index_rank == 1, helpers, invariant)
+    if is_op(user, "SequenceAt") and user.inputs[1] is index:
+        kind = _read_kind(affine, trip, folder)
+        if kind not in ("forward", "reverse"):
+            return Skip(f"the iteration counter picks from sequence '{user.inputs[0].name}' at {affine.describe()}, "
+                        "not at i or T-1-i")
         split = _unit_split(user.inputs[0], folder)
         producer = user.inputs[0].inputs[0] if len(user.inputs[0].inputs) == 1 else None
         if split is None and producer is not None and is_op(producer, "SplitToSequence") and not producer.attrs.get("keepdims", 1):
@@ -433,22 +448,79 @@ def _classify(user, index, helpers, reverse, offset, trip, shapes, folder, local
         axis = _axis(axis, source, shapes)
         if axis is None:
             return Skip(f"the rank of '{source.name}' is unknown: the split axis cannot be placed")
-        return Read(user, source, axis, reverse, keeps, helpers, [])
+        return Read(user, source, axis, kind == "reverse", keeps, helpers, [])
     if user.op in _INDEX_PASSTHROUGH and len(user.outputs) == 1:
         if user.op == "Cast" and user.attrs.get("to") not in (6, 7):  # int32, int64
             return Skip(f"the iteration counter is used in arithmetic (Cast '{user.name}' to a non-integer type)")
-        return (user.outputs[0], helpers + [user], reverse, offset)
+        if user.op == "Cast" and user.attrs.get("to") != 7:
+            affine = affine.narrowed(f"is cast to int32 (Cast '{user.name}'): it may wrap where int64 does not")
+        return (user.outputs[0], helpers + [user], affine)
     if user.op in ("Unsqueeze", "Reshape") and shapes.rank(index) == 0 and shapes.rank(user.outputs[0]) == 1:
         if user.inputs[0] is index:
-            return (user.outputs[0], helpers + [user], reverse, offset)
-    if is_op(user, "Sub") and user.inputs[1] is index and not reverse and not offset and _is_last_index(user.inputs[0], trip, folder):
-        # T-1-i: T-1 may be shared with other readers, so it stays (cleanup removes it if dead)
-        return (user.outputs[0], helpers + [user], True, offset)
-    if is_op(user, "Add") and not reverse and not offset:
-        other = user.inputs[1] if user.inputs[0] is index else user.inputs[0]
-        if folder.scalar(other) == 1:
-            return (user.outputs[0], helpers + [user], reverse, 1)  # i+1: only a Slice's end may take it
+            return (user.outputs[0], helpers + [user], affine)
+    if user.op in ("Add", "Sub", "Mul", "Neg"):
+        found = _arithmetic(user, index, affine, shapes, folder, local, body)
+        if isinstance(found, Skip):
+            return found
+        return (user.outputs[0], helpers + [user], found)
     return Skip(f"the iteration counter is used in arithmetic ({user.op} '{user.name}'), not only to index")
+
+
+def _arithmetic(user, index, affine: Affine, shapes, folder, local, body) -> Affine | Skip:
+    """The expression ``user`` computes from ``index`` (= ``affine``): plus, minus or times
+    a constant integer, plus or minus a loop-invariant int64 scalar; else Skip."""
+    arithmetic = Skip(f"the iteration counter is used in arithmetic ({user.op} '{user.name}'), not only to index")
+    if user.op == "Neg":
+        return affine.times(-1)
+    if len(user.inputs) != 2 or user.inputs[0] is user.inputs[1]:
+        return arithmetic
+    first = user.inputs[0] is index
+    other = user.inputs[1] if first else user.inputs[0]
+    value = folder.value(other)
+    if value is not None and (value.size != 1 or value.dtype.kind not in "iu"):
+        return arithmetic
+    if value is not None and value.dtype != np.int64:
+        affine = affine.narrowed(f"is computed in {value.dtype}: it may wrap where int64 does not")
+    if user.op == "Mul":
+        return arithmetic if value is None else affine.times(int(value.reshape(-1)[0]))
+    base = affine.times(-1) if user.op == "Sub" and not first else affine  # c - i
+    sign = -1 if user.op == "Sub" and first else 1  # i - c
+    if value is not None:
+        return base.plus_const(sign * int(value.reshape(-1)[0]))
+    moved = invariant_nodes(other, body, local) if id(other) in local else []
+    if moved is None:
+        return arithmetic
+    elem, dims = shapes.type_of(other.name)
+    if elem not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64) or dims is None or any(d != 1 for d in dims):
+        return Skip(f"the index adds '{other.name}', not provably one integer (its type: {elem}, {dims})")
+    if elem != onnx.TensorProto.INT64:
+        base = base.narrowed("is computed in int32: it may wrap where int64 does not")
+    return base.plus_term(sign, other, moved)
+
+
+def _read_kind(affine: Affine, trip: gs.Tensor, folder) -> str | Skip:
+    """How a scan input reads what the Loop reads at ``affine``: "forward" (at i),
+    "reverse" (at T-1-i for the trip count T) or "indexed" (at c ± i for another c:
+    the rows gathered at the Loop's own indices), or Skip."""
+    if affine.is_counter():
+        return "forward"
+    if affine.scale == -1 and _is_last(affine, trip, folder):
+        return "reverse"
+    if not affine.unit_steps():
+        return Skip("steps of ±1 only (a range with another step does not read every row)")
+    if affine.narrow:
+        return Skip(f"the index {affine.narrow} (the gathered indices are int64)")
+    return "indexed"
+
+
+def _is_last(affine: Affine, trip: gs.Tensor, folder) -> bool:
+    """True when ``affine`` is ``T-1-i`` with T the trip count."""
+    if len(affine.terms) == 1 and affine.terms[0][0] == 1:
+        term = affine.terms[0][1]
+        return (affine.const == 0 and _is_last_index(term, trip, folder)) or (
+            affine.const == -1 and same_value(term, trip, folder))
+    value = folder.scalar(trip)
+    return not affine.terms and value is not None and affine.const == int(value) - 1
 
 
 def _at_least(t: gs.Tensor, bound: int, folder) -> bool:
