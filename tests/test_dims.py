@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as TP
 from onnx import helper as h
 
@@ -270,3 +271,27 @@ def test_a_loop_gathering_rows_of_outer_tensors_at_its_index_likely_runs_one_tri
 def test_a_loop_gathering_a_fixed_row_says_nothing_about_the_rows():
     d = DimClasses(_loop_reading(["x", "u"], index_from_body=False))
     assert not d.same(("x", 0), ("u", 0), likely=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_gather_dims_agree_with_what_onnxruntime_computes(data):
+    """Every dim the Gather rule calls equal is equal in the result onnxruntime computes."""
+    import onnxruntime as ort
+
+    x_shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), "x shape")
+    idx_shape = data.draw(st.lists(st.integers(1, 3), min_size=0, max_size=2), "indices shape")
+    axis = data.draw(st.integers(-len(x_shape), len(x_shape) - 1), "axis")
+    m = _model([h.make_node("Gather", ["x", "idx"], ["y"], axis=axis)],
+               [builders.vi("x", [None] * len(x_shape)), builders.vi("idx", [None] * len(idx_shape), TP.INT64)],
+               [builders.vi("y", None)])
+    d = DimClasses(m)
+    x = np.zeros(x_shape, np.float32)
+    idx = np.zeros(idx_shape, np.int64)
+    (y,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x, "idx": idx})
+    assert d.rank("y") == y.ndim
+    sized = [("x", k, n) for k, n in enumerate(x_shape)] + [("idx", k, n) for k, n in enumerate(idx_shape)]
+    for j, size in enumerate(y.shape):
+        matched = [(name, k) for name, k, n in sized if d.same(("y", j), (name, k))]
+        assert matched, (j, y.shape)  # every result axis is traced to an operand's
+        assert all(n == size for name, k, n in sized if (name, k) in matched)
