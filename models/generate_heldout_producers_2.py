@@ -52,7 +52,7 @@ import sys
 
 import numpy as np
 
-from generate import HERE, run_generator, save_npz, strip_stack_traces
+from generate import HERE, export_torch_sample, run_generator, save_npz
 
 OUT = os.path.join(HERE, "heldout_producers_2")
 T, B, I, H = 7, 3, 5, 6
@@ -257,7 +257,6 @@ OUTPUTS = {"dyn_scan_lstm_ifog": ["y", "c_seq", "h_n", "c_n"], "dyn_scan_map_mlp
 
 
 def write_torch(name):
-    import onnx
     import torch
 
     feeds = _torch_inputs(name)
@@ -265,28 +264,10 @@ def write_torch(name):
     scripted = name.startswith("ts_")
     module = (_script_modules() if scripted else _dynamo_modules())[name]().eval()
     module.__module__ = "scanopt_samples"
-    with torch.no_grad():
-        got = module(*feeds.values())
-    got = got if isinstance(got, tuple) else (got,)
-    outputs = OUTPUTS.get(name, ["y", "h_n", "c_n"][: len(got)])
-    path = os.path.join(OUT, f"{name}.onnx")
-    if scripted:
-        dynamic = {k: ({0: "T", 1: "B"} if v.dim() == 3 else {0: "B"}) for k, v in feeds.items()}
-        torch.onnx.export(torch.jit.script(module), tuple(feeds.values()), path, dynamo=False,
-                          input_names=list(feeds), output_names=outputs, dynamic_axes=dynamic, opset_version=17)
-        m = onnx.load(path)
-    else:
-        seq, batch = torch.export.Dim("seq", min=2), torch.export.Dim("batch", min=2)
-        dynamic = tuple({0: seq, 1: batch} if v.dim() == 3 else {0: batch} for v in feeds.values())
-        program = torch.onnx.export(module, tuple(feeds.values()), dynamo=True, input_names=list(feeds),
-                                    output_names=outputs, dynamic_shapes=dynamic, verbose=False)
-        m = program.model_proto
-    strip_stack_traces(m)
-    m.producer_name, m.producer_version = m.producer_name or "pytorch", torch.__version__.split("+")[0]
-    onnx.save(m, path)
-    expected = {k: v.numpy() for k, v in feeds.items()}
-    expected.update({n: v.numpy() for n, v in zip(outputs, got)})
-    save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
+    seq, batch = ("T", "B") if scripted else ("seq", "batch")
+    axes = {k: ({0: seq, 1: batch} if v.dim() == 3 else {0: batch}) for k, v in feeds.items()}
+    outputs = OUTPUTS.get(name, ["y", "h_n", "c_n"][: 2 + ("lstm" in name)])
+    export_torch_sample(module, feeds, outputs, os.path.join(OUT, f"{name}.onnx"), scripted=scripted, axes=axes)
 
 
 # ---------------------------------------------------------------- onnxscript
