@@ -1,18 +1,22 @@
-"""Print what scanopt does with each model of models/heldout_producers/ (issue 20's counts).
+"""Print what scanopt does with each model of a held-out producer set (issue 20's counts).
 
-    python models/evaluate_heldout_producers.py            # portable target and declared shapes
-    python models/evaluate_heldout_producers.py --seeds 3  # verification over three seeds
+    python models/evaluate_heldout_producers.py            # models/heldout_producers/, both modes
+    python models/evaluate_heldout_producers.py heldout_producers_2 --seeds 3
 
-Per model and mode: the loop ops before and after, whether onnxruntime on the result
-reproduces the source framework's stored outputs, whether verification passed, the (T, B)
-each verification seed ran at, and the outcome lines of loop_to_scan, fuse, vectorize and
-any rewrite the cost policy measured. Declared shapes are T=16, B=4.
+The directory (under models/) names its generator, generate_<dir>.py, whose BATCH_FIRST, T and
+B say how each x is laid out. Per model and mode: the loop ops before and after, whether
+onnxruntime on the result reproduces the source framework's stored outputs, whether
+verification passed, the (T, B) each verification seed ran at, and the outcome lines of
+loop_to_scan, fuse, vectorize and any rewrite the cost policy measured. Declared shapes are
+T=16, B=4.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import re
 from collections import Counter
 
 import numpy as np
@@ -20,62 +24,174 @@ import onnx
 import onnxruntime as ort
 
 import scanopt
-from generate_heldout_producers import BATCH_FIRST, OUT
+from scanopt.protos import attribute_graphs, walk_proto_graphs
 
 LOOP_OPS = ("Scan", "Loop", "RNN", "GRU", "LSTM")
+HERE = os.path.dirname(os.path.abspath(__file__))
+DECLARED_T, DECLARED_B = 16, 4
 
 
-def _batch_major(name: str) -> bool:
-    return name in BATCH_FIRST or name.startswith("keras")
+class HeldOutSet:
+    """One held-out directory and its generator's layout facts."""
+
+    def __init__(self, directory: str = "heldout_producers"):
+        gen = importlib.import_module(f"generate_{directory}")
+        self.out, self.batch_first = gen.OUT, gen.BATCH_FIRST
+        self.t, self.b = getattr(gen, "T", 5), getattr(gen, "B", 3)
+        self.maps = getattr(gen, "MAPS", None)
+
+    def is_map(self, name: str) -> bool:
+        """Whether the model's loops are maps (else recurrences), as its generator says."""
+        return name in self.maps if self.maps is not None else "map" in name
+
+    def names(self) -> list[str]:
+        return sorted(f[:-5] for f in os.listdir(self.out) if f.endswith(".onnx"))
+
+    def batch_major(self, name: str) -> bool:
+        return name in self.batch_first or name.startswith("keras")
+
+    def seq_input(self, model):
+        """The sequence input: x (x:0 for TF1 graphs) or skl's X [N, F]."""
+        return next((i for i in model.graph.input if i.name in ("x", "x:0", "X")), None)
+
+    def declared(self, model, stored, name) -> dict:
+        """Stored shapes with each symbolic dim at the stored T made 16 and at the stored B made 4."""
+        x = self.seq_input(model)
+        t_axis, b_axis = (1, 0) if self.batch_major(name) else (0, 1)
+        shapes = {}
+        for inp in model.graph.input:
+            shape = list(stored[inp.name].shape)
+            dims = inp.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                continue
+            for k, d in enumerate(dims):
+                if d.HasField("dim_value"):
+                    continue
+                if inp is x and len(shape) == 3:
+                    shape[k] = {t_axis: DECLARED_T, b_axis: DECLARED_B}.get(k, shape[k])
+                elif shape[k] == self.b:
+                    shape[k] = DECLARED_B
+                elif shape[k] == self.t:
+                    shape[k] = DECLARED_T
+            shapes[inp.name] = shape
+        return shapes
+
+    def seed_sizes(self, model, name, verification) -> list[tuple[int, int]]:
+        """(T, B) per verification seed, read from the sizes the report names by x's dims
+        (T None: x has no sequence axis; -1: the report names no size for the dim)."""
+        x = self.seq_input(model)
+        if x is None:
+            return []
+        dims = [d.dim_param or f"{x.name}[{k}]" for k, d in enumerate(x.type.tensor_type.shape.dim)]
+        if len(dims) == 3:
+            t_dim, b_dim = (dims[1], dims[0]) if self.batch_major(name) else (dims[0], dims[1])
+        else:
+            t_dim, b_dim = None, dims[0]
+        found = []
+        for text in _seed_size_texts(verification):
+            sizes = dict(part.split("=") for part in text.split())
+            found.append((int(sizes.get(t_dim, -1)) if t_dim else None, int(sizes.get(b_dim, -1))))
+        return found
 
 
-def _seed_sizes(model, name, verification) -> list[tuple[int, int]]:
-    """(T, B) per verification seed, read from the sizes the report names by x's dims."""
-    x = next(i for i in model.graph.input if i.name == "x")
-    dims = [d.dim_param for d in x.type.tensor_type.shape.dim]
-    t_dim, b_dim = (dims[1], dims[0]) if _batch_major(name) else (dims[0], dims[1])
-    found = []
-    for text in ((verification or {}).get("details") or {}).get("sizes", {}).values():
-        sizes = dict(part.split("=") for part in text.split())
-        found.append((int(sizes.get(t_dim, -1)), int(sizes.get(b_dim, -1))))
-    return found
+def loop_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """Loop-like ops anywhere: the graph, nested bodies and model-local functions."""
+    nodes = [n for g in walk_proto_graphs(model.graph) for n in g.node]
+    for fn in model.functions:
+        nodes += [n for top in fn.node for a in top.attribute for g in attribute_graphs(a)
+                  for sub in walk_proto_graphs(g) for n in sub.node] + list(fn.node)
+    counts = Counter(n.op_type for n in nodes)
+    return {op: counts[op] for op in LOOP_OPS if counts[op]}
 
 
-def _declared(model, stored, name) -> dict:
-    shapes = {i.name: [4, *stored[i.name].shape[1:]] for i in model.graph.input if i.name != "x"}
-    shapes["x"] = [4, 16, 3] if _batch_major(name) else [16, 4, 3]
-    return shapes
+def feeds_of(model: onnx.ModelProto, stored) -> dict:
+    """The stored inputs, each in the rank the model declares (the npz writer stores a scalar as [1])."""
+    feeds = {}
+    for inp in model.graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        static = all(d.HasField("dim_value") for d in dims)
+        feeds[inp.name] = stored[inp.name].reshape([d.dim_value for d in dims]) if static else stored[inp.name]
+    return feeds
 
 
-def evaluate(name: str, mode: str, seeds: int) -> None:
-    model = onnx.load(os.path.join(OUT, f"{name}.onnx"))
-    stored = np.load(os.path.join(OUT, f"{name}.expected.npz"))
+def _seed_size_texts(verification) -> list[str]:
+    """'T=8 B=3' per seed: the report's details, or (a rewritten function's check, which
+    reports only its summary) the summary's "sizes seed 0 T=8 B=3; seed 1 ..." text."""
+    verification = verification or {}
+    sizes = (verification.get("details") or {}).get("sizes")
+    if sizes:
+        return list(sizes.values())
+    return re.findall(r"seed \d+ ((?:[^ ;)]+=\d+ ?)+)", verification.get("summary") or "")
+
+
+def as_array(value) -> np.ndarray:
+    """An onnxruntime result as an array: a ZipMap's list of {class: probability} as [rows, classes]."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return np.array([[row[k] for k in sorted(row)] for row in value])
+    return np.asarray(value)
+
+
+def outputs_equal(model, out, stored) -> bool:
+    feeds = feeds_of(model, stored)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    return all(np.allclose(as_array(got), stored[o.name], rtol=1e-4, atol=1e-5)
+               for got, o in zip(session.run(None, feeds), model.graph.output))
+
+
+def loops(counts: dict[str, int]) -> int:
+    return counts.get("Scan", 0) + counts.get("Loop", 0)
+
+
+def evaluate(held: HeldOutSet, name: str, mode: str, seeds: int) -> dict:
+    model = onnx.load(os.path.join(held.out, f"{name}.onnx"))
+    stored = np.load(os.path.join(held.out, f"{name}.expected.npz"))
     if mode == "portable":
         out, report = scanopt.optimize(model, options={"target": "portable"}, seeds=seeds)
     else:
-        out, report = scanopt.optimize(model, input_shapes=_declared(model, stored, name), seeds=seeds)
-    feeds = {i.name: stored[i.name] for i in model.graph.input}
-    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
-    equal = all(np.allclose(got, stored[o.name], rtol=1e-4, atol=1e-5)
-                for got, o in zip(session.run(None, feeds), model.graph.output))
-    before, after = Counter(n.op_type for n in model.graph.node), Counter(n.op_type for n in out.graph.node)
-    show = lambda c: {op: c[op] for op in LOOP_OPS if c[op]}  # noqa: E731
+        out, report = scanopt.optimize(model, input_shapes=held.declared(model, stored, name), seeds=seeds)
+    equal = outputs_equal(model, out, stored)
     passed = (report.verification or {}).get("passed")
-    print(f"{name:27s} {mode:8s} {show(before)} -> {show(after)} equal={equal} verified={passed} "
-          f"T,B per seed={_seed_sizes(model, name, report.verification)}")
+    before, after = loop_ops(model), loop_ops(out)
+    sizes = held.seed_sizes(model, name, report.verification)
+    print(f"{name:27s} {mode:8s} {before} -> {after} equal={equal} verified={passed} T,B per seed={sizes}")
     for o in report.outcomes:
         if o.pass_name in ("loop_to_scan", "fuse", "vectorize") or o.measured:
-            print(f"    {o.pass_name}: {'applied' if o.applied else 'skipped'}: {o.detail[:160]}")
+            speed = f" [measured {o.speedup:.2f}x]" if o.measured and o.speedup else ""
+            print(f"    {o.pass_name}: {'applied' if o.applied else 'skipped'}{speed}: {o.detail[:160]}")
+    kept_faster = {o.node for o in report.outcomes if o.applied and o.measured and o.pass_name == "hoist"}
+    gone = loops(before) - loops(after)
+    return {"map": held.is_map(name), "loops": loops(before), "gone": gone,
+            "faster": min(len(kept_faster), loops(after)), "equal": equal, "verified": passed,
+            "sizes_ok": None if not sizes else any((t is None or t >= 2) and b >= 2 for t, b in sizes)}
+
+
+def summarize(mode: str, rows: dict[str, dict]) -> None:
+    """Issue 20's four Done-when numbers for one mode."""
+    rec = {n: r for n, r in rows.items() if not r["map"] and r["loops"]}
+    maps = {n: r for n, r in rows.items() if r["map"] and r["loops"]}
+    total = lambda rs, key: sum(r[key] for r in rs.values())  # noqa: E731
+    sized = {n: r for n, r in rows.items() if r["sizes_ok"] is not None}
+    print(f"== {mode}: recurrences fused or loop-free {total(rec, 'gone')}/{total(rec, 'loops')}, "
+          f"+ kept in a form measured faster {total(rec, 'faster')}; maps vectorized "
+          f"{total(maps, 'gone')}/{total(maps, 'loops')}; equal to the source {sum(r['equal'] for r in rows.values())}"
+          f"/{len(rows)}; verification failed {[n for n, r in rows.items() if r['verified'] is False]}; "
+          f"T>=2 and B>=2 at some seed {sum(r['sizes_ok'] for r in sized.values())}/{len(sized)} "
+          f"(not: {[n for n, r in sized.items() if not r['sizes_ok']]})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("directory", nargs="?", default="heldout_producers", help="a folder of models/")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--only", action="append", help="evaluate only these models")
     args = p.parse_args()
-    names = sorted(f[:-5] for f in os.listdir(OUT) if f.endswith(".onnx"))
-    for name in names:
-        for mode in ("portable", "declared"):
-            evaluate(name, mode, args.seeds)
+    held = HeldOutSet(args.directory)
+    rows = {mode: {} for mode in ("portable", "declared")}
+    for name in args.only or held.names():
+        for mode in rows:
+            rows[mode][name] = evaluate(held, name, mode, args.seeds)
+    for mode, by_name in rows.items():
+        summarize(mode, by_name)
 
 
 if __name__ == "__main__":

@@ -365,6 +365,36 @@ def torch_scan_rnn(reverse_dim1=False):
     return m, expected
 
 
+def export_torch_sample(module, feeds: dict, outputs: list[str], path: str, *, scripted: bool,
+                        axes: dict[str, dict[int, str]]) -> None:
+    """Export ``module`` run at ``feeds`` (name -> tensor, in forward's order) to ``path`` and
+    write ``<name>.expected.npz`` beside it (the feeds and the module's outputs). ``axes``
+    names each input's dynamic axes: TorchScript (``torch.jit.script``, ``dynamo=False``,
+    opset 17) takes the names as they are, the dynamo exporter one ``torch.export.Dim(name,
+    min=2)`` per name. Stack traces are stripped and the producer stamped."""
+    import torch
+
+    with torch.no_grad():
+        got = module(*feeds.values())
+    got = got if isinstance(got, tuple) else (got,)
+    if scripted:
+        torch.onnx.export(torch.jit.script(module), tuple(feeds.values()), path, dynamo=False,
+                          input_names=list(feeds), output_names=outputs, dynamic_axes=axes, opset_version=17)
+        m = onnx.load(path)
+    else:
+        dims = {n: torch.export.Dim(n, min=2) for named in axes.values() for n in named.values()}
+        dynamic = tuple({axis: dims[n] for axis, n in axes.get(k, {}).items()} for k in feeds)
+        program = torch.onnx.export(module, tuple(feeds.values()), dynamo=True, input_names=list(feeds),
+                                    output_names=outputs, dynamic_shapes=dynamic, verbose=False)
+        m = program.model_proto
+    strip_stack_traces(m)
+    m.producer_name, m.producer_version = m.producer_name or "pytorch", torch.__version__.split("+")[0]
+    onnx.save(m, path)
+    expected = {k: v.numpy() for k, v in feeds.items()}
+    expected.update({n: v.numpy() for n, v in zip(outputs, got)})
+    save_npz(path[: -len(".onnx")] + ".expected.npz", expected)
+
+
 def strip_stack_traces(m):
     """The exporter stores Python stack traces (absolute paths of this script) per node;
     drop them so the files do not depend on where the repository is checked out."""

@@ -39,7 +39,7 @@ import os
 
 import numpy as np
 
-from generate import HERE, run_generator, save_npz, strip_stack_traces
+from generate import HERE, export_torch_sample, run_generator, save_npz
 
 OUT = os.path.join(HERE, "heldout_producers")
 T, B, I, H = 5, 3, 3, 4
@@ -230,7 +230,6 @@ OUTPUTS = {"dyn_scan_gru_two_layer": ["y", "h1_n", "h2_n"], "dyn_scan_rnn_multi_
 
 
 def write_torch(name):
-    import onnx
     import torch
 
     feeds = _torch_inputs(name)
@@ -238,32 +237,11 @@ def write_torch(name):
     scripted = name.startswith("ts_")
     module = (_script_modules() if scripted else _dynamo_modules())[name]().eval()
     module.__module__ = "scanopt_samples"
-    with torch.no_grad():
-        got = module(*feeds.values())
-    got = got if isinstance(got, tuple) else (got,)
-    outputs = OUTPUTS.get(name, ["y", "h_n", "c_n"][: len(got)])
-    path = os.path.join(OUT, f"{name}.onnx")
     batch_axis, seq_axis = (0, 1) if name in BATCH_FIRST else (1, 0)
-    if scripted:
-        dynamic = {"x": {seq_axis: "T", batch_axis: "B"}}
-        dynamic.update({k: {0: "B"} for k in feeds if k != "x"})
-        torch.onnx.export(torch.jit.script(module), tuple(feeds.values()), path, dynamo=False,
-                          input_names=list(feeds), output_names=outputs, dynamic_axes=dynamic, opset_version=17)
-        m = onnx.load(path)
-    else:
-        seq, batch = torch.export.Dim("seq", min=2), torch.export.Dim("batch", min=2)
-        dynamic = tuple({seq_axis: seq, batch_axis: batch} if k == "x" else {0: batch} for k in feeds)
-        if name == "dyn_scan_lstm_nobias":
-            dynamic = dynamic  # (h0, c0) are separate inputs of forward
-        program = torch.onnx.export(module, tuple(feeds.values()), dynamo=True, input_names=list(feeds),
-                                    output_names=outputs, dynamic_shapes=dynamic, verbose=False)
-        m = program.model_proto
-    strip_stack_traces(m)
-    m.producer_name, m.producer_version = m.producer_name or "pytorch", torch.__version__.split("+")[0]
-    onnx.save(m, path)
-    expected = {k: v.numpy() for k, v in feeds.items()}
-    expected.update({n: v.numpy() for n, v in zip(outputs, got)})
-    save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
+    seq, batch = ("T", "B") if scripted else ("seq", "batch")
+    axes = {k: ({seq_axis: seq, batch_axis: batch} if k == "x" else {0: batch}) for k in feeds}
+    outputs = OUTPUTS.get(name, ["y", "h_n", "c_n"][: 2 + ("lstm" in name)])
+    export_torch_sample(module, feeds, outputs, os.path.join(OUT, f"{name}.onnx"), scripted=scripted, axes=axes)
 
 
 def _tf_function(name):

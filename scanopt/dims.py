@@ -242,6 +242,9 @@ class DimClasses:
             self._scan(node, attrs, graph)
         elif op == "Loop" and "body" in attrs:
             self._loop(node, attrs["body"].g)
+        elif op == "Gather" and len(ins) == 2:
+            self._gather(ins[0], ins[1], out, attrs["axis"].i if "axis" in attrs else 0)
+            self._shape_provenance(op, ins, out, attrs)
         elif op == "If":
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
@@ -450,8 +453,45 @@ class DimClasses:
         for a, key in enumerate(layout):
             self._equal(("v", outer, a), key)
 
+    def _gather(self, data: str, indices: str, out: str, axis: int) -> None:
+        """Gather's result is data's shape with ``axis`` replaced by the indices' shape."""
+        rank, index_rank = self._rank.get(data), self._rank.get(indices)
+        if rank is None or index_rank is None:
+            return
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank:
+            return
+        self._rank.setdefault(out, rank - 1 + index_rank)
+        if self._rank[out] != rank - 1 + index_rank:
+            return
+        for j in range(rank):
+            if j != axis:
+                self._equal(("v", out, j if j < axis else j - 1 + index_rank), ("v", data, j))
+        for j in range(index_rank):
+            self._equal(("v", out, axis + j), ("v", indices, j))
+
+    def _loop_reads(self, node: onnx.NodeProto, body: onnx.GraphProto) -> None:
+        """An outer tensor a Loop body gathers one row of per step (``Gather(x, i)``, axis 0,
+        a scalar index the body receives) has likely as many rows as the Loop has trips,
+        when the trip count is a dim: the per-step reads of TorchScript, tf2onnx's
+        TensorList reads. Likely only (the index could stop early or skip): feeds want it."""
+        trip = self._elements.get(node.input[0]) if node.input and node.input[0] else None
+        if not trip or len(trip) != 1 or not isinstance(trip[0], tuple):
+            return
+        local = {v.name for v in body.input} | {t.name for t in body.initializer}
+        local |= {o for n in body.node for o in n.output}
+        received = {v.name for v in body.input}
+        for inner in body.node:
+            attrs = {a.name: a for a in inner.attribute}
+            axis = attrs["axis"].i if "axis" in attrs else 0
+            if (inner.op_type == "Gather" and in_default_domain(inner.domain) and len(inner.input) == 2
+                    and inner.input[0] not in local and inner.input[1] in received and axis == 0
+                    and self._rank.get(inner.input[1]) == 0):
+                self._maybe_equal(self._axis(inner.input[0], 0), trip[0])
+
     def _loop(self, node: onnx.NodeProto, body: onnx.GraphProto) -> None:
         self._declare_all(body)
+        self._loop_reads(node, body)
         carried = list(node.input)[2:]
         for k, outer in enumerate(carried):  # Loop-carried shapes may change per iteration
             if k + 2 < len(body.input) and outer:

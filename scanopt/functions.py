@@ -137,7 +137,7 @@ def _takes_attributes(f: onnx.FunctionProto) -> bool:
     return bool(len(f.attribute) or len(f.attribute_proto))
 
 
-def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto) -> onnx.ModelProto | str:
+def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto, depth: int = 0) -> onnx.ModelProto | str:
     """The function's body as a model whose inputs have the types its call sites give,
     or the reason it cannot be one."""
     if _takes_attributes(f):
@@ -145,10 +145,13 @@ def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto) -> onnx.ModelProt
     calls = call_sites(model)[function_key(f)]
     if not calls:
         return "never called"
-    shapes = ShapeTable(model)
+    tables = _value_types(model, f, calls, depth)
+    if isinstance(tables, str):
+        return tables
     inputs = []
     for k, name in enumerate(f.input):
-        seen = [shapes.type_of(c.input[k]) if k < len(c.input) and c.input[k] else (None, None) for c in calls]
+        seen = [table.type_of(c.input[k]) if k < len(c.input) and c.input[k] else (None, None)
+                for c, table in zip(calls, tables)]
         elems = {e for e, _ in seen}
         ranks = {None if s is None else len(s) for _, s in seen}
         if len(elems) != 1 or None in elems or len(ranks) != 1:
@@ -169,6 +172,37 @@ def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto) -> onnx.ModelProt
         if typed.type.HasField("tensor_type") and typed.type.tensor_type.elem_type:
             out.CopyFrom(typed)
     return body
+
+
+def _value_types(model: onnx.ModelProto, f: onnx.FunctionProto, calls: list, depth: int = 0) -> list[ShapeTable] | str:
+    """Per call of ``f``, the table that types its actual inputs: the model's for a call in
+    its graphs, the calling function's standalone body for a call inside another function
+    (onnxscript: a layer calling a layer), whose own inputs come from its callers in turn."""
+    main = ShapeTable(model)
+    main_nodes = {id(n) for g in walk_proto_graphs(model.graph) for n in g.node}
+    tables = []
+    for call in calls:
+        if id(call) in main_nodes:
+            tables.append(main)
+            continue
+        caller = next((g for g in model.functions
+                       if any(n is call for top in g.node for n in _nodes_within(top))), None)
+        if caller is None or depth > len(model.functions):
+            return "its call sites give input types that cannot be read"
+        body = _standalone(model, caller, depth + 1)
+        if isinstance(body, str):
+            return f"its caller {_label(*function_key(caller))} cannot be typed alone: {body}"
+        tables.append(ShapeTable(body))
+    return tables
+
+
+def _nodes_within(node: onnx.NodeProto):
+    """``node`` and every node of the graphs nested in it."""
+    yield node
+    for attr in node.attribute:
+        for g in attribute_graphs(attr):
+            for sub in walk_proto_graphs(g):
+                yield from sub.node
 
 
 def _merged(shapes: list, prefix: str):

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as TP
 from onnx import helper as h
 
@@ -232,3 +233,65 @@ def test_exact_classes_hold_on_random_scan9_runs(case):
 @given(cases8(min_len=1))
 def test_exact_classes_hold_on_random_scan8_runs(case):
     _sound_on_synthesized_runs(build8(case)[0])
+
+
+def test_gather_result_is_data_with_the_axis_replaced_by_the_indices_shape():
+    m = _model([h.make_node("Gather", ["x", "idx"], ["y"], axis=1)],
+               [builders.vi("x", [None, None, None]), builders.vi("idx", [None, None], TP.INT64)],
+               [builders.vi("y", None)])
+    d = DimClasses(m)
+    assert d.rank("y") == 4
+    assert d.same(("y", 0), ("x", 0)) and d.same(("y", 3), ("x", 2))
+    assert d.same(("y", 1), ("idx", 0)) and d.same(("y", 2), ("idx", 1))
+    assert not d.same(("y", 1), ("x", 1))  # the gathered axis: any size
+
+
+def _loop_reading(tensors, index_from_body=True):
+    """A Loop over Shape(x)[0] whose body gathers row ``i`` of each outer tensor (tf2onnx's
+    map_fn over two inputs reads x and u like this)."""
+    body_nodes = [h.make_node("Gather", [t, "i" if index_from_body else "zero"], [f"{t}_t"]) for t in tensors]
+    body_nodes += [h.make_node("Identity", ["cond_in"], ["cond_out"])]
+    body_nodes += [h.make_node("Add", [f"{tensors[0]}_t", f"{tensors[-1]}_t"], ["y_t"])]
+    body = h.make_graph(body_nodes, "body",
+                        [builders.vi("i", [], TP.INT64), builders.vi("cond_in", [], TP.BOOL)],
+                        [builders.vi("cond_out", [], TP.BOOL), builders.vi("y_t", None)],
+                        initializer=[builders.init("zero", np.array(0, np.int64))])
+    nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "axis0"], ["n"]),
+             h.make_node("Loop", ["n", ""], ["y"], body=body)]
+    inputs = [builders.vi(t, [f"{t}_rows", f"{t}_cols"]) for t in tensors]
+    return _model(nodes, inputs, [builders.vi("y", None)], inits=[_i64("axis0", 0)])
+
+
+def test_a_loop_gathering_rows_of_outer_tensors_at_its_index_likely_runs_one_trip_per_row():
+    d = DimClasses(_loop_reading(["x", "u"]))
+    assert d.same(("x", 0), ("u", 0), likely=True)  # feeds give both as many rows as trips
+    assert not d.same(("x", 0), ("u", 0))  # not proven: the body could stop reading early
+
+
+def test_a_loop_gathering_a_fixed_row_says_nothing_about_the_rows():
+    d = DimClasses(_loop_reading(["x", "u"], index_from_body=False))
+    assert not d.same(("x", 0), ("u", 0), likely=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_gather_dims_agree_with_what_onnxruntime_computes(data):
+    """Every dim the Gather rule calls equal is equal in the result onnxruntime computes."""
+    import onnxruntime as ort
+
+    x_shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), "x shape")
+    idx_shape = data.draw(st.lists(st.integers(1, 3), min_size=0, max_size=2), "indices shape")
+    axis = data.draw(st.integers(-len(x_shape), len(x_shape) - 1), "axis")
+    m = _model([h.make_node("Gather", ["x", "idx"], ["y"], axis=axis)],
+               [builders.vi("x", [None] * len(x_shape)), builders.vi("idx", [None] * len(idx_shape), TP.INT64)],
+               [builders.vi("y", None)])
+    d = DimClasses(m)
+    x = np.zeros(x_shape, np.float32)
+    idx = np.zeros(idx_shape, np.int64)
+    (y,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x, "idx": idx})
+    assert d.rank("y") == y.ndim
+    sized = [("x", k, n) for k, n in enumerate(x_shape)] + [("idx", k, n) for k, n in enumerate(idx_shape)]
+    for j, size in enumerate(y.shape):
+        matched = [(name, k) for name, k, n in sized if d.same(("y", j), (name, k))]
+        assert matched, (j, y.shape)  # every result axis is traced to an operand's
+        assert all(n == size for name, k, n in sized if (name, k) in matched)

@@ -202,3 +202,36 @@ def test_call_sites_with_different_shapes_share_one_fused_body(shapes_b):
         f_a, f_b = feeds(t=t, b=b), feeds(t=sizes_b[0], b=sizes_b[1])
         inputs.append({"xa": f_a["x"], "ha": f_a["h0"], "xb": f_b["x"], "hb": f_b["h0"], "w": f_a["w"], "r": f_a["r"]})
     assert_equivalent(model, optimized, inputs=inputs)
+
+
+def _nested_map_model():
+    """Layer ``inner`` (a map Scan: Sigmoid(x_t·w)) is called only by layer ``outer``
+    (inner·2), which the main graph calls twice: onnxscript's layer-calling-a-layer form
+    (models/heldout_producers_2/os_fn_nested_map_if calls it from both If branches)."""
+    body = oh.make_graph([oh.make_node("MatMul", ["x_t", "w"], ["xw"]), oh.make_node("Sigmoid", ["xw"], ["y_t"])],
+                         "each", [vi("x_t", ["B", 3])], [vi("y_t", ["B", 4])])
+    inner = oh.make_function("layers", "inner", ["xs", "w"], ["ys"],
+                             [oh.make_node("Scan", ["xs"], ["ys"], body=body, num_scan_inputs=1)],
+                             [oh.make_opsetid("", 17)])
+    outer = oh.make_function("layers", "outer", ["xs", "w"], ["ys"],
+                             [oh.make_node("inner", ["xs", "w"], ["s"], domain="layers"),
+                              oh.make_node("Constant", [], ["two"], value_float=2.0),
+                              oh.make_node("Mul", ["s", "two"], ["ys"])],
+                             [oh.make_opsetid("", 17), oh.make_opsetid("layers", 1)])
+    graph = oh.make_graph([oh.make_node("outer", ["x", "w"], ["a"], domain="layers"),
+                           oh.make_node("outer", ["x", "w2"], ["b"], domain="layers"),
+                           oh.make_node("Sub", ["a", "b"], ["y"])],
+                          "nested", [vi("x", ["T", "B", 3]), vi("w", [3, 4]), vi("w2", [3, 4])], [vi("y", None)])
+    return oh.make_model(graph, functions=[inner, outer], ir_version=8,
+                         opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("layers", 1)])
+
+
+def test_a_function_called_only_from_another_function_gets_its_input_types_from_that_caller():
+    model = _nested_map_model()
+    optimized, report = scanopt.optimize(model, options={"target": "portable"})
+    assert report.verification["passed"] is True
+    assert "Scan" not in function_ops(optimized, "inner"), [o.detail for o in report.outcomes]
+    assert function_ops(optimized, "outer") == function_ops(model, "outer")  # the caller keeps calling it
+    data = {"x": rng.standard_normal((5, 2, 3)).astype(np.float32),
+            "w": rng.uniform(-1, 1, (3, 4)).astype(np.float32), "w2": rng.uniform(-1, 1, (3, 4)).astype(np.float32)}
+    assert_equivalent(model, optimized, inputs=[data], engine="both")

@@ -75,6 +75,22 @@ def test_concat_rnn_tf1_basic_rnn_cell():
     _check(model, "RNN", cb.native_model("RNN", W, R, np.concatenate([Wb, np.zeros(H)])))
 
 
+@pytest.mark.parametrize("trans_b, alpha, beta", [(1, 1.0, 1.0), (0, 0.5, 2.0)])
+def test_concat_rnn_through_gemm(trans_b, alpha, beta):
+    """PyTorch's ``Linear(cat([x, h]))``: Gemm(Concat([x, h]), K, b, transB=1), K [H, I+H]
+    (and the transB=0 layout, with alpha and beta folded into the weights and the bias)."""
+    W, R, Wb = R_(0, H, I), R_(1, H, H), R_(2, H)
+    K = np.concatenate([W, R], axis=1) / alpha
+
+    def build(b):
+        cat = b.op("Concat", "x", "h", axis=-1)
+        gemm = b.op("Gemm", cat, b.const(K if trans_b else K.T), b.const(Wb / beta, "b"), transB=trans_b,
+                    alpha=alpha, beta=beta)
+        return b.op("Tanh", gemm)
+
+    _check(_model(build, "RNN"), "RNN", cb.native_model("RNN", W, R, np.concatenate([Wb, np.zeros(H)])))
+
+
 def test_concat_gru_tf1_gru_cell():
     W, R, Wb = R_(0, 3 * H, I), R_(1, 3 * H, H), R_(2, 3 * H)
     model = _model(lambda b: cb.concat_gru(b, "x", "h"), "GRU")

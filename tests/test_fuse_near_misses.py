@@ -110,3 +110,24 @@ def test_linear_attention_stays_a_loop():
                              cb.numpy_helper.from_array(np.array([0], np.int64), "ax0")])
     reason = declined(model)
     assert "multiplies by 'vr', which is not a constant" in reason
+
+
+def test_two_stacked_cells_in_one_loop_are_named_in_the_reason():
+    """TF1 MultiRNNCell: h1' = tanh(W·x + h1), h2' = tanh(h1' + h2): no LSTM, and the reason
+    says which state never reads the other."""
+    nodes = [h.make_node("MatMul", ["W", "x"], ["wx"]), h.make_node("Add", ["wx", "h1"], ["p1"]),
+             h.make_node("Tanh", ["p1"], ["h1n"]), h.make_node("Add", ["h1n", "h2"], ["p2"]),
+             h.make_node("Tanh", ["p2"], ["h2n"]), h.make_node("Identity", ["h2n"], ["y"])]
+    reason = declined(_unbatched_scan(nodes, [("h1", "h1n", [H]), ("h2", "h2n", [H])], ["y"]))
+    assert "no LSTM cell" in reason and "two separate recurrences ('h1' never reads 'h2')" in reason
+
+
+def test_two_states_that_read_each_other_get_no_stacking_note():
+    """c' = c + 0.99·h and h' = tanh(c'·(W·x + h)): each state reads the other (as an LSTM's
+    h and c do), so the reason adds no note about separate recurrences."""
+    nodes = [h.make_node("MatMul", ["W", "x"], ["wx"]), h.make_node("Add", ["wx", "h"], ["pre"]),
+             h.make_node("Mul", ["h", "decay"], ["hd"]), h.make_node("Add", ["c", "hd"], ["c2"]),
+             h.make_node("Mul", ["c2", "pre"], ["mix"]), h.make_node("Tanh", ["mix"], ["h2"]),
+             h.make_node("Identity", ["h2"], ["y"])]
+    reason = declined(_unbatched_scan(nodes, [("h", "h2", [H]), ("c", "c2", [H])], ["y"]))
+    assert "no LSTM cell" in reason and "separate recurrences" not in reason

@@ -1,7 +1,7 @@
 """What a body value computes, as a :class:`~scanopt.passes.fuse.poly.Poly`: match cells by algebra.
 
 ``Algebra.poly(tensor)`` expands Add/Sum/Sub/Neg in any operand order, Mul (distributed),
-MatMul against a constant (either side for a vector), MatMul of a last-axis Concat, Gemm
+MatMul against a constant (either side for a vector), MatMul or Gemm of a last-axis Concat, Gemm
 (transB, alpha, beta, bias), Split/Slice of the last axis, Unsqueeze/Squeeze of leading
 axes and Identity, so ``x·Wᵀ + b + h·Rᵀ``, ``Gemm(x, W, b) + Gemm(h, R)`` and one fused
 MatMul split into gates compare equal term by term. Constants are whatever
@@ -89,7 +89,7 @@ class Algebra:
         else:
             data_only = node.op in ("Split", "Slice") + LAYOUT_OPS
             deps = [t for t in (node.inputs[:1] if data_only else node.inputs) if t.name and self.const(t) is None]
-        src = producer(through_layout(self, node.inputs[0])[0]) if is_op(node, "MatMul") else None
+        src = producer(through_layout(self, node.inputs[0])[0]) if node.op in ("MatMul", "Gemm") else None
         if src is not None and is_op(src, "Concat"):
             deps += [t for t in src.inputs if t.name]
         return deps
@@ -238,10 +238,7 @@ def _matmul(alg, node, out):
     if found is not None or alg.is_runtime(b):
         if found is None:
             raise NoMatch(f"MatMul '{node.name}' run-time weight '{b.name}' is not known to be a matrix")
-        src = last_axis_concat(alg, a)[0]
-        if src is not None:
-            raise NoMatch(f"MatMul '{node.name}' multiplies Concat '{src.name}' by run-time weight '{found[0].name}': "
-                          "splitting a run-time weight's rows between the Concat's pieces is not supported")
+        _refuse_runtime_concat(alg, node, a, found[0])
         return runtime_matmul(alg.value(a), Runtime(found[0], transposed=found[1]))
     left = alg.const(a) is not None or (alg.is_runtime(a) and alg._rank(a) == 2)
     if left and alg.const(b) is None and not alg.is_runtime(b):
@@ -250,11 +247,23 @@ def _matmul(alg, node, out):
         if alg.is_runtime(a):
             return runtime_matmul(alg.value(b), Runtime(a, transposed=True))
         return matmul(alg.value(b), _weight(alg, a, node).T)
-    w = _weight(alg, b, node)
+    return _times_constant(alg, a, _weight(alg, b, node))
+
+
+def _times_constant(alg, a, w: np.ndarray) -> Poly:
+    """``a·w`` for a constant matrix ``w``; a last-axis Concat ``a`` (``Concat([x, h])·W``,
+    as TF1 cells and ``Linear(cat([x, h]))`` write it) splits into one product per piece."""
     src, reshaped = last_axis_concat(alg, a, w.shape[0])
     if src is not None:
         return concat_matmul(alg, src, w, infer=not reshaped)
     return matmul(alg.value(a), w)
+
+
+def _refuse_runtime_concat(alg, node, a, weight) -> None:
+    src = last_axis_concat(alg, a)[0]
+    if src is not None:
+        raise NoMatch(f"{node.op} '{node.name}' multiplies Concat '{src.name}' by run-time weight '{weight.name}': "
+                      "splitting a run-time weight's rows between the Concat's pieces is not supported")
 
 
 def _gemm(alg, node, out):
@@ -263,10 +272,11 @@ def _gemm(alg, node, out):
     alpha, trans_b = float(node.attrs.get("alpha", 1.0)), bool(node.attrs.get("transB", 0))
     found = runtime_matrix(alg, node.inputs[1])
     if found is not None:
+        _refuse_runtime_concat(alg, node, node.inputs[0], found[0])
         result = runtime_matmul(alg.value(node.inputs[0]), Runtime(found[0], transposed=trans_b != found[1], scale=alpha))
     else:
         w = _weight(alg, node.inputs[1], node)
-        result = matmul(alg.value(node.inputs[0]), (w.T if trans_b else w) * alpha)
+        result = _times_constant(alg, node.inputs[0], (w.T if trans_b else w) * alpha)
     if len(node.inputs) > 2 and node.inputs[2].name:
         # C is any value the algebra reads: a constant, a run-time bias, or a per-step value
         # (an input projection computed outside the loop, as an LSTM's recurrent Gemm reads it).

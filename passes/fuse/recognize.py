@@ -59,7 +59,41 @@ def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None
                 (early if isinstance(exc, _NotCellState) else errors).append(f"with '{c.name}' as the cell state: {exc}")
         else:
             # An assignment that got past the cell-state update says more than one that did not.
-            raise NoMatch("no LSTM cell: " + "; ".join(errors or early))
+            raise NoMatch("no LSTM cell: " + "; ".join(errors or early) + _separate_recurrences(states))
     else:
         raise NoMatch(f"{len(states)} recurrent states: RNN/GRU carry one, LSTM two")
     return cell
+
+
+def _separate_recurrences(states: list[tuple[gs.Tensor, gs.Tensor]]) -> str:
+    """What to add to the reason when one state's update never reads the other (TF1
+    MultiRNNCell: layer 2 reads layer 1's new state, layer 1 never reads layer 2's; a running
+    sum beside a cell): an LSTM's h and c each read the other, and fuse makes one native op
+    per loop."""
+    (a, a_out), (b, b_out) = states
+    a_reads_b, b_reads_a = _reads(a_out, b), _reads(b_out, a)
+    if a_reads_b == b_reads_a:
+        return ""
+    first, second = (a, b) if b_reads_a else (b, a)
+    return (f"; the states are two separate recurrences ('{first.name}' never reads '{second.name}'), "
+            "stacked in one loop; fuse reads one cell per loop")
+
+
+def _reads(tensor: gs.Tensor, source: gs.Tensor) -> bool:
+    """Whether ``tensor`` is computed from ``source`` in the body (a node holding a subgraph
+    counts as reading everything)."""
+    stack, seen = [tensor], set()
+    while stack:
+        t = stack.pop()
+        if t is source:
+            return True
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        node = producer(t)
+        if node is None:
+            continue
+        if any(a for a in node.attrs.values() if isinstance(a, gs.Graph)):
+            return True
+        stack.extend(node.inputs)
+    return False
