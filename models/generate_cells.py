@@ -301,11 +301,7 @@ def _lstm_hc_modules():
             (h_n, c_n), (y, cs) = scan(step, (h0, c0), x)
             return y, cs, h_n, c_n
 
-    class ScanHCFlip(nn.Module):  # batch-first x [B, T, I] read backwards by flip; tanh(c) per step too
-        def __init__(self):
-            super().__init__()
-            self.cell = nn.LSTMCell(I, H)
-
+    class ScanHCFlip(ScanHC):  # batch-first x [B, T, I] read backwards by flip; tanh(c) per step too
         def forward(self, x, h0, c0):
             def step(carry, x_t):
                 h, c = self.cell(x_t, carry)

@@ -118,8 +118,9 @@ class CostPolicy:
         if pass_name in NEUTRAL_PASSES:
             return None
         top = level is None or not getattr(level, "path", "")
-        if top and label in self.measured and pass_name != "upgrade":
-            return _measured_verdict(pass_name, self.measured[label])
+        origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
+        if top and origin in self.measured and pass_name != "upgrade":
+            return _measured_verdict(pass_name, self.measured[origin])
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
         if pass_name == "upgrade":

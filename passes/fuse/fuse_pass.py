@@ -76,6 +76,7 @@ class Fuse(ScanPass):
     def rewrite(self, node, plan: FusePlan, level, ctx):
         graph = level.graph
         top = level.parents[0] if level.parents else graph
+        start = len(graph.nodes)
         b = Builder(graph, ctx.names)
         emit = FuseEmitter(b, ctx.opset, self._state(ctx).weights)
         first = plan.dirs[0]
@@ -136,6 +137,9 @@ class Fuse(ScanPass):
         for index, d in enumerate(plan.dirs):
             values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, inputs)
             rebind_outputs(d.node, values, graph)
+        for emitted in graph.nodes[start:]:  # the cell-state loop: covered by this Scan's measured form
+            if emitted.op == "Scan":
+                ctx.derived[node_label(emitted)] = node_label(node)
         if not is_topologically_sorted(graph):  # new nodes were appended after the Scan's readers
             graph.toposort(recurse_subgraphs=False)
         where = f"{'bidirectional' if n_dirs == 2 else ('reverse' if first.reverse else 'forward')}"
