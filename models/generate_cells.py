@@ -23,6 +23,8 @@ The issue-12 samples are exported at T=16, B=4 (dynamic seq/batch).
 - torch_scan_lstm_hc_flip:    the same batch-first, scanned with dim=1 over flip(x) and flipped
                               back, also returning tanh(c) per step
 - torch_script_lstm_hc_stack: TorchScript (dynamo=False) for-loop appending h and c, stacked
+- torch_script_lstmcell_hc:   TorchScript loop over nn.LSTMCell stacking h and c: the cell is a
+                              one-step native LSTM inside the Loop
 (issue 20: the per-step cell state; T=16, B=4, dynamic seq/batch.)
 Hand-built (onnx only):
 - keras_concat_lstm: Keras/TF BasicLSTMCell style: one MatMul of Concat([x, h]) by a kernel
@@ -337,7 +339,8 @@ def torch_lstm_hc(name):
     from generate import export_torch_sample
 
     torch.manual_seed(20)
-    module = _lstm_hc_modules()[name]().eval()
+    modules = {**_lstm_hc_modules(), **_script_cell_modules()}
+    module = modules[name]().eval()
     module.__module__ = "scanopt_samples"
     T_, B_ = TB
     first = name == "torch_scan_lstm_hc_flip"
@@ -347,10 +350,34 @@ def torch_lstm_hc(name):
     seq, batch = ("T", "B") if scripted else ("seq", "batch")
     axes = {"x": {1: seq, 0: batch} if first else {0: seq, 1: batch}, "h0": {0: batch}, "c0": {0: batch}}
     outputs = ["y", "c_seq", "tanh_c_seq", "h_n", "c_n"] if first else ["y", "c_seq", "h_n", "c_n"]
+
     export_torch_sample(module, feeds, outputs, os.path.join(OUT, f"{name}.onnx"), scripted=scripted, axes=axes)
 
 
-LSTM_HC = ("torch_scan_lstm_hc", "torch_scan_lstm_hc_flip", "torch_script_lstm_hc_stack")
+def _script_cell_modules():
+    """A TorchScript for-loop over ``nn.LSTMCell``: the cell is exported as a one-step native
+    LSTM inside the Loop. (``nn.GRUCell`` in a scripted loop does not export with torch 2.13:
+    "ONNX symbolic expected node type prim::ListConstruct".)"""
+    import torch
+    from torch import nn
+
+    class LSTMCellHC(nn.Module):  # h and c of every step stacked
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.LSTMCell(I, H)
+
+        def forward(self, x, h, c):
+            hs, cs = [], []
+            for i in range(x.size(0)):
+                h, c = self.cell(x[i], (h, c))
+                hs.append(h)
+                cs.append(c)
+            return torch.stack(hs), torch.stack(cs), h, c
+
+    return {"torch_script_lstmcell_hc": LSTMCellHC}
+
+
+LSTM_HC = ("torch_scan_lstm_hc", "torch_scan_lstm_hc_flip", "torch_script_lstm_hc_stack", "torch_script_lstmcell_hc")
 
 EXPORTED = {
     "torch_scan_gru": torch_scan_gru,

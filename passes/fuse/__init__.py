@@ -36,6 +36,10 @@ fused too (``cell_states``): the gates are recomputed over all steps from X and 
 one step, and c's update, a linear recurrence with those coefficients, becomes a two-node Scan
 (linrec makes it loop-free); peepholes on i or f, body lengths and Scan-8 are declined.
 
+A body that runs one step of a native RNN/GRU/LSTM (TorchScript's ``nn.LSTMCell`` in a scripted
+loop: Squeeze(Y_h, 0) of the op over Unsqueeze(x_t, 0) from Unsqueeze(h, 0)) is that op over the
+sequence (``native_step``).
+
 Declines (with the reason) anything else: other scan outputs, a non-float32 cell (a float16
 Scan rounds each op and the state to float16 per step, which no native op reproduces),
 ThresholdedRelu (the op zeroes x == alpha, the recurrent activation keeps it), linear
@@ -49,7 +53,7 @@ around the native op), and the matcher: ``poly`` (polynomials), ``algebra`` (bod
 polynomials), ``cuts`` (last-axis cuts), ``layout`` (nodes that keep last-axis rows),
 ``recognize`` with ``reader``/``gru``/``lstm`` (cells, Affine included), ``cell`` and ``linear``
 (their terms), ``projection`` (scan inputs computed as X·W + b outside), ``lengths`` (step masks as sequence_lens),
-``cell_states`` (an LSTM's per-step cell state recomputed from Y).
+``cell_states`` (an LSTM's per-step cell state recomputed from Y), ``native_step`` (a one-step native op as the cell).
 """
 
 from scanopt.passes.fuse.fuse_pass import Fuse
