@@ -238,7 +238,7 @@ def test_short_sequences_are_left_to_unroll():
 
 
 def test_unknown_form_is_a_reason():
-    assert "not one of auto, positions, doubling" in reason(lb.ema(T=20), linrec_form="magic")
+    assert "not one of auto, positions, doubling, two-pass" in reason(lb.ema(T=20), linrec_form="magic")
 
 
 def test_map_is_left_to_vectorize():
@@ -247,12 +247,14 @@ def test_map_is_left_to_vectorize():
     assert "a map" in reason(m)
 
 
-def test_wide_states_keep_the_loop_but_sums_do_not():
-    """Measured: the elementwise chunked forms lose to the loop on wide states (Mamba [1, 64, 16])."""
+def test_wide_states_leave_the_one_pass_forms_but_sums_do_not():
+    """Measured: the one-pass chunked forms lose to the loop on wide states (Mamba [1, 64, 16]);
+    there auto takes the two-pass form (tests/test_linrec_two_pass.py), the others decline."""
     m = lb.mamba(T=20, B=1, D=64, N=16)
-    assert "1,024 elements per step, over linrec_max_state=512" in reason(m)
+    assert "1,024 elements per step, over linrec_max_state=512" in reason(m, linrec_form="positions")
+    rewritten(m, "two-pass")
     rewritten(lb.running_sum(T=20, H=4096), "CumSum")
-    rewritten(m, "chunked scan", linrec_max_state=1024)
+    rewritten(m, "chunked scan (C=8, positions", linrec_max_state=1024, linrec_form="positions")
 
 
 # ---------------------------------------------------------------- decayed linear attention

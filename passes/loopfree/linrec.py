@@ -35,9 +35,12 @@ from scanopt.passes.loopfree.lift import (
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
-from scanopt.emit import supports
+from scanopt.emit import INT64_MAX, Emitter, supports
 from scanopt.passes.loopfree.prefix_scan import (
-    chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product, cumulative_sum,
+    chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product, cumulative_sum,
+)
+from scanopt.passes.loopfree.two_pass import (
+    by_position, chunk_ends, mask_padding, outputs_pass, permute_steps, unpermute_steps,
 )
 from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -58,6 +61,9 @@ FORMS = {"positions": chunk_loop_scan, "doubling": chunked_scan}
 # minGRU H=64: doubling 1.4-2.9x at T=16..64 where the positions loop is 0.7-2.0x; at T=1024-2048
 # the positions loop 2.3-4.4x, doubling 1.9-3.1x).
 POSITIONS_FROM = 512
+# States over linrec_max_state: the two-pass positions form (module two_pass), which never
+# materializes h over all steps (bench_linrec, Mamba D=64, N=16, T=1024).
+TWO_PASS = "two-pass"
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 
 
@@ -138,25 +144,31 @@ class Linrec(ScanPass):
         if isinstance(attention, LinrecMatch):
             return attention
         largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
+        form = ctx.options.get("linrec_form", DEFAULT_FORM)
+        two_pass = _two_pass_fits(view, general, changing, trip, updates)
         for i in general:
             size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
-            if size is None or size > largest:
+            if size is not None and size > largest and form == "auto" and two_pass is None:
+                form = TWO_PASS
+            elif (size is None or size > largest) and form != TWO_PASS:
                 what = "an unknown shape" if size is None else f"{size:,} elements per step"
+                why = f"; {two_pass}" if two_pass else ""
                 return Skip(f"state '{view.initial_states[i] or i}' has {what}, over linrec_max_state={largest}: "
-                            "the loop is as fast or faster than the chunked form on wide states")
-        form = ctx.options.get("linrec_form", DEFAULT_FORM)
+                            f"the loop is as fast or faster than the one-pass chunked forms on wide states{why}")
+        if form == TWO_PASS and two_pass is not None:
+            return Skip(f"linrec_form={TWO_PASS}: {two_pass}")
         if form == "auto":
             form = "positions" if trip is None or trip >= POSITIONS_FROM else "doubling"
         if general and trip is None and form != "positions":
             return Skip("the length is symbolic: the doubling form needs a static length (linrec_form=positions)")
-        if form not in FORMS:
-            return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}")
+        if form not in FORMS and form != TWO_PASS:
+            return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}, {TWO_PASS}")
         found = self._plan(node, view, body, changing, updates, ranks, ctx)
         if isinstance(found, Skip):
             return found
         plan, early, late, out_ranks = found
         chunk = int(ctx.options.get("linrec_chunk", AUTO_CHUNK))
-        if chunk <= 0:
+        if chunk <= 0:  # two-pass: sqrt(T) too (bench_linrec --only mamba --chunks 16,32,64: T=1024 best at 32)
             chunk = DEFAULT_CHUNK if form == "doubling" else 1 << max(3, int(math.isqrt(trip or 1024)).bit_length() - 1)
         return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
@@ -252,11 +264,18 @@ class Linrec(ScanPass):
         n = view.num_states
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
+        if match.form == TWO_PASS:
+            chunk = max(1, min(match.chunk, view.trip_count))
+            count = -(-view.trip_count // chunk)
+            scanned = [permute_steps(e, x, view.input_ranks[j], chunk, count, count * chunk - view.trip_count)
+                       for j, x in enumerate(scanned)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
         emit_nodes(match.early, e, mapping)
         if match.attention is not None:
             return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
+        if match.form == TWO_PASS:
+            return self._rewrite_two_pass(node, match, e, mapping, graph, position, start, chunk, count, ctx)
         finals: dict[int, gs.Tensor] = {}
         forms = []
         for i, update in match.updates.items():
@@ -320,6 +339,68 @@ class Linrec(ScanPass):
         added = place_appended(graph, position, start - 1)
         return (f"decayed linear attention -> chunked matmul form (C={match.chunk}; masked decay matrix, "
                 f"chunk states by doubling) ({added} nodes, no Scan left)")
+
+
+    def _rewrite_two_pass(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start,
+                          chunk: int, count: int, ctx) -> str:
+        """The two-pass positions form (module two_pass); ``mapping`` holds the early values
+        lifted over the steps in position-major order."""
+        (i, update), = match.updates.items()
+        view, plan, body = match.view, match.plan, node.attrs["body"]
+        rank, dtype, h0, steps = match.ranks[i], match.dtypes[i], node.inputs[i], view.trip_count
+        a, b = (by_position(e, _per_step(e, term, mapping, plan, rank, dtype, ctx), chunk, count)
+                for term in (update.a, update.b))
+        if count * chunk != steps:
+            a, b = mask_padding(e, a, b, rank, chunk, count, steps, dtype)
+        if count == 1:
+            starts = e.unsqueeze(h0, [0])
+        else:
+            product, local = chunk_ends(e, a, b, h0, chunk, count, rank, dtype)
+            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
+        n = view.num_states
+        new_state = _identity_chain(body.outputs[i])
+        late_ids = {id(t) for step in match.late for t in step[0].outputs} | {id(t) for t in new_state}
+        read = {id(t): t for step in match.late for t in step[0].inputs if t.name}
+        per_step = {key: by_position(e, mapping[key], chunk, count) for key, t in read.items()
+                    if key in mapping and key not in late_ids and plan.value(t, ctx.shapes.shape).per_step}
+        inside = [k for k, t in enumerate(body.outputs[n:]) if id(t) in late_ids]
+
+        def body_outputs(inner: Emitter, h: gs.Tensor, gathered: dict) -> list[gs.Tensor]:
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
+            scope = {**mapping, **gathered, **{id(t): h for t in new_state}}
+            _emit_aliasing_identities(match.late, le, scope)
+            return [scope[id(body.outputs[n + k])] for k in inside]
+
+        finals, stacked = outputs_pass(e, a, b, starts, chunk, rank, dtype, per_step, body_outputs)
+        final = e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0])
+        computed = dict(zip(inside, stacked))
+        outputs = []
+        for k, t in enumerate(body.outputs[n:]):
+            r = match.out_ranks[k]
+            if k in computed:
+                value = e.op("Reshape", [computed[k], e.op("Concat", [e.ints("rows", [-1]), e.slice(
+                    e.op("Shape", [computed[k]]), [2], [INT64_MAX], [0])], axis=0)])
+            else:
+                value = mapping.get(id(t), t)
+                if not plan.value(t, ctx.shapes.shape).per_step:
+                    value = e.over_steps(value, r)
+            outputs.append(from_processing_order(e, unpermute_steps(e, value, r + 1, chunk, count, steps), view, k, r))
+        states = [final if k == i else node.inputs[k] for k in range(n)]
+        rebind_outputs(node, states + outputs, graph)
+        added = place_appended(graph, position, start - 1)
+        return (f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: chunk ends, then the outputs read "
+                f"per position) ({added} nodes, no Scan left)")
+
+
+def _two_pass_fits(view: ScanView, general: list[int], changing: list[int], trip: int | None, updates) -> str | None:
+    """Why the two-pass positions form does not apply, or None."""
+    if trip is None:
+        return "the two-pass form needs a static length"
+    if len(changing) != 1 or len(general) != 1 or updates[general[0]].b is None:
+        return "the two-pass form takes one state with a general update (a and b both present)"
+    if any(r is None for r in view.input_ranks):
+        return "the two-pass form needs the ranks of the scan inputs"
+    return None
 
 
 def _lifted_steps(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, ctx) -> gs.Tensor:
