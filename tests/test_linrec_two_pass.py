@@ -19,13 +19,9 @@ import linrec_builders as lb
 from equivalence import assert_equivalent, ops
 from scanopt.engines import run
 from scanopt.pipeline import optimize
+from test_linrec import linrec, reason
 
 TWO_PASS = "two-pass"
-
-
-def linrec(model, **options):
-    out, report = optimize(model, passes=["linrec"], verify=False, options=options)
-    return out, [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "linrec"]
 
 
 def two_pass(model, **options):
@@ -33,12 +29,6 @@ def two_pass(model, **options):
     assert len(outcomes) == 1 and outcomes[0][0] and TWO_PASS in outcomes[0][1], outcomes
     assert "Scan" not in ops(out)
     return out
-
-
-def reason(model, **options) -> str:
-    _, outcomes = linrec(model, **options)
-    assert len(outcomes) == 1 and not outcomes[0][0], outcomes
-    return outcomes[0][1]
 
 
 @pytest.mark.parametrize("build", [lb.mamba, lb.mamba_einsum], ids=["mamba", "mamba_einsum"])

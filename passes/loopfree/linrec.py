@@ -12,6 +12,9 @@ Forms (:mod:`prefix_scan`), all over the whole sequence at once:
 The a's and b's and the scan outputs y_t = f(h_t, x_t) are the body lifted over all steps (the
 rules of :mod:`lift`). Final states are the last row (static lengths) or h0 + the sum (sums).
 
+A state wider than ``linrec_max_state`` (Mamba's [B, D, N]): the two-pass positions form
+(:mod:`two_pass`), which never materializes h over all steps.
+
 Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
 state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
 state to 16 bits every step; another association order would round differently), a symbolic
@@ -91,13 +94,15 @@ class Linrec(ScanPass):
                               "about sqrt(T) for the positions loop)"),
         "linrec_min_steps": (int, f"shortest static length rewritten (default {DEFAULT_MIN_STEPS}; shorter loops are "
                                   "left to unroll)"),
-        "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
-                                  f"form (default {DEFAULT_MAX_STATE}; sums are not limited)"),
+        "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the one-pass "
+                                  f"chunked forms (default {DEFAULT_MAX_STATE}; sums are not limited; wider: "
+                                  f"the {TWO_PASS} form)"),
         "linrec_attention_chunk": (int, f"chunk length of decayed linear attention's matmul form, the largest "
                                         f"divisor of T up to it (default {DEFAULT_ATTENTION_CHUNK})"),
         "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
-                             f"'doubling' (log-depth, no loop) or 'auto' (doubling below T={POSITIONS_FROM}; "
-                             f"default {DEFAULT_FORM})"),
+                             f"'doubling' (log-depth, no loop), '{TWO_PASS}' (chunk ends, then a second Loop "
+                             "reading the outputs per position) or 'auto' (doubling below "
+                             f"T={POSITIONS_FROM}, {TWO_PASS} over linrec_max_state; default {DEFAULT_FORM})"),
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
