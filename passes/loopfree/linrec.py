@@ -39,6 +39,7 @@ from scanopt.passes.loopfree.lift import (
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import INT64_MAX, Emitter, supports
+from scanopt.passes.loopfree.products import as_matmuls, unsqueezed_axes
 from scanopt.passes.loopfree.prefix_scan import (
     chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product, cumulative_sum,
 )
@@ -272,11 +273,12 @@ class Linrec(ScanPass):
         if match.form == TWO_PASS:
             chunk = max(1, min(match.chunk, view.trip_count))
             count = -(-view.trip_count // chunk)
-            scanned = [permute_steps(e, x, view.input_ranks[j], chunk, count, count * chunk - view.trip_count)
+            scanned = [permute_steps(e, x, view.input_ranks[j], chunk, count, count * chunk - view.trip_count,
+                                     _element_shape(node.inputs[n + j], view.input_axes[j], ctx))
                        for j, x in enumerate(scanned)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
-        emit_nodes(match.early, e, mapping)
+        emit_nodes(self._products(node, match, body, ctx)[0] if match.form == TWO_PASS else match.early, e, mapping)
         if match.attention is not None:
             return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
         if match.form == TWO_PASS:
@@ -346,6 +348,33 @@ class Linrec(ScanPass):
                 f"chunk states by doubling) ({added} nodes, no Scan left)")
 
 
+    def _products(self, node: gs.Node, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
+        """(early, late) plan steps with the selective scan's products as MatMuls (module products)."""
+        (i, _), = match.updates.items()
+        if match.dtypes[i].type not in (np.float32, np.float64):
+            return match.early, match.late
+        new_state = {id(t) for t in _identity_chain(body.outputs[i])}
+        state_shape = ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i])
+
+        def rank_of(t):
+            value = match.plan.value(t, ctx.shapes.shape)
+            return value.rank, value.per_step
+
+        def last_dim_of(t):
+            shape = state_shape if id(t) in new_state else ctx.shapes.shape(t)
+            if shape is None and len(t.inputs) == 1 and t.inputs[0].op == "Unsqueeze" and rank_of(t)[0]:
+                rank = rank_of(t)[0]
+                if rank - 1 not in unsqueezed_axes(t, rank):
+                    shape = ctx.shapes.shape(t.inputs[0].inputs[0])
+            last = shape[-1] if shape else None
+            return int(last) if isinstance(last, (int, np.integer)) else None
+
+        outputs = {id(t) for t in body.outputs}
+        late_reads = {id(t) for step in match.late for t in step[0].inputs}
+        dtype = match.dtypes[i]
+        return (as_matmuls(match.early, rank_of, last_dim_of, outputs | late_reads, dtype),
+                as_matmuls(match.late, rank_of, last_dim_of, outputs, dtype))
+
     def _rewrite_two_pass(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start,
                           chunk: int, count: int, ctx) -> str:
         """The two-pass positions form (module two_pass); ``mapping`` holds the early values
@@ -353,8 +382,8 @@ class Linrec(ScanPass):
         (i, update), = match.updates.items()
         view, plan, body = match.view, match.plan, node.attrs["body"]
         rank, dtype, h0, steps = match.ranks[i], match.dtypes[i], node.inputs[i], view.trip_count
-        a, b = (by_position(e, _per_step(e, term, mapping, plan, rank, dtype, ctx), chunk, count)
-                for term in (update.a, update.b))
+        a, b = (by_position(e, _per_step(e, term, mapping, plan, rank, dtype, ctx), chunk, count,
+                            _term_shape(term, rank, ctx)) for term in (update.a, update.b))
         if count * chunk != steps:
             a, b = mask_padding(e, a, b, rank, chunk, count, steps, dtype)
         if count == 1:
@@ -366,14 +395,14 @@ class Linrec(ScanPass):
         new_state = _identity_chain(body.outputs[i])
         late_ids = {id(t) for step in match.late for t in step[0].outputs} | {id(t) for t in new_state}
         read = {id(t): t for step in match.late for t in step[0].inputs if t.name}
-        per_step = {key: by_position(e, mapping[key], chunk, count) for key, t in read.items()
+        per_step = {key: by_position(e, mapping[key], chunk, count, ctx.shapes.shape(t)) for key, t in read.items()
                     if key in mapping and key not in late_ids and plan.value(t, ctx.shapes.shape).per_step}
         inside = [k for k, t in enumerate(body.outputs[n:]) if id(t) in late_ids]
 
         def body_outputs(inner: Emitter, h: gs.Tensor, gathered: dict) -> list[gs.Tensor]:
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
             scope = {**mapping, **gathered, **{id(t): h for t in new_state}}
-            _emit_aliasing_identities(match.late, le, scope)
+            _emit_aliasing_identities(self._products(node, match, body, ctx)[1], le, scope)
             return [scope[id(body.outputs[n + k])] for k in inside]
 
         finals, stacked = outputs_pass(e, a, b, starts, chunk, rank, dtype, per_step, body_outputs)
@@ -395,6 +424,21 @@ class Linrec(ScanPass):
         added = place_appended(graph, position, start - 1)
         return (f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: chunk ends, then the outputs read "
                 f"per position) ({added} nodes, no Scan left)")
+
+
+def _term_shape(term: Term, rank: int, ctx) -> list | None:
+    """The per-step shape of a one-leaf term as it is stacked (unit axes in front up to ``rank``),
+    where known; None for other terms."""
+    shape = ctx.shapes.shape(term.tensor) if term.op == "leaf" else None
+    return None if shape is None or len(shape) > rank else [1] * (rank - len(shape)) + list(shape)
+
+
+def _element_shape(x: gs.Tensor, axis: int, ctx) -> list | None:
+    """A scan input's per-step shape (its shape without the scan axis), where known."""
+    shape = ctx.shapes.shape(x)
+    if shape is None:
+        return None
+    return [d for k, d in enumerate(shape) if k != (axis % len(shape))]
 
 
 def _two_pass_fits(view: ScanView, general: list[int], changing: list[int], trip: int | None, updates) -> str | None:

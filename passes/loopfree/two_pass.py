@@ -31,16 +31,27 @@ from scanopt.passes.loopfree.prefix_scan import carry_loop
 from scanopt.rewrite import Builder, new_graph
 
 
-def permute_steps(e: Emitter, x: gs.Tensor, rank: int, chunk: int, count: int, padding: int) -> gs.Tensor:
+def permute_steps(e: Emitter, x: gs.Tensor, rank: int, chunk: int, count: int, padding: int,
+                  tail_shape=None) -> gs.Tensor:
     """[T, ...] (rank ``rank``) in position-major order [C·K, ...]: row c·K + k is step k·C + c
-    (zero rows pad T to K·C)."""
+    (zero rows pad T to K·C). ``tail_shape``: the per-step dims where all are static, written
+    as constants so shape inference carries them through the lifted body (see by_position)."""
     if padding:
         pads = [0] * rank + [padding] + [0] * (rank - 1)
         x = e.op("Pad", [x, e.ints("pads", pads)])
+    if _static(tail_shape):
+        tail = [int(d) for d in tail_shape]
+        x = e.op("Reshape", [x, e.ints("chunks", [count, chunk] + tail)])
+        x = e.op("Transpose", [x], perm=[1, 0] + list(range(2, rank + 1)))
+        return e.op("Reshape", [x, e.ints("rows", [count * chunk] + tail)])
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
     x = e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [count, chunk]), tail], axis=0)])
     x = e.op("Transpose", [x], perm=[1, 0] + list(range(2, rank + 1)))
     return e.op("Reshape", [x, e.op("Concat", [e.ints("rows", [-1]), tail], axis=0)])
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape)
 
 
 def unpermute_steps(e: Emitter, y: gs.Tensor, rank: int, chunk: int, count: int, steps: int) -> gs.Tensor:
@@ -52,8 +63,11 @@ def unpermute_steps(e: Emitter, y: gs.Tensor, rank: int, chunk: int, count: int,
     return e.slice(y, [0], [steps], [0]) if count * chunk != steps else y
 
 
-def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int) -> gs.Tensor:
-    """[C·K, ...] -> [C, K, ...] (a Reshape; the rows are already position-major)."""
+def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int, per_step_shape=None) -> gs.Tensor:
+    """[C·K, ...] -> [C, K, ...] (a Reshape; the rows are already position-major), to a
+    constant target where the per-step shape is static."""
+    if _static(per_step_shape):
+        return e.op("Reshape", [x, e.ints("split", [chunk, count] + [int(d) for d in per_step_shape])])
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
     return e.op("Reshape", [x, e.op("Concat", [e.ints("split", [chunk, count]), tail], axis=0)])
 
