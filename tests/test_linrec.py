@@ -329,11 +329,16 @@ def test_torch_scan_exports_match_torch(name):
     done = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
     assert len(done) == 1 and EXPORTS[name] in done[0], report.format()
     assert "Scan" not in ops(out)
-    feeds = {i.name: expected[i.name] for i in m.graph.input}
-    got = run(out, feeds)
+    assert_matches_torch(m, out, expected)
+
+
+def assert_matches_torch(model, rewritten, expected: dict) -> None:
+    """``rewritten`` on the export's recorded inputs equals what torch computed, and the loop."""
+    feeds = {i.name: expected[i.name] for i in model.graph.input}
+    got = run(rewritten, feeds)
     for key in got:
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
-    assert_equivalent(m, out, inputs=[feeds])
+    assert_equivalent(model, rewritten, inputs=[feeds])
 
 
 def test_products_use_cumprod_where_the_opset_has_it():

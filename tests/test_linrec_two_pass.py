@@ -19,7 +19,7 @@ import linrec_builders as lb
 from equivalence import assert_equivalent, ops
 from scanopt.engines import run
 from scanopt.pipeline import optimize
-from test_linrec import linrec, reason
+from test_linrec import assert_matches_torch, linrec, reason
 
 TWO_PASS = "two-pass"
 
@@ -60,7 +60,8 @@ def test_reversed_scan_matches_the_loop():
 
 def test_long_sequence_stays_within_tolerance_of_the_loop():
     """T = 4096 in float32: the chunk ends composed by doubling, then every position recomputed
-    from its chunk's start; no log, no division, so nothing drifts (inputs of unit scale)."""
+    from its chunk's start; no log of the recurrence's values, no division, so nothing drifts
+    (inputs of unit scale)."""
     m = lb.mamba(T=4096, B=1, D=8, N=4)
     out = two_pass(m)
     feeds = {i.name: np.random.default_rng(4).standard_normal(
@@ -68,7 +69,9 @@ def test_long_sequence_stays_within_tolerance_of_the_loop():
     want, got = run(m, feeds), run(out, feeds)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
-    assert not {"Log", "Div", "Reciprocal"} & set(ops(out)) - set(ops(m))
+    counted = ops(out)
+    assert not {"Div", "Reciprocal"} & set(counted)
+    assert counted["Log"] == ops(m)["Softplus"]  # only Softplus's Log(1 + Exp(-|x|)), of a value >= 1
 
 
 def test_verification_accepts_the_rewrite():
@@ -99,9 +102,52 @@ def test_torch_selective_scan_export_matches_torch():
     softplus a Where over Softplus, its projections Gemms: the two-pass form equals torch."""
     m = onnx.load(LINREC / "torch_mamba.onnx")
     expected = dict(np.load(LINREC / "torch_mamba.expected.npz"))
-    out = two_pass(m, linrec_chunk=4)
-    feeds = {i.name: expected[i.name] for i in m.graph.input}
-    got = run(out, feeds)
-    for key in got:
-        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
-    assert_equivalent(m, out, inputs=[feeds])
+    assert_matches_torch(m, two_pass(m, linrec_chunk=4), expected)
+
+
+def test_fast_softplus_matches_onnxruntimes():
+    """The two-pass form's Softplus (passes/loopfree/softplus.py) against onnxruntime's own and
+    float64 over the float32 range: relative error <= 3e-6 where the value is a normal float;
+    ±inf, NaN, 0 and subnormal results as Softplus's."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.emit import Emitter
+    from scanopt.graph import NameAllocator
+    from scanopt.passes.loopfree.softplus import softplus
+    from scanopt.rewrite import Builder, new_graph
+
+    graph = new_graph("softplus")
+    x = gs.Variable("x", dtype=np.float32, shape=[None])
+    e = Emitter(Builder(graph, NameAllocator(graph)), 17)
+    y = softplus(e, x, np.float32)
+    y.name, y.dtype = "y", np.float32
+    graph.inputs, graph.outputs = [x], [y]
+    fast = gs.export_onnx(graph)
+    fast.opset_import[0].version = 17
+    plain = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Softplus", ["x"], ["y"])], "g", list(fast.graph.input), list(fast.graph.output)),
+        opset_imports=[onnx.helper.make_opsetid("", 17)])
+    values = np.concatenate([np.linspace(-100, 100, 200_001), [-1e30, 1e30, np.inf, -np.inf, np.nan, 0.0, -0.0]])
+    values = values.astype(np.float32)
+    got, ort = run(fast, {"x": values})["y"], run(plain, {"x": values})["y"]
+    with np.errstate(all="ignore"):
+        truth = np.logaddexp(0.0, values.astype(np.float64))
+    normal = np.isfinite(truth) & (truth > np.finfo(np.float32).tiny)
+    assert np.max(np.abs(got[normal] - truth[normal]) / truth[normal]) <= 3e-6
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ort))
+    rest = ~normal & ~np.isnan(ort)  # ±inf, 0 and subnormal results: equal up to a subnormal step
+    np.testing.assert_allclose(got[rest], ort[rest], rtol=0, atol=1e-43)
+
+
+def test_products_are_matmuls_and_the_pipeline_rewrites_once():
+    """At Mamba's width the default pipeline takes the Scan once (its own chunk Loops, which
+    loop_to_scan turns into Scans, are not rewritten again), with the outer product and the
+    read of y as MatMuls and no Softplus left."""
+    m = lb.mamba(T=64, B=1, D=64, N=16)
+    out, report = optimize(m, verify=False)
+    done = [o for o in report.outcomes if o.pass_name == "linrec" and o.applied]
+    assert len(done) == 1 and TWO_PASS in done[0].detail, report.format()
+    counted = ops(out)
+    assert counted["MatMul"] + counted.get("FusedMatMul", 0) >= 3 and "Softplus" not in counted
+    assert "ReduceSum" not in counted
+    assert_equivalent(m, out, seeds=1)

@@ -40,6 +40,7 @@ from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attenti
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import INT64_MAX, Emitter, supports
 from scanopt.passes.loopfree.products import as_matmuls, unsqueezed_axes
+from scanopt.passes.loopfree.softplus import fast_softplus
 from scanopt.passes.loopfree.prefix_scan import (
     chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product, cumulative_sum,
 )
@@ -278,7 +279,7 @@ class Linrec(ScanPass):
                        for j, x in enumerate(scanned)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
-        emit_nodes(self._products(node, match, body, ctx)[0] if match.form == TWO_PASS else match.early, e, mapping)
+        emit_nodes(self._faster_steps(node, match, body, ctx)[0] if match.form == TWO_PASS else match.early, e, mapping)
         if match.attention is not None:
             return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
         if match.form == TWO_PASS:
@@ -348,8 +349,9 @@ class Linrec(ScanPass):
                 f"chunk states by doubling) ({added} nodes, no Scan left)")
 
 
-    def _products(self, node: gs.Node, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
-        """(early, late) plan steps with the selective scan's products as MatMuls (module products)."""
+    def _faster_steps(self, node: gs.Node, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
+        """(early, late) plan steps with the selective scan's products as MatMuls (module products)
+        and Softplus in vector ops (module softplus)."""
         (i, _), = match.updates.items()
         if match.dtypes[i].type not in (np.float32, np.float64):
             return match.early, match.late
@@ -372,8 +374,8 @@ class Linrec(ScanPass):
         outputs = {id(t) for t in body.outputs}
         late_reads = {id(t) for step in match.late for t in step[0].inputs}
         dtype = match.dtypes[i]
-        return (as_matmuls(match.early, rank_of, last_dim_of, outputs | late_reads, dtype),
-                as_matmuls(match.late, rank_of, last_dim_of, outputs, dtype))
+        return (fast_softplus(as_matmuls(match.early, rank_of, last_dim_of, outputs | late_reads, dtype), ctx.shapes.dtype),
+                fast_softplus(as_matmuls(match.late, rank_of, last_dim_of, outputs, dtype), ctx.shapes.dtype))
 
     def _rewrite_two_pass(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start,
                           chunk: int, count: int, ctx) -> str:
@@ -402,7 +404,7 @@ class Linrec(ScanPass):
         def body_outputs(inner: Emitter, h: gs.Tensor, gathered: dict) -> list[gs.Tensor]:
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
             scope = {**mapping, **gathered, **{id(t): h for t in new_state}}
-            _emit_aliasing_identities(self._products(node, match, body, ctx)[1], le, scope)
+            _emit_aliasing_identities(self._faster_steps(node, match, body, ctx)[1], le, scope)
             return [scope[id(body.outputs[n + k])] for k in inside]
 
         finals, stacked = outputs_pass(e, a, b, starts, chunk, rank, dtype, per_step, body_outputs)
