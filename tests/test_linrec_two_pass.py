@@ -141,12 +141,16 @@ def test_fast_softplus_matches_onnxruntimes():
 
 def test_products_are_matmuls_and_the_pipeline_rewrites_once():
     """At Mamba's width the default pipeline takes the Scan once (its own chunk Loops, which
-    loop_to_scan turns into Scans, are not rewritten again), with the outer product and the
-    read of y as MatMuls and no Softplus left."""
+    loop_to_scan turns into Scans without copying their inputs, are not rewritten again), with
+    the outer product and the read of y as MatMuls and no Softplus left."""
     m = lb.mamba(T=64, B=1, D=64, N=16)
     out, report = optimize(m, verify=False)
     done = [o for o in report.outcomes if o.pass_name == "linrec" and o.applied]
     assert len(done) == 1 and TWO_PASS in done[0].detail, report.format()
+    own = [o for o in report.outcomes if o.pass_name == "linrec" and "own chunk loops" in o.detail]
+    scans = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan" and o.applied]
+    assert len(own) == 2 and len(scans) == 2, report.format()
+    assert not any("cut" in d for d in scans), scans  # the inputs are declared C long: no copies
     counted = ops(out)
     assert counted["MatMul"] + counted.get("FusedMatMul", 0) >= 3 and "Softplus" not in counted
     assert "ReduceSum" not in counted

@@ -69,6 +69,7 @@ POSITIONS_FROM = 512
 # States over linrec_max_state: the two-pass positions form (module two_pass), which never
 # materializes h over all steps (bench_linrec, Mamba D=64, N=16, T=1024).
 TWO_PASS = "two-pass"
+OWN_LOOPS = "linrec: own loops"  # ctx.memo key: names of the two-pass form's Loops in this run
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 
 
@@ -108,6 +109,9 @@ class Linrec(ScanPass):
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if node.name and node.name in ctx.memo.get(OWN_LOOPS, ()):
+            return Skip("one of linrec's own chunk loops (loop_to_scan made it a Scan): the form chosen, "
+                        "not rewritten again")
         if view.batched:
             return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
         if ctx.opset < 11:
@@ -384,7 +388,7 @@ class Linrec(ScanPass):
         (i, update), = match.updates.items()
         view, plan, body = match.view, match.plan, node.attrs["body"]
         rank, dtype, h0, steps = match.ranks[i], match.dtypes[i], node.inputs[i], view.trip_count
-        a, b = (by_position(e, _per_step(e, term, mapping, plan, rank, dtype, ctx), chunk, count,
+        a, b = (by_position(e, _per_step(e, term, mapping, plan, rank, dtype, ctx), chunk, count, rank + 1,
                             _term_shape(term, rank, ctx)) for term in (update.a, update.b))
         if count * chunk != steps:
             a, b = mask_padding(e, a, b, rank, chunk, count, steps, dtype)
@@ -397,7 +401,9 @@ class Linrec(ScanPass):
         new_state = _identity_chain(body.outputs[i])
         late_ids = {id(t) for step in match.late for t in step[0].outputs} | {id(t) for t in new_state}
         read = {id(t): t for step in match.late for t in step[0].inputs if t.name}
-        per_step = {key: by_position(e, mapping[key], chunk, count, ctx.shapes.shape(t)) for key, t in read.items()
+        per_step = {key: by_position(e, mapping[key], chunk, count, plan.value(t, ctx.shapes.shape).rank + 1,
+                                     ctx.shapes.shape(t))
+                    for key, t in read.items()
                     if key in mapping and key not in late_ids and plan.value(t, ctx.shapes.shape).per_step}
         inside = [k for k, t in enumerate(body.outputs[n:]) if id(t) in late_ids]
 
@@ -408,6 +414,10 @@ class Linrec(ScanPass):
             return [scope[id(body.outputs[n + k])] for k in inside]
 
         finals, stacked = outputs_pass(e, a, b, starts, chunk, rank, dtype, per_step, body_outputs)
+        own = ctx.memo.setdefault(OWN_LOOPS, set())
+        own.add(finals.inputs[0].name)
+        if count > 1:
+            own.add(product.inputs[0].name)
         final = e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0])
         computed = dict(zip(inside, stacked))
         outputs = []

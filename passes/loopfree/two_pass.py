@@ -63,13 +63,17 @@ def unpermute_steps(e: Emitter, y: gs.Tensor, rank: int, chunk: int, count: int,
     return e.slice(y, [0], [steps], [0]) if count * chunk != steps else y
 
 
-def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int, per_step_shape=None) -> gs.Tensor:
-    """[C·K, ...] -> [C, K, ...] (a Reshape; the rows are already position-major), to a
-    constant target where the per-step shape is static."""
+def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int, rank: int, per_step_shape=None) -> gs.Tensor:
+    """[C·K, ...] (rank ``rank``) -> [C, K, ...] (a Reshape; the rows are already
+    position-major), to a constant target where the per-step shape is static. Its shape says
+    [C, K, ...]: the Loops read it C long, so loop_to_scan, turning them into Scans, cuts none
+    of their inputs to the trip count (a copy each)."""
     if _static(per_step_shape):
-        return e.op("Reshape", [x, e.ints("split", [chunk, count] + [int(d) for d in per_step_shape])])
+        dims = [chunk, count] + [int(d) for d in per_step_shape]
+        return e.op("Reshape", [x, e.ints("split", dims)], shape=dims)
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
-    return e.op("Reshape", [x, e.op("Concat", [e.ints("split", [chunk, count]), tail], axis=0)])
+    return e.op("Reshape", [x, e.op("Concat", [e.ints("split", [chunk, count]), tail], axis=0)],
+                shape=[chunk, count] + [None] * (rank - 1))
 
 
 def mask_padding(e: Emitter, a: gs.Tensor, b: gs.Tensor, rank: int, chunk: int, count: int, steps: int,
@@ -90,7 +94,8 @@ def chunk_ends(e: Emitter, a: gs.Tensor, b: gs.Tensor, h0: gs.Tensor, chunk: int
                  value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
     ones = e.op("ConstantOfShape", [e.slice(e.op("Shape", [a]), [1], [INT64_MAX], [0])],
                 value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
-    (local, product), _ = carry_loop(e, a, b, zeros, ones, rank + 1, dtype, _positions(e, a), False, stack=False)
+    (local, product), _ = carry_loop(e, a, b, zeros, ones, rank + 1, dtype, e.const("positions", np.int64(chunk)),
+                                     False, stack=False)
     return product, local
 
 
@@ -112,13 +117,8 @@ def outputs_pass(e: Emitter, a: gs.Tensor, b: gs.Tensor, starts: gs.Tensor, chun
     copies = [inner.op("Identity", [y]) for y in ys]  # a body output must be its own value
     body.inputs = [position, cond, h_in]
     body.outputs = [inner.op("Identity", [cond], dtype=np.bool_, shape=[]), h_out] + copies
-    results = e.op("Loop", [_positions(e, a), gs.Variable.empty(), starts],
+    results = e.op("Loop", [e.const("positions", np.int64(chunk)), gs.Variable.empty(), starts],
                    n_outputs=1 + len(copies), body=body)
     results = results if isinstance(results, list) else [results]
     return results[0], results[1:]
 
-
-def _positions(e: Emitter, a: gs.Tensor) -> gs.Tensor:
-    """The trip count C as Shape(a)[0]: a's length along the positions axis, visibly, so that
-    loop_to_scan turning the Loop into a Scan need not cut ``a`` to the trip count (a copy)."""
-    return e.op("Gather", [e.op("Shape", [a]), e.const("first", np.int64(0))])
