@@ -7,10 +7,11 @@ for how far the pass's form is from what this machine allows; README, "The loop-
 The hand-built form is linrec's two-pass structure (steps permuted to [C, K = T/C] on the
 small inputs; a Scan over the C positions carrying each chunk's local state from zero; the
 chunk ends composed by a Scan over K, whose end-of-chunk decay is Exp(A ⊗ ΣΔ) on [K, D]; a
-second Scan over the positions from the chunk starts reading y inside) with three layout
-choices linrec's lifting does not make: the state laid [B, N, D] (D innermost), Δ ⊗ A a Mul
-broadcasting over that layout's leading axes, and the outer product Δx ⊗ B_t and y = Σ_n h ⊙ C_t
-as batched MatMuls (a K=1 product, exact). Measured apart (one op over 1M floats, one thread):
+second Scan over the positions from the chunk starts reading y inside) with the layout
+linrec keeps as the body writes it changed: the state laid [B, N, D] (D innermost), so Δ ⊗ A
+is a Mul broadcasting over leading axes only, Δx ⊗ B_t a K=1 MatMul and y = C_t · h a
+row-vector MatMul (linrec: Δ ⊗ A widened by a MatMul with ones first, y a matrix-vector
+MatMul); it keeps onnxruntime's Softplus (linrec emits a faster one). Measured apart (one op over 1M floats, one thread):
 Δ ⊗ A as [T, D, 1]·[D, N] 0.71 ms, as [T, 1, D]·[N, D] 0.31 ms; Δx ⊗ B_t as Mul 0.81 ms, as
 MatMul 0.23 ms; Exp 0.19 ms; a same-shape Mul or Add 0.16 ms; Softplus over Δ [T, D] (64K
 elements) 0.79 ms, which the loop pays too. Timing as bench_linrec (thread CPU time, one

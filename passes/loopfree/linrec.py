@@ -13,7 +13,9 @@ The a's and b's and the scan outputs y_t = f(h_t, x_t) are the body lifted over 
 rules of :mod:`lift`). Final states are the last row (static lengths) or h0 + the sum (sums).
 
 A state wider than ``linrec_max_state`` (Mamba's [B, D, N]): the two-pass positions form
-(:mod:`two_pass`), which never materializes h over all steps.
+(:mod:`two_pass`), which never materializes h over all steps; its lifted steps emit the
+selective scan's products as MatMuls (:mod:`products`) and Softplus in vector ops
+(:mod:`softplus`), the same values in forms onnxruntime runs faster.
 
 Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
 state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
