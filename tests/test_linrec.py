@@ -308,7 +308,8 @@ def test_per_step_decay_is_not_the_matmul_form():
 LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
 EXPORTS = {
     "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
-    "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked matmul form",
+    "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_mamba_wide": "two-pass",
+    "torch_linear_attention": "chunked matmul form",
     "torch_cumprod": "chunked product",
 }
 

@@ -105,6 +105,18 @@ def test_torch_selective_scan_export_matches_torch():
     assert_matches_torch(m, two_pass(m, linrec_chunk=4), expected)
 
 
+def test_wide_torch_export_takes_the_two_pass_form_in_the_default_pipeline():
+    """The same export at Mamba's width (D=64, N=16, T=64): auto picks the two-pass form, its
+    products (Gemm projections, Unsqueezes) become MatMuls and its Softplus (inside torch's
+    Where threshold) the vector form; torch's outputs within 1e-5."""
+    m = onnx.load(LINREC / "torch_mamba_wide.onnx")
+    out, report = optimize(m, verify=False)
+    done = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
+    assert len(done) == 1 and TWO_PASS in done[0], report.format()
+    assert "Softplus" not in ops(out) and ops(out)["MatMul"] >= 2
+    assert_matches_torch(m, out, dict(np.load(LINREC / "torch_mamba_wide.expected.npz")))
+
+
 def test_fast_softplus_matches_onnxruntimes():
     """The two-pass form's Softplus (passes/loopfree/softplus.py) against onnxruntime's own and
     float64 over the float32 range: relative error <= 3e-6 where the value is a normal float;
@@ -155,3 +167,17 @@ def test_products_are_matmuls_and_the_pipeline_rewrites_once():
     assert counted["MatMul"] + counted.get("FusedMatMul", 0) >= 3 and "Softplus" not in counted
     assert "ReduceSum" not in counted
     assert_equivalent(m, out, seeds=1)
+
+
+def test_a_contraction_that_broadcasts_is_left_a_mul_and_reducesum():
+    """y = Σ_n (Σ_n' h')[.., d, 1] ⊙ C_t[.., 1, n]: the Mul broadcasts its last axis, so h @ C_tᵀ
+    would not be the same product (its shapes do not even agree): not proven, not rewritten."""
+    m = lb.mamba(T=20, B=2, D=4, N=3)
+    body = m.graph.node[0].attribute[0].g
+    mul = next(n for n in body.node if list(n.output) == ["hc"])
+    mul.input[0] = "h_rows"
+    at = list(body.node).index(mul)
+    body.node.insert(at, onnx.helper.make_node("ReduceSum", ["h_new", "ax_last"], ["h_rows"], keepdims=1))
+    out = two_pass(m, linrec_chunk=4)
+    assert ops(out)["ReduceSum"] >= 2  # both sums kept (the chunk-starts doubling adds none)
+    assert_equivalent(m, out)
