@@ -60,17 +60,21 @@ def as_matmuls(steps, rank_of, last_dim_of, keep: set[int], dtype) -> list:
             mul, p, q, keepdims = fused
             dropped.add(id(mul))
             out.append((Fused("MatMul", [p, q], list(node.outputs)),
-                        lambda e, ins, rq=rank_of(q), keepdims=keepdims: _read(e, ins, rq, keepdims)))
+                        lambda e, ins, keepdims=keepdims: _read(e, ins, keepdims)))
             continue
         out.append((node, emit))
     return [(node, emit) for node, emit in out if id(node) not in dropped]
 
 
-def _read(e, ins, q_rank: tuple[int, bool], keepdims: bool) -> list[gs.Tensor]:
+def _read(e, ins, keepdims: bool) -> list[gs.Tensor]:
+    """p @ qᵀ; q [..., 1, N] turned [..., N, 1] by a Reshape (the axis moved is 1 long): as a
+    Transpose onnxruntime fuses it into a FusedMatMul that runs this matrix-vector product at
+    about half the speed (32 × [64, 16]·[16]: 22.5 against 13.4 µs)."""
     p, q = ins
-    rank = q_rank[0] + (1 if q_rank[1] else 0)  # lifted: per-step values have the step axis in front
-    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    product = e.op("MatMul", [p, e.op("Transpose", [q], perm=perm)])
+    shape = e.op("Shape", [q])
+    column = e.op("Concat", [e.slice(shape, [0], [-2], [0]), e.slice(shape, [-1], [INT64_MAX], [0]),
+                             e.ints("one", [1])], axis=0)
+    product = e.op("MatMul", [p, e.op("Reshape", [q, column])])
     return [product if keepdims else e.squeeze(product, [-1])]
 
 
