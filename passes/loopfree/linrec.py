@@ -47,7 +47,7 @@ from scanopt.passes.loopfree.prefix_scan import (
     chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product, cumulative_sum,
 )
 from scanopt.passes.loopfree.two_pass import (
-    by_position, chunk_ends, mask_padding, outputs_pass, permute_steps, unpermute_steps,
+    by_position, padding_mask, permute_steps, position_loop, unpermute_steps,
 )
 from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -285,11 +285,17 @@ class Linrec(ScanPass):
                        for j, x in enumerate(scanned)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
-        emit_nodes(self._faster_steps(node, match, body, ctx)[0] if match.form == TWO_PASS else match.early, e, mapping)
+        if match.form == TWO_PASS:
+            early, late = self._faster_steps(node, match, body, ctx)
+            outside, inside = _split_by_width(early, late, match, body, ctx)
+            emit_nodes(outside, e, mapping)
+        else:
+            emit_nodes(match.early, e, mapping)
         if match.attention is not None:
             return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
         if match.form == TWO_PASS:
-            return self._rewrite_two_pass(node, match, e, mapping, graph, position, start, chunk, count, ctx)
+            return self._rewrite_two_pass(node, match, e, mapping, graph, position, start, chunk, count, inside, late,
+                                          ctx)
         finals: dict[int, gs.Tensor] = {}
         forms = []
         for i, update in match.updates.items():
@@ -384,45 +390,70 @@ class Linrec(ScanPass):
                 fast_softplus(as_matmuls(match.late, rank_of, last_dim_of, outputs, dtype), ctx.shapes.dtype))
 
     def _rewrite_two_pass(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start,
-                          chunk: int, count: int, ctx) -> str:
-        """The two-pass positions form (module two_pass); ``mapping`` holds the early values
-        lifted over the steps in position-major order."""
+                          chunk: int, count: int, inside: list, late: list, ctx) -> str:
+        """The two-pass positions form (module two_pass). ``mapping`` holds the early values
+        lifted over the steps in position-major order, but for the ``inside`` steps (those
+        computing state-wide values for a and b), which both Loops compute per position on
+        [K, ...] slices, so no value over all steps and the state's width is ever materialized."""
         (i, update), = match.updates.items()
         view, plan, body = match.view, match.plan, node.attrs["body"]
         rank, dtype, h0, steps = match.ranks[i], match.dtypes[i], node.inputs[i], view.trip_count
-        a, b = (by_position(e, _per_step(e, term, mapping, plan, rank, dtype, ctx), chunk, count, rank + 1,
-                            _term_shape(term, rank, ctx)) for term in (update.a, update.b))
-        if count * chunk != steps:
-            a, b = mask_padding(e, a, b, rank, chunk, count, steps, dtype)
-        if count == 1:
-            starts = e.unsqueeze(h0, [0])
-        else:
-            product, local = chunk_ends(e, a, b, h0, chunk, count, rank, dtype)
-            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
         n = view.num_states
         new_state = _identity_chain(body.outputs[i])
-        late_ids = {id(t) for step in match.late for t in step[0].outputs} | {id(t) for t in new_state}
-        read = {id(t): t for step in match.late for t in step[0].inputs if t.name}
+        computed_inside = {id(t) for step in inside + late for t in step[0].outputs} | {id(t) for t in new_state}
+        read = {id(t): t for step in inside + late for t in step[0].inputs if t.name}
+        read.update((id(t), t) for term in (update.a, update.b) for t in term.leaves())
         per_step = {key: by_position(e, mapping[key], chunk, count, plan.value(t, ctx.shapes.shape).rank + 1,
                                      ctx.shapes.shape(t))
                     for key, t in read.items()
-                    if key in mapping and key not in late_ids and plan.value(t, ctx.shapes.shape).per_step}
-        inside = [k for k, t in enumerate(body.outputs[n:]) if id(t) in late_ids]
+                    if key in mapping and key not in computed_inside and plan.value(t, ctx.shapes.shape).per_step}
+        if count * chunk != steps:
+            per_step["real steps"] = padding_mask(e, rank, chunk, count, steps)
 
-        def body_outputs(inner: Emitter, h: gs.Tensor, gathered: dict) -> list[gs.Tensor]:
+        def coefficients(inner: Emitter, gathered: dict):
+            """a and b at the position ([K, ...] or broadcasting to it), padding steps (1, 0)."""
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: None)
+            scope = {**mapping, **gathered}
+            emit_nodes(inside, le, scope)
+            pair = []
+            for term in (update.a, update.b):
+                value, varies, r = _evaluate(le, term, scope, plan, dtype, ctx)
+                pair.append(le.pad(value, rank - r) if varies else value)
+            if "real steps" in gathered:
+                real = gathered["real steps"]
+                pair = [inner.op("Where", [real, x, inner.const("fill", fill)])
+                        for x, fill in zip(pair, (np.ones([], dtype), np.zeros([], dtype)))]
+            return pair, scope
+
+        state_shape = e.op("Concat", [e.ints("count", [count]), e.op("Shape", [h0])], axis=0)
+        if count == 1:
+            starts = e.unsqueeze(h0, [0])
+        else:
+            def ends(inner, _, carried, gathered):
+                (a, b), _ = coefficients(inner, gathered)
+                h, p = carried
+                return [inner.op("Add", [inner.op("Mul", [a, h]), b]), inner.op("Mul", [a, p])], []
+
+            fills = [gs.Constant(e.b.names.fresh(f"fill"), np.full([1], v, dtype)) for v in (0, 1)]
+            zeros, ones = (e.op("ConstantOfShape", [state_shape], value=f) for f in fills)
+            (local, product), _ = position_loop(e, [zeros, ones], per_step, chunk, rank + 1, dtype, ends)
+            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
+        outs = [k for k, t in enumerate(body.outputs[n:]) if id(t) in computed_inside]
+
+        def outputs(inner, _, carried, gathered):
+            (a, b), scope = coefficients(inner, gathered)
+            h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
+            scope.update((id(t), h) for t in new_state)
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
-            scope = {**mapping, **gathered, **{id(t): h for t in new_state}}
-            _emit_aliasing_identities(self._faster_steps(node, match, body, ctx)[1], le, scope)
-            return [scope[id(body.outputs[n + k])] for k in inside]
+            _emit_aliasing_identities(late, le, scope)
+            return [h], [scope[id(body.outputs[n + k])] for k in outs]
 
-        finals, stacked = outputs_pass(e, a, b, starts, chunk, rank, dtype, per_step, body_outputs)
+        (finals,), stacked = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, outputs)
         own = ctx.memo.setdefault(OWN_LOOPS, set())
-        own.add(finals.inputs[0].name)
-        if count > 1:
-            own.add(product.inputs[0].name)
+        own.update(t.inputs[0].name for t in [finals] + ([product] if count > 1 else []))
         final = e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0])
-        computed = dict(zip(inside, stacked))
-        outputs = []
+        computed = dict(zip(outs, stacked))
+        results = []
         for k, t in enumerate(body.outputs[n:]):
             r = match.out_ranks[k]
             if k in computed:
@@ -432,12 +463,44 @@ class Linrec(ScanPass):
                 value = mapping.get(id(t), t)
                 if not plan.value(t, ctx.shapes.shape).per_step:
                     value = e.over_steps(value, r)
-            outputs.append(from_processing_order(e, unpermute_steps(e, value, r + 1, chunk, count, steps), view, k, r))
+            results.append(from_processing_order(e, unpermute_steps(e, value, r + 1, chunk, count, steps), view, k, r))
         states = [final if k == i else node.inputs[k] for k in range(n)]
-        rebind_outputs(node, states + outputs, graph)
+        rebind_outputs(node, states + results, graph)
         added = place_appended(graph, position, start - 1)
         return (f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: chunk ends, then the outputs read "
                 f"per position) ({added} nodes, no Scan left)")
+
+
+def _split_by_width(early: list, late: list, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
+    """(outside, inside): the early steps computed once over all steps, and those the position
+    Loops compute per position: the ones making a value of the state's rank for a or b (the
+    broadcasts and what follows them: Δ ⊗ A, Exp, the outer product; not Unsqueeze or Reshape,
+    which only view a small value), and only where nothing outside them reads their values."""
+    (i, update), = match.updates.items()
+    rank = match.ranks[i]
+    views = ("Unsqueeze", "Reshape", "Identity", "Squeeze", "Flatten")
+    inside = {id(step[0]) for step in early
+              if step[0].op not in views and all(
+                  (v := match.plan.value(t, ctx.shapes.shape)).per_step and v.rank == rank
+                  for t in step[0].outputs if t.name)}
+    readers_ok = {id(t) for term in (update.a, update.b) for t in term.leaves()}
+    outputs = {id(t) for t in body.outputs}
+    late_nodes = {id(step[0]) for step in late}
+    changed = True
+    while changed:  # drop a step whose value something outside the loops reads
+        changed = False
+        for step in early:
+            node = step[0]
+            if id(node) not in inside:
+                continue
+            for t in node.outputs:
+                consumers = [c for c in t.outputs if id(c) not in inside and id(c) not in late_nodes]
+                if id(t) in outputs or (consumers and id(t) not in readers_ok) or \
+                        any(not isinstance(c, gs.Node) for c in consumers):
+                    inside.discard(id(node))
+                    changed = True
+                    break
+    return [s for s in early if id(s[0]) not in inside], [s for s in early if id(s[0]) in inside]
 
 
 def _term_shape(term: Term, rank: int, ctx) -> list | None:

@@ -144,11 +144,10 @@ def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, 
     return stacked
 
 
-def carry_loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady: bool, before: bool = False,
-               stack: bool = True):
+def carry_loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady: bool, before: bool = False):
     """(final states, stacked states) of a Loop of ``length`` iterations over axis 0 of a and b:
     h = a ⊙ h + b (and p = a ⊙ p when ``ones`` is given); stacked after each update, or the
-    state before it when ``before``; nothing stacked (an empty list) without ``stack``."""
+    state before it when ``before``."""
     body = new_graph(e.b.names.fresh("chunk_positions"))
     inner = Emitter(Builder(body, e.b.names), e.opset)
     step = gs.Variable(e.b.names.fresh("position"), dtype=np.int64, shape=[])
@@ -161,7 +160,7 @@ def carry_loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady:
     outs = [h_out]
     if p_in is not None:
         outs.append(inner.op("Mul", [a_t, p_in], dtype=dtype, shape=[None] * width))
-    kept = [] if not stack else [h_in] if before else outs
+    kept = [h_in] if before else outs
     copies = [inner.op("Identity", [t], dtype=dtype, shape=[None] * width) for t in kept]
     cond_out = inner.op("Identity", [cond], dtype=np.bool_, shape=[])
     body.inputs = [step, cond, h_in] + ([p_in] if p_in is not None else [])

@@ -2,23 +2,25 @@
 selective scan, state [B, D, N]).
 
 Why a third form: on a wide state the [T, ...state] tensors of the other chunked forms (a, b,
-their products, every h) are each megabytes, and the full-size Transposes, copies and the
-products tracked per position cost as much as the loop saves. Here:
+their products, every h) are each megabytes, past the caches, and the full-size Transposes,
+copies and the products tracked per position cost as much as the loop saves. Here:
 
 - the steps are put in the order [C, T/C] on the *scan inputs* (small: [T, D], [T, N]), before
-  the body is lifted, so a and b come out position-major with no Transpose of their own, and
-  the scan outputs are put back in step order after (small again);
+  the body is lifted, so every per-step value comes out position-major with no Transpose of
+  its own, and the scan outputs are put back in step order after (small again);
+- what is small is lifted once over all steps (Δ = softplus(...), Δ·x, the Unsqueezes); what
+  makes a value of the state's width (Δ ⊗ A, Exp, the outer product: a and b) is computed
+  inside the Loops below, per position, on [T/C, ...] slices that stay in cache;
 - pass 1, a Loop over the C positions of every chunk at once (state [T/C, ...]), carries only
   the chunk's local state from zero and its running product of a: two final values, nothing
   stacked;
 - the chunk starts are composed by doubling over the T/C chunk ends (short);
-- pass 2, a Loop over the positions again from those starts, updates h and computes the scan
-  outputs y_t = f(h_t, x_t) inside the loop on [T/C, ...] slices: h over all steps is never
-  materialized.
+- pass 2, a Loop over the positions again from those starts, computes a and b again, updates h
+  and computes the scan outputs y_t = f(h_t, x_t): h over all steps is never materialized.
 
 Padding steps (T not a multiple of C) are made the identity pair (a, b) = (1, 0) with a mask,
 so the last chunk's end is the final state. Numerics: the products and sums the loop forms,
-in another association (chunk-local, then across chunks): no log, no exp, no division.
+in another association (chunk-local, then across chunks): no log, no division.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX, Emitter
-from scanopt.passes.loopfree.prefix_scan import carry_loop
 from scanopt.rewrite import Builder, new_graph
 
 
@@ -76,49 +77,31 @@ def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int, rank: int, per
                 shape=[chunk, count] + [None] * (rank - 1))
 
 
-def mask_padding(e: Emitter, a: gs.Tensor, b: gs.Tensor, rank: int, chunk: int, count: int, steps: int,
-                 dtype) -> tuple[gs.Tensor, gs.Tensor]:
-    """a, b [C, K, ...] with the padding steps (k·C + c >= T) made the identity pair (1, 0)."""
+def padding_mask(e: Emitter, rank: int, chunk: int, count: int, steps: int) -> gs.Constant:
+    """[C, K, 1, ...] (``rank`` unit axes): True at the real steps (k·C + c < T)."""
     real = (np.arange(count)[None, :] * chunk + np.arange(chunk)[:, None]) < steps
-    mask = e.const("real_steps", real.reshape([chunk, count] + [1] * rank))
-    a = e.op("Where", [mask, a, e.const("one", np.ones([], dtype))])
-    b = e.op("Where", [mask, b, e.const("zero", np.zeros([], dtype))])
-    return a, b
+    return e.const("real_steps", real.reshape([chunk, count] + [1] * rank))
 
 
-def chunk_ends(e: Emitter, a: gs.Tensor, b: gs.Tensor, h0: gs.Tensor, chunk: int, count: int, rank: int,
-               dtype) -> tuple[gs.Tensor, gs.Tensor]:
-    """Pass 1: (Π a, local state from zero) at the end of each chunk, [K, ...], by a Loop over
-    the positions of a, b [C, K, ...]; nothing stacked."""
-    zeros = e.op("ConstantOfShape", [e.op("Concat", [e.ints("count", [count]), e.op("Shape", [h0])], axis=0)],
-                 value=gs.Constant(e.b.names.fresh("zero"), np.zeros([1], dtype)))
-    ones = e.op("ConstantOfShape", [e.slice(e.op("Shape", [a]), [1], [INT64_MAX], [0])],
-                value=gs.Constant(e.b.names.fresh("one"), np.ones([1], dtype)))
-    (local, product), _ = carry_loop(e, a, b, zeros, ones, rank + 1, dtype, e.const("positions", np.int64(chunk)),
-                                     False, stack=False)
-    return product, local
-
-
-def outputs_pass(e: Emitter, a: gs.Tensor, b: gs.Tensor, starts: gs.Tensor, chunk: int, rank: int, dtype,
-                 per_step: dict, body_outputs) -> tuple[gs.Tensor, list[gs.Tensor]]:
-    """Pass 2: a Loop over the C positions of a, b [C, K, ...] from ``starts`` [K, ...]: h = a ⊙ h + b,
-    then ``body_outputs(emitter, h, gathered)`` -> the scan outputs at that position ([K, ...]),
-    where ``gathered`` maps each key of ``per_step`` (values [C, K, ...]) to its row. Returns the
-    final states [K, ...] and each output stacked [C, K, ...]."""
-    body = new_graph(e.b.names.fresh("chunk_outputs"))
+def position_loop(e: Emitter, starts: list[gs.Tensor], per_step: dict, chunk: int, width: int, dtype,
+                  step) -> tuple[list[gs.Tensor], list[gs.Tensor]]:
+    """A Loop over the C positions carrying ``starts`` (each [K, ...], rank ``width``):
+    ``step(inner, position, carried, gathered) -> (new carried, outputs)``, where ``gathered``
+    maps each key of ``per_step`` (values [C, K, ...]) to its row at the position. Returns the
+    final carried values and each output stacked [C, K, ...]. A Loop, not a Scan: the passes
+    rewrite Scans, and this loop is the chosen form."""
+    body = new_graph(e.b.names.fresh("chunk_positions"))
     inner = Emitter(Builder(body, e.b.names), e.opset)
     position = gs.Variable(e.b.names.fresh("position"), dtype=np.int64, shape=[])
     cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
-    h_in = gs.Variable(e.b.names.fresh("h"), dtype=dtype, shape=[None] * (rank + 1))
-    a_t, b_t = (inner.op("Gather", [x, position], axis=0) for x in (a, b))
-    h_out = inner.op("Add", [inner.op("Mul", [a_t, h_in]), b_t], dtype=dtype, shape=h_in.shape)
+    carried = [gs.Variable(e.b.names.fresh("carried"), dtype=dtype, shape=[None] * width) for _ in starts]
     gathered = {key: inner.op("Gather", [x, position], axis=0) for key, x in per_step.items()}
-    ys = body_outputs(inner, h_out, gathered)
+    new, ys = step(inner, position, carried, gathered)
+    new = [inner.op("Identity", [t]) if t in carried else t for t in new]
     copies = [inner.op("Identity", [y]) for y in ys]  # a body output must be its own value
-    body.inputs = [position, cond, h_in]
-    body.outputs = [inner.op("Identity", [cond], dtype=np.bool_, shape=[]), h_out] + copies
-    results = e.op("Loop", [e.const("positions", np.int64(chunk)), gs.Variable.empty(), starts],
-                   n_outputs=1 + len(copies), body=body)
+    body.inputs = [position, cond] + carried
+    body.outputs = [inner.op("Identity", [cond], dtype=np.bool_, shape=[])] + new + copies
+    results = e.op("Loop", [e.const("positions", np.int64(chunk)), gs.Variable.empty()] + list(starts),
+                   n_outputs=len(starts) + len(copies), body=body)
     results = results if isinstance(results, list) else [results]
-    return results[0], results[1:]
-
+    return results[:len(starts)], results[len(starts):]
