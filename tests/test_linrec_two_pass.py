@@ -7,6 +7,7 @@ T = 1, T shorter than the chunk, T not a multiple of it; batches, reversed scans
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +32,26 @@ def two_pass(model, **options):
     return out
 
 
+@pytest.fixture(params=["lifted", "in_loops"])
+def placement(request, monkeypatch):
+    """Both places of a and b: lifted once over all steps (small T x state) or computed in the
+    Loops per position (large; the threshold lowered so small models take that path too)."""
+    import scanopt.passes.loopfree.linrec as linrec_module
+
+    monkeypatch.setattr(linrec_module, "IN_LOOPS_FROM", 1 << 62 if request.param == "lifted" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("build", [lb.mamba, lb.mamba_einsum], ids=["mamba", "mamba_einsum"])
 @pytest.mark.parametrize("T, B, chunk", [(1, 1, 8), (5, 2, 8), (16, 1, 8), (33, 3, 8), (40, 2, 64), (24, 1, 1)],
                          ids=["T1", "T_below_C", "T_multiple", "T_padded_B3", "one_chunk_padded", "C1"])
-def test_selective_scan_matches_the_loop(build, T, B, chunk):
+def test_selective_scan_matches_the_loop(build, T, B, chunk, placement):
     m = build(T=T, B=B, D=4, N=3)
-    assert_equivalent(m, two_pass(m, linrec_chunk=chunk))
+    out = two_pass(m, linrec_chunk=chunk)
+    assert_equivalent(m, out)
+    # outside the Loops: A's Exp and Softplus's Exp(-|x|); a = Exp(Δ ⊗ A) there too only when lifted
+    outside = Counter(node.op_type for node in out.graph.node)["Exp"]
+    assert outside == (3 if placement == "lifted" else 2)
 
 
 def test_wide_state_takes_the_two_pass_form_by_default():
@@ -50,7 +65,7 @@ def test_wide_state_takes_the_two_pass_form_by_default():
     assert not outcomes[0][0] and "over linrec_max_state=512" in outcomes[0][1]
 
 
-def test_reversed_scan_matches_the_loop():
+def test_reversed_scan_matches_the_loop(placement):
     m = lb.mamba(T=21, B=2, D=4, N=3)
     scan = m.graph.node[0]
     scan.attribute.extend([onnx.helper.make_attribute("scan_input_directions", [1, 1, 1, 1]),
@@ -85,8 +100,16 @@ def test_verification_accepts_the_rewrite():
 @given(T=st.integers(1, 40), B=st.integers(1, 3), D=st.integers(1, 5), N=st.integers(1, 4),
        chunk=st.sampled_from([1, 2, 4, 8, 16]), einsum=st.booleans())
 def test_random_selective_scans_match_the_loop(T, B, D, N, chunk, einsum):
+    import scanopt.passes.loopfree.linrec as linrec_module
+
     m = (lb.mamba_einsum if einsum else lb.mamba)(T=T, B=B, D=D, N=N)
-    assert_equivalent(m, two_pass(m, linrec_chunk=chunk), seeds=1)
+    kept = linrec_module.IN_LOOPS_FROM
+    try:
+        for place in (0, 1 << 62):  # a and b in the Loops, then lifted over all steps
+            linrec_module.IN_LOOPS_FROM = place
+            assert_equivalent(m, two_pass(m, linrec_chunk=chunk), seeds=1)
+    finally:
+        linrec_module.IN_LOOPS_FROM = kept
 
 
 def test_forms_it_cannot_take_are_declined_with_the_reason():
