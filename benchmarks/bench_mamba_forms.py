@@ -11,7 +11,8 @@ second Scan over the positions from the chunk starts reading y inside) with the 
 linrec keeps as the body writes it changed: the state laid [B, N, D] (D innermost), so Δ ⊗ A
 is a Mul broadcasting over leading axes only, Δx ⊗ B_t a K=1 MatMul and y = C_t · h a
 row-vector MatMul (linrec: Δ ⊗ A widened by a MatMul with ones first, y a matrix-vector
-MatMul); it keeps onnxruntime's Softplus (linrec emits a faster one). Measured apart (one op over 1M floats, one thread):
+MatMul), and its a and b are lifted over all steps (linrec computes them in its Loops at this
+size); it keeps onnxruntime's Softplus (linrec emits a faster one). Measured apart (one op over 1M floats, one thread):
 Δ ⊗ A as [T, D, 1]·[D, N] 0.71 ms, as [T, 1, D]·[N, D] 0.31 ms; Δx ⊗ B_t as Mul 0.81 ms, as
 MatMul 0.23 ms; Exp 0.19 ms; a same-shape Mul or Add 0.16 ms; Softplus over Δ [T, D] (64K
 elements) 0.79 ms, which the loop pays too. Timing as bench_linrec (thread CPU time, one

@@ -96,7 +96,7 @@ def test_verification_accepts_the_rewrite():
     assert "Scan" not in ops(out)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(T=st.integers(1, 40), B=st.integers(1, 3), D=st.integers(1, 5), N=st.integers(1, 4),
        chunk=st.sampled_from([1, 2, 4, 8, 16]), einsum=st.booleans())
 def test_random_selective_scans_match_the_loop(T, B, D, N, chunk, einsum):
