@@ -609,9 +609,12 @@ def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:
 
 
 def _state_elements(shape) -> int | None:
-    if shape is None:
+    """Elements per step, a symbolic dim (a name) counted as 1; None when a dim is not known at
+    all (the rank alone known, or a partial shape: a chunk Loop's [C, K, ?, ...] once made a
+    Scan, whose width must not be guessed small)."""
+    if shape is None or any(d is None for d in shape):
         return None
-    return int(np.prod([d if isinstance(d, int) and d > 0 else 1 for d in shape], dtype=np.int64))
+    return int(np.prod([d if isinstance(d, (int, np.integer)) and d > 0 else 1 for d in shape], dtype=np.int64))
 
 
 def _identity_chain(t: gs.Tensor) -> list[gs.Tensor]:
