@@ -210,7 +210,7 @@ def test_optimizing_the_result_again_leaves_its_loops():
     """A second run sees the two-pass form's loops as plain Scans (no memory of the first run),
     their states [K, ?, ...] of a width not known: declined, never guessed small and taken by a
     one-pass form (which measured 4.5x slower on them)."""
-    m = lb.mamba(T=64, B=1, D=64, N=16)
+    m = lb.mamba(T=1024, B=1, D=64, N=16)  # C = 32: the loops are long enough for linrec to consider
     out, _ = optimize(m, verify=False, options={"tune": False})
     again, report = optimize(out, verify=False, options={"tune": False})
     decided = [o for o in report.outcomes if o.pass_name == "linrec"]
