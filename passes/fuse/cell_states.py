@@ -85,7 +85,7 @@ def cell_sequence(emit, cell: Cell, native: list, y: gs.Tensor, index: int, coun
         f = emit.op("Sub", [emit.const("one", np.float32(1.0)), i])
     else:
         f = activate(emit, act_f, _clipped(emit, pre["f"], cell.clip))
-    return _linear_scan(emit, c0, f, emit.op("Mul", [i, g]), reverse)
+    return _linear_scan(emit, c0, f, emit.op("Mul", [i, g]), reverse, [_batch_dim(emit, x), hidden])
 
 
 def activate(emit, act: Activation, x: gs.Tensor) -> gs.Tensor:
@@ -132,18 +132,26 @@ def _bias(emit, bias, index, count, blocks, hidden):
                            emit.slice(picked, [4 * hidden], [8 * hidden], [0])])
 
 
-def _linear_scan(emit, c0, a, b, reverse: bool):
+def _batch_dim(emit, x):
+    """X's batch dim (X [T, B, I]) as gs knows it, else a fresh symbolic name: the c loop's
+    state is declared [B, H], its width known (linrec sizes its forms by it)."""
+    shape = x.shape
+    dim = shape[1] if shape is not None and len(shape) == 3 else None
+    return dim if isinstance(dim, (int, np.integer, str)) and dim != "" else emit.b.names.fresh("batch")
+
+
+def _linear_scan(emit, c0, a, b, reverse: bool, shape):
     """A Scan computing c_t = a_t ⊙ c_{t-1} + b_t from ``c0`` over a, b [T, B, H]; the stacked
-    c_t aligned with a and b (a reverse scan prepends its outputs)."""
+    c_t aligned with a and b (a reverse scan prepends its outputs); ``shape``: one step's [B, H]."""
     names = emit.b.names
     body = new_graph(names.fresh("cell_state_steps"))
     inner = Builder(body, names)
-    c_in = gs.Variable(names.fresh("c"), dtype=np.float32, shape=[None, None])
-    a_t = gs.Variable(names.fresh("a"), dtype=np.float32, shape=[None, None])
-    b_t = gs.Variable(names.fresh("b"), dtype=np.float32, shape=[None, None])
+    c_in = gs.Variable(names.fresh("c"), dtype=np.float32, shape=list(shape))
+    a_t = gs.Variable(names.fresh("a"), dtype=np.float32, shape=list(shape))
+    b_t = gs.Variable(names.fresh("b"), dtype=np.float32, shape=list(shape))
     c_new = inner.op("Add", [inner.op("Mul", [a_t, c_in], dtype=np.float32), b_t], dtype=np.float32,
-                     shape=[None, None])
-    stacked = inner.op("Identity", [c_new], dtype=np.float32, shape=[None, None])
+                     shape=list(shape))
+    stacked = inner.op("Identity", [c_new], dtype=np.float32, shape=list(shape))
     body.inputs = [c_in, a_t, b_t]
     body.outputs = [c_new, stacked]
     attrs = {"body": body, "num_scan_inputs": 2}
