@@ -55,6 +55,29 @@ class Stack:
 
 
 @dataclass
+class CounterTest:
+    """A while loop's ``c + 1 < bound`` (``<=`` when ``inclusive``) on a carried counter c
+    that starts at the constant ``start`` and steps by 1; ``limit`` is the Loop's trip count
+    M where one is given (TorchScript writes INT64_MAX: none). The Loop then runs
+    ``min(M, max(0, bound + inclusive - start))`` times, and its counter ends at
+    ``start`` plus that."""
+
+    slot: int
+    bound: gs.Tensor  # outer, loop-invariant
+    start: int
+    inclusive: bool
+    nodes: list[gs.Node]  # the body's test and the counter's increment
+    limit: gs.Tensor | None = None
+
+    def is_plain(self, folder: ConstantFolder) -> bool:
+        """True when the trip count is the bound itself: from 0, ``<``, no M, a bound never
+        negative (a shape dim or a constant; a negative one would run the Loop zero times)."""
+        value = folder.scalar(self.bound)
+        never_negative = shape_dim(self.bound, folder) is not None or (value is not None and value >= 0)
+        return self.start == 0 and not self.inclusive and self.limit is None and never_negative
+
+
+@dataclass
 class LoopMatch(Match):
     reads: list[Read]
     stacks: list[Stack]
@@ -62,6 +85,7 @@ class LoopMatch(Match):
     cond_nodes: list[gs.Node] = field(default_factory=list)  # body nodes computing the condition
     trip: gs.Tensor | None = None  # the trip count: M, or the bound of a counter test
     counter_slot: int | None = None  # the carried counter a counter test increments
+    count: CounterTest | None = None  # the counter test, when one bounds the Loop
 
 
 def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, folder: ConstantFolder) -> LoopMatch | Skip:
@@ -77,14 +101,16 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
     if isinstance(counted, Skip):
         return counted
     if counted is not None:
-        if trip.name:
-            return Skip("both a trip count and a counter test bound the Loop")
-        slot, trip, cond_nodes = counted
-        if any(o is node.outputs[slot] for o in graph.outputs):
-            return Skip("the counter tested in the condition is a graph output")
+        if trip.name and not _is_int64_max(trip, folder):
+            counted.limit = trip
+        slot = counted.slot
         if counter.outputs:
             return Skip("the body reads both its iteration number and a counter of its own")
         counter = body.inputs[2 + slot]
+        cond_nodes = counted.nodes
+        # a trip count other than the bound is computed by the rewrite; until then a
+        # placeholder no read's index can equal (no reversed read is proven against it)
+        trip = counted.bound if counted.is_plain(folder) else gs.Variable("")
     else:
         slot = None
         if not trip.name:
@@ -97,7 +123,8 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
         return Skip("the body reads its condition")
     reads = []
     for index in [counter] + (aliases if counted is None else []):
-        found = _reads(index, body, trip, shapes, folder, ignore=cond_nodes + _increments(index, body))
+        first = Affine(const=counted.start) if counted is not None and index is counter else Affine()
+        found = _reads(index, body, trip, shapes, folder, ignore=cond_nodes + _increments(index, body), first=first)
         if isinstance(found, Skip):
             return found
         reads += found
@@ -119,7 +146,7 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
             states.append(k)
         else:
             stacks.append(found)
-    return LoopMatch(reads, stacks, states, cond_nodes, trip, slot)
+    return LoopMatch(reads, stacks, states, cond_nodes, trip, slot, counted)
 
 
 def _among(node: gs.Node, nodes: list[gs.Node]) -> bool:
@@ -228,15 +255,37 @@ def _is_zero(t: gs.Tensor, folder) -> bool:
     return folder.scalar(t) == 0
 
 
-def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor, list[gs.Node]] | Skip | None:
-    """(slot, T, nodes) when the condition is ``c + 1 < T`` for a carried counter c that
-    starts at 0 and T an outer value: then c is the iteration number and T the trip count.
-    None when the condition is not of that form at all."""
+_STRICT = {"Less": False, "Greater": True}  # op -> operands swapped (bound first)
+_INCLUSIVE = {"LessOrEqual": False, "GreaterOrEqual": True}
+
+
+def _comparison(node: gs.Node | None) -> tuple[gs.Tensor, gs.Tensor, bool] | None:
+    """(small, large, inclusive) for ``small < large`` or ``small <= large`` in any spelling."""
+    if node is None or (node.op not in _STRICT and node.op not in _INCLUSIVE):
+        return None
+    swapped = _STRICT.get(node.op, _INCLUSIVE.get(node.op))
+    small, large = node.inputs[::-1] if swapped else node.inputs
+    return small, large, node.op in _INCLUSIVE
+
+
+def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> CounterTest | Skip | None:
+    """The counter test when the condition is ``c + 1 < T`` (or ``<=``) for a carried counter
+    c that starts at a constant s ≥ 0 and T an outer value the same in every step: then c is
+    s plus the iteration number. None when the condition is not a comparison at all.
+
+    Proof obligations: c is carried and updated exactly as c + 1 (no overflow: while the
+    Loop runs c + 1 ≤ T, and for ``<=`` T is provably below the type's maximum); T is
+    loop-invariant; the initial condition is the same predicate at c = s; then step k reads
+    at s + k and the Loop runs min(M, max(0, T + inclusive - s)) times."""
     cond_out = body.outputs[0]
     test = cond_out.inputs[0] if len(cond_out.inputs) == 1 else None
-    if test is None or test.op not in ("Less", "Greater") or not has_node(body, test):
+    compared = _comparison(test) if test is not None and has_node(body, test) else None
+    if compared is None:
         return None
-    step, bound = test.inputs if test.op == "Less" else test.inputs[::-1]
+    step, bound, inclusive = compared
+    if any(step is t for t in body.inputs[2:]):
+        return Skip("the condition tests the counter before its increment (the Loop then runs one step more "
+                    "than the test says; not converted)")
     increment = step.inputs[0] if len(step.inputs) == 1 else None
     if increment is None or not is_op(increment, "Add") or not has_node(body, increment):
         return Skip("the condition is computed from data each step (a while loop with an early exit)")
@@ -244,46 +293,86 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     if not any(c_in is t for t in body.inputs[2:]):
         c_in, one = one, c_in
     slot = next((k for k, t in enumerate(body.inputs[2:]) if t is c_in), None)
-    if slot is None or folder.scalar(one) != 1:
+    if slot is None:
         return Skip("the condition tests a value other than a counter incremented by 1")
+    if folder.scalar(one) != 1:
+        shown = folder.scalar(one)
+        return Skip(f"the tested counter steps by {shown if shown is not None else 'a computed value'}, not 1: "
+                    "the Loop would not read every row")
     if body.outputs[1 + slot] is not step or sum(t is step for t in body.outputs) != 1:
         return Skip("the tested counter is not the carried value it increments")
     start = folder.value(loop.inputs[2 + slot])
-    if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0:
-        return Skip("the counter tested in the condition does not start at 0")
+    if start is None or start.ndim != 0 or start.dtype.kind not in "iu":
+        return Skip("the counter tested in the condition does not start at a constant integer")
+    start = int(start)
+    if start < 0:
+        return Skip(f"the counter tested in the condition starts at {start}, below 0")
     if any(bound is t for t in body.inputs) or any(bound is o for n in body.nodes for o in n.outputs):
-        bound = _outer_bound(bound, loop.inputs[1], body, folder)
-        if bound is None:
-            return Skip("the condition's bound is computed inside the body")
-    if len(step.outputs) != 1 or len(c_in.outputs) < 1 or loop.outputs[slot].outputs or len(loop.outputs[slot].inputs) != 1:
+        resolved, local = _resolve(bound, loop, body), _local_ids(body)
+        if id(resolved) in local and invariant_nodes(resolved, body, local) is None:
+            return Skip(f"the condition's bound '{bound.name}' changes in the body (computed from the step's values)")
+        outer = _outer_bound(resolved, loop.inputs[1], body, folder)
+        if outer is None:
+            return Skip("the condition's bound is computed inside the body and not provably the initial test's bound")
+        bound = outer
+    if len(step.outputs) != 1 or len(c_in.outputs) < 1:
         return Skip("the counter tested in the condition is read elsewhere")
+    if inclusive and not _below_max(bound, c_in, folder):
+        return Skip("the condition is c + 1 <= T with T not provably below the counter type's maximum: "
+                    "c + 1 may overflow before the test fails")
     cond = loop.inputs[1]
     bound_value = folder.scalar(bound)
     first = cond.inputs[0] if len(cond.inputs) == 1 else None
-    runs_once = bound_value is not None and bound_value >= 1
-    if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, loop.inputs[2 + slot], bound, folder)):
-        return Skip("the initial condition is not the counter test at 0 (nor true with a bound of at least 1)")
-    return slot, bound, [test, increment]
+    runs_once = bound_value is not None and bound_value + inclusive - start >= 1
+    if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, start, bound, inclusive, folder)):
+        return Skip("the initial condition is not the counter test at the counter's start "
+                    "(nor true with a bound the counter provably stays below)")
+    return CounterTest(slot, bound, start, inclusive, [test, increment])
+
+
+def _is_int64_max(t: gs.Tensor, folder) -> bool:
+    """TorchScript's trip count of a while loop: INT64_MAX, no limit at all."""
+    value = folder.value(t)
+    return (value is not None and value.size == 1 and value.dtype == np.int64
+            and int(value.reshape(-1)[0]) == np.iinfo(np.int64).max)
+
+
+def _below_max(bound: gs.Tensor, counter: gs.Tensor, folder) -> bool:
+    """True when ``bound`` is provably below the largest value of the counter's type: a
+    constant, or a shape dim minus a positive constant (TorchScript's ``x.size(0) - 1``)
+    compared with an int64 counter."""
+    value = folder.scalar(bound)
+    dtype = np.dtype(counter.dtype) if counter.dtype is not None else None
+    if value is not None:
+        return dtype is not None and dtype.kind in "iu" and value < np.iinfo(dtype).max
+    node = bound.inputs[0] if len(bound.inputs) == 1 else None
+    if node is None or not is_op(node, "Sub") or dtype != np.int64:
+        return False
+    taken = folder.scalar(node.inputs[1])
+    return taken is not None and taken >= 1 and shape_dim(node.inputs[0], folder) is not None
 
 
 def _outer_bound(bound: gs.Tensor, cond: gs.Tensor, body: gs.Graph, folder) -> gs.Tensor | None:
-    """The outer twin of a bound the body recomputes each step from outer values alone (the
-    dynamo exporter's ``while_loop`` re-reads ``x.size(0)`` inside the body): the initial
-    condition's bound when both provably hold the same integer, else None."""
-    if invariant_nodes(bound, body, _local_ids(body)) is None:
+    """The outer value a body's bound holds in every step: a carried value passed through
+    unchanged (its initial value), or the outer twin of a bound the body recomputes each
+    step from outer values alone (the dynamo exporter's ``while_loop`` re-reads
+    ``x.size(0)`` inside the body): the initial condition's bound when both provably hold
+    the same integer. Else None."""
+    local = _local_ids(body)
+    if id(bound) not in local:
+        return bound
+    if invariant_nodes(bound, body, local) is None:
         return None
-    first = cond.inputs[0] if len(cond.inputs) == 1 else None
-    if first is None or first.op not in ("Less", "Greater"):
-        return None
-    outer = first.inputs[1] if first.op == "Less" else first.inputs[0]
-    return outer if same_value(outer, bound, folder) else None
+    compared = _comparison(cond.inputs[0] if len(cond.inputs) == 1 else None)
+    return compared[1] if compared is not None and same_value(compared[1], bound, folder) else None
 
 
-def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folder) -> bool:
-    if test is None or test.op not in ("Less", "Greater"):
+def _tests_start(test: gs.Node | None, start: int, bound: gs.Tensor, inclusive: bool, folder) -> bool:
+    """True when the initial condition is the body's test at the counter's start."""
+    compared = _comparison(test)
+    if compared is None or compared[2] != inclusive:
         return False
-    left, right = test.inputs if test.op == "Less" else test.inputs[::-1]
-    return folder.scalar(left) == 0 and same_value(right, bound, folder)
+    return folder.scalar(compared[0]) == start and same_value(compared[1], bound, folder)
 
 
 def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes: ShapeTable) -> str:
@@ -320,7 +409,8 @@ def _local_ids(body: gs.Graph) -> set[int]:
     return ids
 
 
-def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=()) -> list[Read] | Skip:
+def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=(),
+           first: Affine = Affine()) -> list[Read] | Skip:
     """Every use of the counter, each an indexing read of an outer tensor, else Skip.
 
     Follows the counter through value-preserving steps (Identity, an integer Cast, a
@@ -328,7 +418,7 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
     local = _local_ids(body)
     reads: list[Read] = []
     slices: dict[int, list] = {}  # id(Slice) -> [node, start (affine, helpers) or None, end or None]
-    frontier = [(counter, [], Affine())]  # (index value, helper nodes, its expression in i)
+    frontier = [(counter, [], first)]  # (index value, helper nodes, its expression in i)
     while frontier:
         index, helpers, affine = frontier.pop()
         if _captured_in_nested(index, body):

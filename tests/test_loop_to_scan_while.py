@@ -1,0 +1,215 @@
+"""loop_to_scan on while loops bounded by a counter test (``while i < n``): the PyTorch 2.13
+exports of models/while_loops (generate_while_loops.py: TorchScript's INT64_MAX trip count
+*and* ``i + 1 < n``, from 0 and 1, ``<=``, a bound from a shape or an input, the counter
+returned; the dynamo ``while_loop`` from 1), each fused or declined with its reason and
+equal to torch's outputs on both engines; and a hand-built Loop whose start, bound and trip
+count are data: wherever the Loop runs, the Scan gives the same outputs (the final counter
+included), and where the Loop fails, so does it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as TP
+from onnx import helper as oh
+
+import scanopt
+from builders import vi
+from reference_helpers import const, make_model
+from scanopt import engines
+
+MODELS = Path(__file__).resolve().parent.parent / "models" / "while_loops"
+HELDOUT = Path(__file__).resolve().parent.parent / "models" / "heldout_producers_2"
+LOOP_OPS = ("Scan", "Loop", "RNN", "GRU", "LSTM")
+
+# name -> (loop ops after optimize with the portable target, reason the Loop stays or "")
+OUTCOMES = {
+    "ts_while_lt_size": ({"RNN": 1}, ""),
+    "ts_while_from_1": ({"RNN": 1}, ""),
+    "ts_while_le": ({"RNN": 1}, ""),
+    "ts_while_from_1_le": ({"RNN": 1}, ""),
+    "ts_while_bound_input": ({"RNN": 1}, ""),
+    "ts_while_counter_out": ({"RNN": 1}, ""),
+    "dyn_while_from_1": ({"RNN": 1}, ""),
+    "ts_while_step2": ({"Loop": 1}, "the tested counter steps by 2, not 1"),
+    "ts_while_bound_moves": ({"Loop": 1}, "changes in the body (computed from the step's values)"),
+}
+
+
+def test_every_sample_is_listed():
+    assert sorted(p.stem for p in MODELS.glob("*.onnx")) == sorted(OUTCOMES)
+
+
+def _check_exported(path: Path, after: dict, reason: str) -> list[str]:
+    model = onnx.load(str(path))
+    out, report = scanopt.optimize(model, options={"target": "portable"})
+    counts = Counter(n.op_type for n in out.graph.node)
+    details = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan"]
+    assert {op: counts[op] for op in LOOP_OPS if counts[op]} == after, details
+    if reason:
+        assert any(reason in o.detail for o in report.outcomes if o.pass_name == "loop_to_scan" and not o.applied), details
+        assert out is model or not report.modified
+        return details
+    assert report.verification["passed"] is True, report.verification
+    stored = np.load(path.with_suffix(".expected.npz"))
+    feeds = {i.name: stored[i.name] for i in model.graph.input}
+    for engine in ("ort", "reference"):
+        got = engines.run(out, feeds, engine)
+        for output in model.graph.output:
+            np.testing.assert_allclose(got[output.name], stored[output.name], rtol=1e-4, atol=1e-5, err_msg=engine)
+    return details
+
+
+@pytest.mark.parametrize("name", sorted(OUTCOMES))
+def test_exported_while_loop(name):
+    _check_exported(MODELS / f"{name}.onnx", *OUTCOMES[name])
+
+
+def test_held_out_torchscript_gru_while_fuses():
+    """models/heldout_producers_2/ts_gru_while: INT64_MAX and ``i + 1 < x.size(0)`` -> GRU."""
+    details = _check_exported(HELDOUT / "ts_gru_while.onnx", {"GRU": 1}, "")
+    assert any("bounded by a counter test (c + 1 < /Gather_output_0 from c = 0)" in d for d in details), details
+
+
+def test_start_at_one_reads_through_the_gathered_indices():
+    """From 1 the Loop reads x[1 + k]: rows gathered at 1 + arange(trip), trip = max(0, n - 1)."""
+    model = onnx.load(str(MODELS / "ts_while_from_1.onnx"))
+    _, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
+    assert "gathered at the Loop's indices (x[i + 1])" in report.outcomes[0].detail, report.outcomes[0].detail
+
+
+# ---- a hand-built while loop whose start, bound and trip count are data ----
+
+def _while_loop(start: int, compare: str, dtype: int, limit: bool, bound: str = "input"):
+    """y[k] = 2·x[c], h += x[c] for c = start, start+1, ... while ``c + 1 compare n`` (and
+    k < m where ``limit``; else TorchScript's INT64_MAX); returns y, h and the final c. n is
+    the input ``n``, or with ``bound="shape"`` ``len(z) - 1`` (TorchScript's ``<=`` bound:
+    provably below INT64_MAX)."""
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    body = [oh.make_node("Gather", ["x", "c"], ["x_t"], axis=0), const("two", np.array(2, np.float32)),
+            oh.make_node("Mul", ["x_t", "two"], ["y_t"]), oh.make_node("Add", ["h", "x_t"], ["h_new"]),
+            const("one", np.array(1, np_type)), oh.make_node("Add", ["c", "one"], ["c_new"]),
+            oh.make_node(compare, ["c_new", "n_c"], ["cond_out"])]
+    graph_body = oh.make_graph(
+        body, "body", [vi("k", [], TP.INT64), vi("cond_in", [], TP.BOOL), vi("h", [3]), vi("c", [], dtype)],
+        [vi("cond_out", [], TP.BOOL), vi("h_new", [3]), vi("c_new", [], dtype), vi("y_t", [3])])
+    if bound == "shape":
+        outer = [oh.make_node("Shape", ["z"], ["z_shape"]), const("zero", np.array(0, np.int64)),
+                 oh.make_node("Gather", ["z_shape", "zero"], ["z_len"], axis=0), const("one_out", np.array(1, np.int64)),
+                 oh.make_node("Sub", ["z_len", "one_out"], ["n_c"])]
+    else:
+        outer = [oh.make_node("Cast", ["n"], ["n_c"], to=dtype)]
+    outer += [const("start", np.array(start, np_type)),
+             oh.make_node(compare, ["start", "n_c"], ["go"]), const("h0", np.zeros(3, np.float32))]
+    if not limit:
+        outer.append(const("m", np.array(np.iinfo(np.int64).max, np.int64)))
+    outer.append(oh.make_node("Loop", ["m", "go", "h0", "start"], ["h_n", "c_n", "y"], body=graph_body))
+    inputs = [vi("x", ["L", 3]), vi("z", ["N"]) if bound == "shape" else vi("n", [], TP.INT64)]
+    inputs += [vi("m", [], TP.INT64)] if limit else []
+    return make_model(17, outer, inputs, [vi("y", [None, 3]), vi("h_n", [3]), vi("c_n", [], dtype)])
+
+
+def _run(model, feeds, engine):
+    try:
+        return engines.run(model, feeds, engine)
+    except Exception:  # noqa: BLE001 - the failure itself is what is compared
+        return None
+
+
+_CONVERTED = {}
+
+
+def _converted(*form):
+    if form not in _CONVERTED:
+        model = _while_loop(*form)
+        out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
+        assert Counter(n.op_type for n in out.graph.node)["Loop"] == 0, [o.detail for o in report.outcomes]
+        _CONVERTED[form] = (model, out)
+    return _CONVERTED[form]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(length=st.integers(1, 6), bound=st.integers(-3, 9), trips=st.integers(-2, 9), start=st.integers(0, 3),
+       form=st.sampled_from([("Less", TP.INT64, "input"), ("Less", TP.INT32, "input"), ("Less", TP.INT64, "shape"),
+                             ("LessOrEqual", TP.INT64, "shape")]),
+       limit=st.booleans())
+def test_counter_test_equals_the_loop_wherever_it_runs(length, bound, trips, start, form, limit):
+    """Every start, bound (past the length and negative too) and trip count M: the same
+    stacked rows, state and final counter wherever the Loop runs; where it fails (a read past
+    x's end), a read gathered from a start above 0 fails too. onnxruntime
+    refuses a Scan over zero steps, so a zero-step run is compared on the reference
+    executor only."""
+    compare, dtype, source = form
+    model, out = _converted(start, compare, dtype, limit, source)
+    x = np.arange(3 * length, dtype=np.float32).reshape(length, 3)
+    if source == "shape":
+        bound = max(bound, -1)
+        feeds = {"x": x, "z": np.zeros(bound + 1, np.float32)}
+    else:
+        feeds = {"x": x, "n": np.array(bound, np.int64)}
+    if limit:
+        feeds["m"] = np.array(trips, np.int64)
+    steps = max(0, bound + (compare == "LessOrEqual") - start)
+    steps = max(0, min(trips, steps)) if limit else steps
+    for engine in ("reference",) + (("ort",) if steps else ()):
+        want, got = _run(model, feeds, engine), _run(out, feeds, engine)
+        if want is None:  # the Loop failed on a read past x's end, nothing else
+            assert start + steps > length
+            if start:  # x gathered at start + arange(trip): the same read fails
+                assert got is None, engine
+            continue  # from 0, x is cut to the trip count: past its end the Loop fails, the Scan may run
+        assert got is not None, engine
+        for name in ("y", "h_n", "c_n"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{engine} {name}")
+        assert int(want["c_n"]) == start + steps
+        np.testing.assert_array_equal(want["y"].reshape(-1, 3), 2 * x[start:start + steps])
+
+
+def _declined(model) -> str:
+    out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
+    assert out is model or not report.modified
+    return report.outcomes[0].detail
+
+
+def _body_node(model, op):
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    return body, next(n for n in body.node if n.op_type == op or n.output[0] == op)
+
+
+def test_a_step_other_than_one_stays():
+    model = _while_loop(0, "Less", TP.INT64, False)
+    body, one = _body_node(model, "one")
+    one.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(np.array(3, np.int64), "one"))
+    assert "the tested counter steps by 3, not 1" in _declined(model)
+
+
+def test_a_test_before_the_increment_stays():
+    """``c < n`` on the old value runs one step more than ``c + 1 < n``: refused, not guessed."""
+    model = _while_loop(0, "Less", TP.INT64, False)
+    _, test = _body_node(model, "cond_out")
+    test.input[0] = "c"
+    assert "tests the counter before its increment" in _declined(model)
+
+
+def test_an_initial_condition_of_another_predicate_stays():
+    """Initially ``start <= n`` but ``c + 1 < n`` in the body: not the same predicate."""
+    model = _while_loop(0, "Less", TP.INT64, False)
+    go = next(n for n in model.graph.node if n.output[0] == "go")
+    go.op_type = "LessOrEqual"
+    assert "the initial condition is not the counter test at the counter's start" in _declined(model)
+
+
+def test_an_inclusive_bound_that_may_be_the_maximum_stays():
+    """``c + 1 <= n`` with n an int64 input: at n = INT64_MAX, c + 1 would overflow first."""
+    model = _while_loop(0, "LessOrEqual", TP.INT64, False)
+    cast = next(n for n in model.graph.node if n.output[0] == "n_c")
+    cast.op_type = "Identity"
+    del cast.attribute[:]
+    assert "may overflow before the test fails" in _declined(model)
