@@ -39,12 +39,15 @@ def _modules():
             super().__init__()
             self.wi, self.wh = nn.Linear(I, H), nn.Linear(H, H)
 
+        def step(self, x_t, h):
+            return torch.tanh(self.wi(x_t) + self.wh(h))
+
     class LtSize(Cell):
         def forward(self, x, h):
             outs = []
             i = 0
             while i < x.size(0):
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 1
             return torch.stack(outs), h
@@ -54,7 +57,7 @@ def _modules():
             outs = []
             i = 1
             while i < x.size(0):
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 1
             return torch.stack(outs), h
@@ -64,7 +67,7 @@ def _modules():
             outs = []
             i = 0
             while i <= x.size(0) - 1:
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 1
             return torch.stack(outs), h
@@ -74,7 +77,7 @@ def _modules():
             outs = []
             i = 1
             while i <= x.size(0) - 1:
-                h = torch.tanh(self.wi(x[i - 1]) + self.wh(h))
+                h = self.step(x[i - 1], h)
                 outs.append(h)
                 i += 1
             return torch.stack(outs), h
@@ -85,7 +88,7 @@ def _modules():
             i = 0
             steps = int(n)
             while i < steps:
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 1
             return torch.stack(outs), h
@@ -95,7 +98,7 @@ def _modules():
             outs = []
             i = 0
             while i < x.size(0):
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 1
             return torch.stack(outs), h, torch.tensor(i)
@@ -105,7 +108,7 @@ def _modules():
             outs = []
             i = 0
             while i < x.size(0):
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 2
             return torch.stack(outs), h
@@ -116,7 +119,7 @@ def _modules():
             i = 0
             n = x.size(0)
             while i < n:
-                h = torch.tanh(self.wi(x[i]) + self.wh(h))
+                h = self.step(x[i], h)
                 outs.append(h)
                 i += 1
                 n -= 1

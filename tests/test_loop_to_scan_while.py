@@ -39,7 +39,18 @@ OUTCOMES = {
     "dyn_while_from_1": ({"RNN": 1}, ""),
     "ts_while_step2": ({"Loop": 1}, "the tested counter steps by 2, not 1"),
     "ts_while_bound_moves": ({"Loop": 1}, "changes in the body (computed from the step's values)"),
+    # tf2onnx: x[i] as a Slice with end max(i + 1, 10**9) and step 10**9, squeezed; float tests
+    "tf_while_le": ({"RNN": 1}, ""),  # i <= n - 1, n - 1 recomputed in the body from a carried n
+    "tf_while_gather": ({"RNN": 1}, ""),
+    "tf_while_step2": ({"Loop": 1}, "the tested counter steps by 2, not 1"),
+    # converted, then rolled back: a verification seed runs zero steps (T = 1 from i = 1,
+    # m = 0, n = 0), where onnxruntime's Loop returns a [0, 0, H] TensorArray and the Scan
+    # cannot run (README, loop_to_scan); test_zero_step_forms_convert_alone checks the conversion
+    "tf_while_from_1": ({"Loop": 1}, "rolled back: failed verification"),
+    "tf_while_bound_input": ({"Loop": 1}, "rolled back: failed verification"),
+    "tf_while_max_iter": ({"Loop": 1}, "rolled back: failed verification"),
 }
+ZERO_STEPS = ["tf_while_from_1", "tf_while_bound_input", "tf_while_max_iter"]
 
 
 def test_every_sample_is_listed():
@@ -75,6 +86,29 @@ def test_held_out_torchscript_gru_while_fuses():
     """models/heldout_producers_2/ts_gru_while: INT64_MAX and ``i + 1 < x.size(0)`` -> GRU."""
     details = _check_exported(HELDOUT / "ts_gru_while.onnx", {"GRU": 1}, "")
     assert any("bounded by a counter test (c + 1 < /Gather_output_0 from c = 0)" in d for d in details), details
+
+
+@pytest.mark.parametrize("name", ZERO_STEPS)
+def test_zero_step_forms_convert_alone(name):
+    """loop_to_scan alone converts them; on the stored inputs (at least one step) the Scan
+    gives tf's outputs on both engines."""
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    out, report = scanopt.optimize(model, passes=["loop_to_scan"], verify=False)
+    assert Counter(n.op_type for n in out.graph.node)["Loop"] == 0, report.outcomes[0].detail
+    assert "bounded by a counter test" in report.outcomes[0].detail
+    stored = np.load(MODELS / f"{name}.expected.npz")
+    feeds = {i.name: stored[i.name] for i in model.graph.input}
+    for engine in ("ort", "reference"):
+        got = engines.run(out, feeds, engine)
+        for output in model.graph.output:
+            np.testing.assert_allclose(got[output.name], stored[output.name], rtol=1e-4, atol=1e-5, err_msg=engine)
+
+
+def test_held_out_tf_while_loop_fuses():
+    """models/heldout_producers_2/tf_while_loop_rnn: float tests on an int32 counter, x[i]
+    as tf2onnx's one-row Slice of x carried through the loop -> RNN."""
+    details = _check_exported(HELDOUT / "tf_while_loop_rnn.onnx", {"RNN": 1}, "")
+    assert any("bounded by a counter test (c + 1 < strided_slice__61:0 from c = 0)" in d for d in details), details
 
 
 def test_start_at_one_reads_through_the_gathered_indices():

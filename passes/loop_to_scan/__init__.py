@@ -39,7 +39,7 @@ class LoopToScan(LoopPass):
         found = analyse(node, level.graph, ctx.opset, ctx.shapes, folder)
         if isinstance(found, LoopMatch):
             for read in found.reads:
-                if is_op(read.node, "Slice") and not _proven_length(found.trip, read, ctx, folder):
+                if is_op(read.node, "Slice") and not read.squeezed and not _proven_length(found.trip, read, ctx, folder):
                     return Skip(f"Slice '{read.node.name}' reads row i of '{read.source.name}', whose length is not provably "
                                 "the trip count: past its end a Slice gives an empty row where a Gather fails")
         if isinstance(found, LoopMatch) and ctx.opset < 10:
