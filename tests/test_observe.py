@@ -105,11 +105,11 @@ def test_the_keras_backwards_simplernn_is_measured_under_declared_shapes(timer):
     a run-time Slice (cut to the trip count); at T=16 B=4 the run gives its shape, and the
     native RNN is chosen on a measurement, not on a prediction at T=1024 B=32."""
     sys.path.insert(0, MODELS)
-    from evaluate_heldout_producers import _declared
+    from evaluate_heldout_producers import HeldOutSet
 
     path = os.path.join(MODELS, "heldout_producers", "keras_simplernn_backwards")
     model, stored = onnx.load(path + ".onnx"), np.load(path + ".expected.npz")
-    out, report = scanopt.optimize(model, input_shapes=_declared(model, stored, "keras_simplernn_backwards"),
+    out, report = scanopt.optimize(model, input_shapes=HeldOutSet().declared(model, stored, "keras_simplernn_backwards"),
                                    options={"tune": True}, seeds=1)
     (forms, feeds, _), = timer.calls
     assert "native" in forms and (16, 4, 3) in feeds.values()
