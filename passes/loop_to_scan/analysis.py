@@ -71,6 +71,23 @@ class CounterTest:
     nodes: list[gs.Node]  # the body's test and the counter's increment
     limit: gs.Tensor | None = None
 
+    def empty_only_at_zero_length(self, folder: ConstantFolder) -> bool:
+        """True when the Loop runs zero steps only where a dim is 0 (the documented zero-length
+        case): no M, and T a shape dim d, or d - k, with T + inclusive - start = d - offset,
+        offset = start - inclusive + k ≤ 0 (``x.size(0) - 1`` with ``<=`` from 0); or a
+        constant T the counter starts below (never zero steps)."""
+        if self.limit is not None:
+            return False
+        value = folder.scalar(self.bound)
+        if value is not None:  # a constant trip count: zero steps never, or always
+            return value + int(self.inclusive) - self.start >= 1
+        taken = 0
+        node = self.bound.inputs[0] if len(self.bound.inputs) == 1 else None
+        dim = shape_dim(self.bound, folder)
+        if dim is None and node is not None and is_op(node, "Sub") and folder.scalar(node.inputs[1]) is not None:
+            dim, taken = shape_dim(node.inputs[0], folder), folder.scalar(node.inputs[1])
+        return dim is not None and self.start - int(self.inclusive) + taken <= 0
+
     def is_plain(self, folder: ConstantFolder) -> bool:
         """True when the trip count is the bound itself: from 0, ``<``, no M, a bound never
         negative (a shape dim or a constant; a negative one would run the Loop zero times)."""
@@ -150,7 +167,18 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
             states.append(k)
         else:
             stacks.append(found)
+    if counted is not None and not counted.empty_only_at_zero_length(folder) and not _fails_empty(stacks, graph):
+        return Skip("the counter test may stop the Loop before its first step on a non-empty input (it starts at "
+                    f"{counted.start}, its bound or trip count is data): there the Loop returns its initial values, "
+                    "and onnxruntime's Scan refuses to run zero steps")
     return LoopMatch(reads, stacks, states, cond_nodes, trip, slot, counted)
+
+
+def _fails_empty(stacks: list[Stack], graph: gs.Graph) -> bool:
+    """True when the Loop's result is used through a ConcatFromSequence of a stacked sequence,
+    which fails on the empty sequence of zero steps (onnxruntime and the reference alike):
+    a TorchScript ``torch.stack(outs)``. Then a zero-step run fails before and after."""
+    return any(s.finisher is not None and (s.result.outputs or any(o is s.result for o in graph.outputs)) for s in stacks)
 
 
 def _among(node: gs.Node, nodes: list[gs.Node]) -> bool:
@@ -563,8 +591,8 @@ def _slice_read(node, start, end, shapes, folder, local, body, outer_of, one_row
     if start is None or end is None:
         return Skip(f"Slice '{node.name}' reads [?, ?), not [i, i+1) at the iteration number i")
     at, upto = start[0], end[0]
-    row = not at.terms and at.scale == 1 and at.const >= 0 and (
-        one_row or (not upto.terms and upto.scale == 1 and upto.const == at.const + 1))
+    # [s + i, s + i + 1) (a proven one-row end stands for the counter's own + 1)
+    row = not at.terms and at.scale == 1 and at.const >= 0 and not upto.terms and upto.scale == 1 and upto.const == at.const + 1
     if not row or (not at.is_counter() and not _only_squeezed(node, folder, shapes)):
         return Skip(f"Slice '{node.name}' reads [{at.describe()}, {upto.describe()}), not [i, i+1) at the "
                     "iteration number i (nor a row only squeezed at a counter from s >= 0)")
