@@ -13,6 +13,9 @@ trip count of INT64_MAX *and* a counter test ``i + 1 < n`` recomputed each step:
 - ts_while_from_1_le:   ``i = 1; while i <= x.size(0) - 1``, reading ``x[i - 1]``
 - ts_while_bound_input: ``i = 0; while i < n`` with n an int64 input (n <= x.size(0))
 - ts_while_counter_out: ``i = 0; while i < x.size(0)``, the final i returned too
+- ts_while_gt:          ``n = x.size(0); while n > i`` (Greater, the bound first)
+- ts_while_reverse:     ``while i < n`` reading ``x[n - 1 - i]`` (a reversed read)
+- ts_while_data_exit:   ``while i < x.size(0) and bool(h.sum() < 100.0)`` (stays: an early exit)
 - ts_while_step2:       ``i += 2`` (stays: a counter step other than 1)
 - ts_while_bound_moves: ``n -= 1`` in the body as well (stays: the bound changes)
 Dynamo exporter of ``torch._higher_order_ops.while_loop`` (``x.index_select(0, i)``):
@@ -125,7 +128,39 @@ def _modules():
                 n -= 1
             return torch.stack(outs), h
 
-    return dict(ts_while_lt_size=LtSize, ts_while_from_1=From1, ts_while_le=Le, ts_while_from_1_le=From1Le,
+    class Gt(Cell):
+        def forward(self, x, h):
+            outs = []
+            i = 0
+            n = x.size(0)
+            while n > i:
+                h = self.step(x[i], h)
+                outs.append(h)
+                i = i + 1
+            return torch.stack(outs), h
+
+    class Reverse(Cell):
+        def forward(self, x, h):
+            outs = []
+            i = 0
+            n = x.size(0)
+            while i < n:
+                h = self.step(x[n - 1 - i], h)
+                outs.append(h)
+                i += 1
+            return torch.stack(outs), h
+
+    class DataExit(Cell):
+        def forward(self, x, h):
+            outs = []
+            i = 0
+            while i < x.size(0) and bool(h.sum() < 100.0):
+                h = self.step(x[i], h)
+                outs.append(h)
+                i += 1
+            return torch.stack(outs), h
+
+    return dict(ts_while_gt=Gt, ts_while_reverse=Reverse, ts_while_data_exit=DataExit, ts_while_lt_size=LtSize, ts_while_from_1=From1, ts_while_le=Le, ts_while_from_1_le=From1Le,
                 ts_while_bound_input=BoundInput, ts_while_counter_out=CounterOut, ts_while_step2=Step2,
                 ts_while_bound_moves=BoundMoves)
 
@@ -168,7 +203,8 @@ def write(name):
 
 
 NAMES = ["ts_while_lt_size", "ts_while_from_1", "ts_while_le", "ts_while_from_1_le", "ts_while_bound_input",
-         "ts_while_counter_out", "ts_while_step2", "ts_while_bound_moves", "dyn_while_from_1"]
+         "ts_while_counter_out", "ts_while_step2", "ts_while_bound_moves", "dyn_while_from_1", "ts_while_gt",
+         "ts_while_reverse", "ts_while_data_exit"]
 
 
 if __name__ == "__main__":

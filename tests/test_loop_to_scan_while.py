@@ -38,6 +38,9 @@ OUTCOMES = {
     "ts_while_bound_input": ({"RNN": 1}, ""),
     "ts_while_counter_out": ({"RNN": 1}, ""),
     "dyn_while_from_1": ({"Loop": 1}, ZERO),  # only h: at T = 1 the Loop returns h0
+    "ts_while_gt": ({"RNN": 1}, ""),  # n > i
+    "ts_while_reverse": ({"RNN": 1}, ""),  # x[n - 1 - i]: a reversed scan input
+    "ts_while_data_exit": ({"Loop": 1}, "the condition is computed from data each step"),
     "ts_while_step2": ({"Loop": 1}, "the tested counter steps by 2, not 1"),
     "ts_while_bound_moves": ({"Loop": 1}, "changes in the body (computed from the step's values)"),
     # tf2onnx: x[i] as a Slice with end max(i + 1, 10**9) and step 10**9, squeezed; float tests
