@@ -13,7 +13,7 @@ and spread give each row's noise); ratio = Scan / rewritten from the median of p
 itself as a second form: its ratio is the noise floor.
 The rewrite is the pass's own form (tuning off). Outputs are compared first (max abs
 difference printed). ``--chunks`` times the chunked form at
-several chunk lengths instead (how DEFAULT_CHUNK was chosen). ``knn`` rows: skl2onnx
+several chunk lengths instead (how DEFAULT_CHUNK was chosen; Mamba in its two-pass form). ``knn`` rows: skl2onnx
 KNeighborsRegressor (k=5, 2,000 training rows of 10 features, needs skl2onnx and scikit-learn)
 at 1 and 64 queries, the `distances` GEMM form and vectorize's broadcast form against the Scan.
 """
@@ -121,8 +121,9 @@ def main(argv=None) -> None:
         if args.chunks:
             model = build(lengths[-1])
             for chunk in (int(c) for c in args.chunks.split(",")):
+                wide = {"linrec_form": "two-pass"} if name == "mamba" else {"linrec_max_state": 1 << 30}
                 optimized, _ = rewrite(model, linrec_chunk=chunk, linrec_attention_chunk=chunk, linrec_min_steps=1,
-                                       linrec_max_state=1 << 30)
+                                       **wide)
                 print(row(f"{name} T={lengths[-1]} C={chunk}", model, optimized, args.seconds), flush=True)
             continue
         for steps in lengths:

@@ -19,6 +19,13 @@ Each comes with <name>.expected.npz: inputs and the outputs torch computed.
 - torch_bigru[_noopt]:       two GRUCells, scan(...) and scan(..., reverse=True) over one x
                              (the exporter reverses x with Slice step -1: a bidirectional pair)
 The issue-12 samples are exported at T=16, B=4 (dynamic seq/batch).
+- torch_scan_lstm_hc:         nn.LSTMCell scanned over x [seq, batch, 3], returning (h, c) per step
+- torch_scan_lstm_hc_flip:    the same batch-first, scanned with dim=1 over flip(x) and flipped
+                              back, also returning tanh(c) per step
+- torch_script_lstm_hc_stack: TorchScript (dynamo=False) for-loop appending h and c, stacked
+- torch_script_lstmcell_hc:   TorchScript loop over nn.LSTMCell stacking h and c: the cell is a
+                              one-step native LSTM inside the Loop
+(issue 20: the per-step cell state; T=16, B=4, dynamic seq/batch.)
 Hand-built (onnx only):
 - keras_concat_lstm: Keras/TF BasicLSTMCell style: one MatMul of Concat([x, h]) by a kernel
   [I+H, 4H], gates i, c, f, o, forget bias 1.0 added to f, no batch size declared.
@@ -277,6 +284,101 @@ def keras_concat_lstm():
     return m
 
 
+def _lstm_hc_modules():
+    """LSTMCell recurrences that return the cell state of every step beside h (issue 20)."""
+    import torch
+    from torch import nn
+    from torch._higher_order_ops import scan
+
+    class ScanHC(nn.Module):  # time-major x [T, B, I]; y, cs = every h, every c
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.LSTMCell(I, H)
+
+        def forward(self, x, h0, c0):
+            def step(carry, x_t):
+                h, c = self.cell(x_t, carry)
+                return (h, c), (h.clone(), c.clone())
+
+            (h_n, c_n), (y, cs) = scan(step, (h0, c0), x)
+            return y, cs, h_n, c_n
+
+    class ScanHCFlip(ScanHC):  # batch-first x [B, T, I] read backwards by flip; tanh(c) per step too
+        def forward(self, x, h0, c0):
+            def step(carry, x_t):
+                h, c = self.cell(x_t, carry)
+                return (h, c), (h.clone(), c.clone(), torch.tanh(c))
+
+            (h_n, c_n), (y, cs, ts) = scan(step, (h0, c0), torch.flip(x, [1]), dim=1)
+            return torch.flip(y, [1]), torch.flip(cs, [1]), ts, h_n, c_n
+
+    class ScriptHCStack(nn.Module):  # TorchScript for-loop appending h and c to lists, stacked
+        # (gates written out: TorchScript exports nn.LSTMCell as a one-step LSTM op in the Loop)
+        def __init__(self):
+            super().__init__()
+            self.wi, self.wh = nn.Linear(I, 4 * H), nn.Linear(H, 4 * H)
+
+        def forward(self, x, h, c):
+            hs, cs = [], []
+            for i in range(x.size(0)):
+                g_i, g_f, g_g, g_o = (self.wi(x[i]) + self.wh(h)).chunk(4, 1)
+                c = torch.sigmoid(g_f) * c + torch.sigmoid(g_i) * torch.tanh(g_g)
+                h = torch.sigmoid(g_o) * torch.tanh(c)
+                hs.append(h)
+                cs.append(c)
+            return torch.stack(hs), torch.stack(cs), h, c
+
+    return {"torch_scan_lstm_hc": ScanHC, "torch_scan_lstm_hc_flip": ScanHCFlip,
+            "torch_script_lstm_hc_stack": ScriptHCStack}
+
+
+def torch_lstm_hc(name):
+    """Export one of :func:`_lstm_hc_modules` at T=16, B=4 (dynamic seq and batch)."""
+    import torch
+
+    from generate import export_torch_sample
+
+    torch.manual_seed(20)
+    modules = {**_lstm_hc_modules(), **_script_cell_modules()}
+    module = modules[name]().eval()
+    module.__module__ = "scanopt_samples"
+    T_, B_ = TB
+    first = name == "torch_scan_lstm_hc_flip"
+    x = torch.randn(B_, T_, I) if first else torch.randn(T_, B_, I)
+    feeds = {"x": x, "h0": torch.randn(B_, H), "c0": torch.randn(B_, H)}
+    scripted = name.startswith("torch_script")
+    seq, batch = ("T", "B") if scripted else ("seq", "batch")
+    axes = {"x": {1: seq, 0: batch} if first else {0: seq, 1: batch}, "h0": {0: batch}, "c0": {0: batch}}
+    outputs = ["y", "c_seq", "tanh_c_seq", "h_n", "c_n"] if first else ["y", "c_seq", "h_n", "c_n"]
+
+    export_torch_sample(module, feeds, outputs, os.path.join(OUT, f"{name}.onnx"), scripted=scripted, axes=axes)
+
+
+def _script_cell_modules():
+    """A TorchScript for-loop over ``nn.LSTMCell``: the cell is exported as a one-step native
+    LSTM inside the Loop. (``nn.GRUCell`` in a scripted loop does not export with torch 2.13:
+    "ONNX symbolic expected node type prim::ListConstruct".)"""
+    import torch
+    from torch import nn
+
+    class LSTMCellHC(nn.Module):  # h and c of every step stacked
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.LSTMCell(I, H)
+
+        def forward(self, x, h, c):
+            hs, cs = [], []
+            for i in range(x.size(0)):
+                h, c = self.cell(x[i], (h, c))
+                hs.append(h)
+                cs.append(c)
+            return torch.stack(hs), torch.stack(cs), h, c
+
+    return {"torch_script_lstmcell_hc": LSTMCellHC}
+
+
+LSTM_HC = ("torch_scan_lstm_hc", "torch_scan_lstm_hc_flip", "torch_script_lstm_hc_stack", "torch_script_lstmcell_hc")
+
 EXPORTED = {
     "torch_scan_gru": torch_scan_gru,
     "torch_scan_gru_unbatched": lambda: torch_scan_gru(unbatched=True),
@@ -328,6 +430,9 @@ HAND_BUILT = {
 
 
 def write(name):
+    if name in LSTM_HC:  # export_torch_sample writes the model and its expected outputs
+        torch_lstm_hc(name)
+        return
     if name in HAND_BUILT:
         m = HAND_BUILT[name]()
     else:
@@ -342,10 +447,10 @@ def write(name):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", choices=sorted({**HAND_BUILT, **EXPORTED}))
+    p.add_argument("--only", action="append", choices=sorted({**HAND_BUILT, **EXPORTED, **dict.fromkeys(LSTM_HC)}))
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in args.only or list(HAND_BUILT) + list(EXPORTED):
+    for name in args.only or list(HAND_BUILT) + list(EXPORTED) + list(LSTM_HC):
         if name in HAND_BUILT or args.in_process:
             write(name)
         else:

@@ -13,6 +13,7 @@ unless named ``_dyn`` (symbolic ``seq``):
 - torch_mingru_dyn:        the same with a symbolic length (the positions form, padded at run time)
 - torch_mamba:             selective scan, state [B, D=8, N=4]: Δ = softplus(Linear(x)),
                            a = exp(Δ ⊗ A) with A = -exp(A_log), b = (Δ x) ⊗ B_t, y = Σ_n h' C_t
+- torch_mamba_wide:        the same at Mamba's width, T=64, B=1, D=64, N=16 (linrec's two-pass form)
 - torch_linear_attention:  matrix state S [8, 8]: S' = γ S + kᵀv (γ = sigmoid of a learned
                            scalar), y = q S'
 - torch_cumprod:           h' = h * x_t
@@ -108,11 +109,10 @@ def torch_mingru(dynamic=False):
     return _export(module, (torch.randn(T, B, H), torch.zeros(B, H)), ["x", "h0"], ["y", "h_n"], dyn)
 
 
-def torch_mamba():
+def torch_mamba(steps=T, batch=B, D=H, N=4):
     import torch
 
     torch.manual_seed(3)
-    D, N = H, 4
 
     def step(m):
         def f(h, x_t):  # h [B, D, N], x_t [B, D]
@@ -127,7 +127,7 @@ def torch_mamba():
     a_log = torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(D, 1)
     module = _scan_module(step, {"dt": torch.nn.Linear(D, D), "bp": torch.nn.Linear(D, N), "cp": torch.nn.Linear(D, N),
                                  "A_log": torch.nn.Parameter(a_log)})
-    return _export(module, (torch.randn(T, B, D), torch.zeros(B, D, N)), ["x", "h0"], ["y", "h_n"])
+    return _export(module, (torch.randn(steps, batch, D), torch.zeros(batch, D, N)), ["x", "h0"], ["y", "h_n"])
 
 
 def torch_linear_attention():
@@ -170,6 +170,7 @@ EXPORTED = {
     "torch_mingru": torch_mingru,
     "torch_mingru_dyn": lambda: torch_mingru(dynamic=True),
     "torch_mamba": torch_mamba,
+    "torch_mamba_wide": lambda: torch_mamba(steps=64, batch=1, D=64, N=16),
     "torch_linear_attention": torch_linear_attention,
     "torch_cumprod": torch_cumprod,
 }

@@ -60,6 +60,7 @@ DEFAULT_CONSTANTS = {
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 FORM_NAMES = {(): "loop", ("fuse",): "native", ("hoist",): "hoisted", ("fuse", "hoist"): "hoisted+native",
               ("vectorize",): "vectorized", ("unroll",): "unrolled"}
+CELL_STATE_NODES = 12  # the ops around the recomputed gates (products, cuts, activations)
 MODELLED = ("fuse", "hoist", "unroll")  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
 
 
@@ -117,8 +118,9 @@ class CostPolicy:
         if pass_name in NEUTRAL_PASSES:
             return None
         top = level is None or not getattr(level, "path", "")
-        if top and label in self.measured and pass_name != "upgrade":
-            return _measured_verdict(pass_name, self.measured[label])
+        origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
+        if top and origin in self.measured and pass_name != "upgrade":
+            return _measured_verdict(pass_name, self.measured[origin])
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
         if pass_name == "upgrade":
@@ -138,7 +140,7 @@ class CostPolicy:
         alternatives = dict(self._alternatives(pass_name, node, view, level, ctx))  # form -> its pass's match
         forms = [pass_name] + list(alternatives)
         unknown = [k for k in ("T", "B", "I", "H") if getattr(shape, k) is None]
-        points = [dict(vars(shape))]
+        points = [dict(vars(shape), cells=_cell_sequences(match if pass_name == "fuse" else alternatives.get("fuse")))]
         for k in unknown:
             points = [dict(p, **{k: v}) for p in points for v in UNKNOWN_RANGE[k]]
         lifted = _lifted(match if pass_name == "hoist" else alternatives.get("hoist"))
@@ -216,12 +218,22 @@ def model_seconds(form: str, kind: str, p: dict, body_nodes: int, c: dict, lifte
             step = c["native_step_rnn"] + elems * c["elem_native_rnn"]
         else:
             step = c["native_step_gates"] + B * c["native_row_gates"] + elems * c["elem_native_gates"]
-        return 2 * c["node"] + T * inproj * c["flop_big"] + T * (step + rec * c["flop_native"])
+        native = 2 * c["node"] + T * inproj * c["flop_big"] + T * (step + rec * c["flop_native"])
+        # An LSTM's per-step cell state (passes/fuse/cell_states.py): three of the four gates
+        # recomputed over the whole sequence, then c's recurrence as a three-node Scan.
+        cells = int(p.get("cells") or 0)
+        recompute = CELL_STATE_NODES * c["node"] + T * (0.75 * (inproj + rec) * c["flop_big"] + elems * c["elem_loop"])
+        return native + cells * (recompute + c["scan_setup"] + T * (c["scan_step"] + 3 * c["node"]))
     if form == "unroll":
         return K * c["node"] + T * ((body_nodes + K) * c["node"] + (inproj + rec) * small + elems * c["elem_loop"])
     if form == "vectorize":
         return body_nodes * c["node"] + T * ((inproj + rec) * c["flop_big"] + elems * c["elem_loop"])
     raise ValueError(form)
+
+
+def _cell_sequences(fuse_match) -> int:
+    """How many directions of a fuse match also recompute the LSTM's per-step cell state."""
+    return sum(1 for d in getattr(fuse_match, "dirs", None) or () if getattr(d, "cell_outputs", None))
 
 
 def _lifted(hoist_match) -> int:

@@ -88,6 +88,9 @@ class PassContext:
     # the graph between calls is valid while this stays the same
     edits: int = 0
     memo: dict = field(default_factory=dict)
+    # label of a Scan a rewrite emitted -> label of the Scan it replaced: a measured choice for
+    # that Scan (scanopt.tune) covers it too (fuse's per-step cell-state loop, for one)
+    derived: dict[str, str] = field(default_factory=dict)
     # called with (Scans done, Scans in total) as a pass walks the Scans (scanopt.progress)
     progress: Callable[[int, int], None] | None = None
 

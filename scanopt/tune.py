@@ -5,7 +5,10 @@ its body reads as inputs or weights) with a chosen set of passes allowed: none (
 original loop), each rewriting pass alone (native op, hoisted, vectorized, unrolled, and
 any pass registered later), and each pair of passes that apply alone (in pipeline order:
 fuse then hoist of what is left is "hoisted+native"; a pair that builds the same model as
-one of its passes is that form, and the report says so). The forms are built from the
+one of its passes is that form, and the report says so), and a pass alone followed by one
+that rewrites only what it leaves (fuse's per-step cell-state loop made loop-free by linrec:
+"native+linrec"); a Scan a rewrite emits follows the measured choice of the Scan it replaced
+(``PassContext.derived``). The forms are built from the
 subgraph as the model declares it (symbolic dims stay symbolic, so a form is one the real
 model can take) and timed on inputs at the deployment shapes (static, declared with
 ``input_shapes`` or implied by user feeds) with :mod:`scanopt.timing`.
@@ -153,11 +156,16 @@ def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict
             alone.append(name)
             forms[form_name((name,))] = (result, frozenset({name}))
             seen.setdefault(result.SerializeToString(deterministic=True), form_name((name,)))
+    # A pass that does not apply to the Scan but to what another pass leaves (linrec on fuse's
+    # cell-state loop): that pair is a form too.
+    follow_ups = [(first, then) for first in alone if _loops(forms[form_name((first,))][0])
+                  for then in names if then not in alone]
     same = {}
-    for pair in itertools.combinations(alone, 2):
+    for pair in list(itertools.combinations(alone, 2)) + follow_ups:
         result, applied = run(set(pair))
         if applied != set(pair):
-            same[form_name(pair)] = form_name(tuple(applied))
+            if pair not in follow_ups:  # a follow-up that does not apply is no form at all
+                same[form_name(pair)] = form_name(tuple(applied))
             continue
         text = result.SerializeToString(deterministic=True)
         if text in seen:
@@ -166,6 +174,11 @@ def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict
         seen[text] = form_name(pair)
         forms[form_name(pair)] = (result, frozenset(pair))
     return forms, same
+
+
+def _loops(model: onnx.ModelProto) -> bool:
+    """Whether a form still has a top-level Scan or Loop (another pass may rewrite it)."""
+    return any(n.op_type in ("Scan", "Loop") for n in model.graph.node)
 
 
 def node_reads(node: onnx.NodeProto) -> list[str]:

@@ -104,8 +104,10 @@ def declined(model) -> str:
     return outcomes[0].detail
 
 
-def test_cell_state_as_scan_output_is_declined():
-    assert "scan output 0 is the cell state" in declined(lstm_model(ys="c"))
+def test_cell_state_as_scan_output_with_peepholes_on_i_and_f_is_declined():
+    # without them it fuses (tests/test_fuse_cell_states.py): c's update is then linear in c
+    reason = declined(lstm_model(ys="c", peep=True))
+    assert "scan output 0 is the cell state of every step" in reason and "(peepholes)" in reason, reason
 
 
 def _lstm_custom(h_of, c_of, o_act="Sigmoid", o_peep=None, f_extra=None):

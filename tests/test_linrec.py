@@ -238,7 +238,7 @@ def test_short_sequences_are_left_to_unroll():
 
 
 def test_unknown_form_is_a_reason():
-    assert "not one of auto, positions, doubling" in reason(lb.ema(T=20), linrec_form="magic")
+    assert "not one of auto, positions, doubling, two-pass" in reason(lb.ema(T=20), linrec_form="magic")
 
 
 def test_map_is_left_to_vectorize():
@@ -247,12 +247,14 @@ def test_map_is_left_to_vectorize():
     assert "a map" in reason(m)
 
 
-def test_wide_states_keep_the_loop_but_sums_do_not():
-    """Measured: the elementwise chunked forms lose to the loop on wide states (Mamba [1, 64, 16])."""
+def test_wide_states_leave_the_one_pass_forms_but_sums_do_not():
+    """Measured: the one-pass chunked forms lose to the loop on wide states (Mamba [1, 64, 16]);
+    there auto takes the two-pass form (tests/test_linrec_two_pass.py), the others decline."""
     m = lb.mamba(T=20, B=1, D=64, N=16)
-    assert "1,024 elements per step, over linrec_max_state=512" in reason(m)
+    assert "1,024 elements per step, over linrec_max_state=512" in reason(m, linrec_form="positions")
+    rewritten(m, "two-pass")
     rewritten(lb.running_sum(T=20, H=4096), "CumSum")
-    rewritten(m, "chunked scan", linrec_max_state=1024)
+    rewritten(m, "chunked scan (C=8, positions", linrec_max_state=1024, linrec_form="positions")
 
 
 # ---------------------------------------------------------------- decayed linear attention
@@ -306,7 +308,8 @@ def test_per_step_decay_is_not_the_matmul_form():
 LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
 EXPORTS = {
     "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
-    "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_linear_attention": "chunked matmul form",
+    "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_mamba_wide": "two-pass",
+    "torch_linear_attention": "chunked matmul form",
     "torch_cumprod": "chunked product",
 }
 
@@ -327,11 +330,16 @@ def test_torch_scan_exports_match_torch(name):
     done = [o.detail for o in report.outcomes if o.pass_name == "linrec" and o.applied]
     assert len(done) == 1 and EXPORTS[name] in done[0], report.format()
     assert "Scan" not in ops(out)
-    feeds = {i.name: expected[i.name] for i in m.graph.input}
-    got = run(out, feeds)
+    assert_matches_torch(m, out, expected)
+
+
+def assert_matches_torch(model, rewritten, expected: dict) -> None:
+    """``rewritten`` on the export's recorded inputs equals what torch computed, and the loop."""
+    feeds = {i.name: expected[i.name] for i in model.graph.input}
+    got = run(rewritten, feeds)
     for key in got:
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5)
-    assert_equivalent(m, out, inputs=[feeds])
+    assert_equivalent(model, rewritten, inputs=[feeds])
 
 
 def test_products_use_cumprod_where_the_opset_has_it():

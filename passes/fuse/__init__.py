@@ -31,6 +31,15 @@ A body that masks its steps by per-item lengths (TF1 ``dynamic_rnn`` with ``sequ
 a step counter compared against an outer vector, states kept and outputs zeroed past it) is
 fused with those lengths, clipped to [0, T], as the native op's sequence_lens (``lengths``).
 
+An LSTM Scan that also emits the cell state of every step (or an activation of it, tanh(c)) is
+fused too (``cell_states``): the gates are recomputed over all steps from X and Y shifted by
+one step, and c's update, a linear recurrence with those coefficients, becomes a two-node Scan
+(linrec makes it loop-free); peepholes on i or f, body lengths and Scan-8 are declined.
+
+A body that runs one step of a native RNN/GRU/LSTM (TorchScript's ``nn.LSTMCell`` in a scripted
+loop: Squeeze(Y_h, 0) of the op over Unsqueeze(x_t, 0) from Unsqueeze(h, 0)) is that op over the
+sequence (``native_step``).
+
 Declines (with the reason) anything else: other scan outputs, a non-float32 cell (a float16
 Scan rounds each op and the state to float16 per step, which no native op reproduces),
 ThresholdedRelu (the op zeroes x == alpha, the recurrent activation keeps it), linear
@@ -43,7 +52,8 @@ direction of the native op, bidirectional partners), ``reversal`` (X reversed ou
 around the native op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as
 polynomials), ``cuts`` (last-axis cuts), ``layout`` (nodes that keep last-axis rows),
 ``recognize`` with ``reader``/``gru``/``lstm`` (cells, Affine included), ``cell`` and ``linear``
-(their terms), ``projection`` (scan inputs computed as X·W + b outside), ``lengths`` (step masks as sequence_lens).
+(their terms), ``projection`` (scan inputs computed as X·W + b outside), ``lengths`` (step masks as sequence_lens),
+``cell_states`` (an LSTM's per-step cell state recomputed from Y), ``native_step`` (a one-step native op as the cell).
 """
 
 from scanopt.passes.fuse.fuse_pass import Fuse

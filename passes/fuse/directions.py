@@ -15,6 +15,7 @@ from scanopt.graph import dtype_of, is_op, node_label
 from scanopt.pass_api import Match, Skip
 from scanopt.passes.fuse.algebra import describe, resolve
 from scanopt.passes.fuse.cell import Cell
+from scanopt.passes.fuse.cell_states import cell_output, cell_output_problem
 from scanopt.passes.fuse.lengths import NotLengths, read_lengths
 from scanopt.passes.fuse.poly import NoMatch
 from scanopt.passes.fuse.projection import flipped, is_reversal_of, projected_inputs, projection_readers, projects
@@ -39,6 +40,7 @@ class Direction:
     broadcast: bool = False  # batch sizes of X and the states not proven equal: expand them to the common one
     batch_of_one: bool = False  # a Scan-8 over a batch of one whose body holds the real batch (tf2onnx opset 8)
     lengths: gs.Tensor | None = None  # per-item lengths the body masks its steps with (passes.fuse.lengths)
+    cell_outputs: dict | None = None  # scan output index -> what it is of the cell state (cell_states.cell_output)
 
     @property
     def x(self) -> gs.Tensor:
@@ -106,12 +108,19 @@ def _direction(node, view, level, ctx, folder=None):
               for i in range(n)]
     h_out = resolve(outs[next(i for kind, i in states if kind == "h")])
     c_out = resolve(outs[next(i for kind, i in states if kind == "c")]) if cell.c is not None else None
+    cell_outputs = {}
     for k, y in enumerate(body.outputs[n:]):
         if lengths and n + k not in unmasked:
             return Skip(f"not fused: scan output {k} is not zeroed past the per-item lengths; the native op's Y is")
         y = unmasked.get(n + k, y)
-        if resolve(y) is c_out:
-            return Skip(f"scan output {k} is the cell state; LSTM's Y holds only the hidden state")
+        of_cell = cell_output(y, c_out) if c_out is not None else None
+        if of_cell is not None:
+            problem = cell_output_problem(cell, view.batched, lengths)
+            if problem:
+                return Skip(f"not fused: scan output {k} is the cell state{'' if of_cell[0] == 'c' else ' through ' + of_cell[1][0]}"
+                            f" of every step, which is recomputed from LSTM's Y only without {problem}")
+            cell_outputs[k] = of_cell
+            continue
         if resolve(y) is not h_out:
             return Skip(f"scan output {k} is {describe(resolve(y))}, not the hidden state; the native op cannot produce it")
 
@@ -141,7 +150,11 @@ def _direction(node, view, level, ctx, folder=None):
             guard = "lens"
         outputs = [(reverse, 1) for _ in view.output_axes]
         return Direction(node, cell, reverse, states, outputs, guard, first=1), True, 1
-    return _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
+    found = _unbatched_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, proj)
+    if cell_outputs and not isinstance(found, Skip):
+        found[0].cell_outputs = cell_outputs
+        found[0].notes = found[0].notes + ("the per-step cell state recomputed from Y as a linear recurrence",)
+    return found
 
 
 def _masked_direction(node, view, level, ctx, folder, cell, states, reverse, finals_read, top, lengths):
@@ -242,6 +255,8 @@ def _partner(node, direction, in_axis, level, ctx, folder=None, members=None, re
             continue
         found = _direction(other, view, level, ctx, folder)
         if isinstance(found, Skip) or found[0].lengths is not None or direction.lengths is not None:
+            continue
+        if found[0].cell_outputs or direction.cell_outputs:  # kept one direction per op
             continue
         d, _, axis = found
         a, c = direction.cell, d.cell

@@ -9,6 +9,7 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_topologically_sorted, node_label
 from scanopt.pass_api import ScanPass, Skip, register_pass
+from scanopt.passes.fuse.cell_states import cell_sequence
 from scanopt.passes.fuse.directions import FusePlan, _direction, _partner
 from scanopt.passes.fuse.glue import FuseEmitter
 from scanopt.rewrite import Builder, is_read, rebind_outputs
@@ -66,13 +67,16 @@ class Fuse(ScanPass):
             dirs = sorted([direction, partner], key=lambda d: d.reverse)
         # onnxruntime 1.31 refuses layout=1 ("Batchwise recurrent operations are not supported"),
         # so a [B, T, I] input is transposed unless options["fuse_layout"] = 1 asks otherwise.
-        layout = int(batched and in_axis == 1 and ctx.opset >= 14 and ctx.options.get("fuse_layout") == 1)
+        # The per-step cell state (cell_states) is computed time-major: layout 0 then.
+        layout = int(batched and in_axis == 1 and ctx.opset >= 14 and ctx.options.get("fuse_layout") == 1
+                     and not any(d.cell_outputs for d in dirs))
         lens = node.inputs[0] if view.batched and view.sequence_lens else None
         return FusePlan(batched, in_axis, layout, lens, dirs)
 
     def rewrite(self, node, plan: FusePlan, level, ctx):
         graph = level.graph
         top = level.parents[0] if level.parents else graph
+        start = len(graph.nodes)
         b = Builder(graph, ctx.names)
         emit = FuseEmitter(b, ctx.opset, self._state(ctx).weights)
         first = plan.dirs[0]
@@ -131,8 +135,11 @@ class Fuse(ScanPass):
         b.op(kind, inputs, outputs=outs, **attrs)
 
         for index, d in enumerate(plan.dirs):
-            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens)
+            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, inputs)
             rebind_outputs(d.node, values, graph)
+        for emitted in graph.nodes[start:]:  # the cell-state loop: covered by this Scan's measured form
+            if emitted.op == "Scan":
+                ctx.derived[node_label(emitted)] = node_label(node)
         if not is_topologically_sorted(graph):  # new nodes were appended after the Scan's readers
             graph.toposort(recurse_subgraphs=False)
         where = f"{'bidirectional' if n_dirs == 2 else ('reverse' if first.reverse else 'forward')}"
@@ -144,17 +151,18 @@ class Fuse(ScanPass):
                 + (", sequence_lens" if lens is not None else "") + (f", {notes}" if notes else "") + ")")
 
     @staticmethod
-    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens):
+    def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, native):
         """New values for one Scan's outputs, taken from the shared native outputs (a Scan-8
         over a batch of one gets that batch axis back; ``item``: its initial states without it)."""
-        values = Fuse._item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens)
+        values = Fuse._item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, native)
         if not d.batch_of_one:
             return values
         return [v if v is None or (k < len(d.states) and d.states[k][0] == "invariant") else emit.unsqueeze(v, [0])
                 for k, v in enumerate(values)]
 
     @staticmethod
-    def _item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens):
+    def _item_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, native):
+        """``native``: the native op's inputs (the per-step cell state is recomputed from them)."""
         node, values = d.node, []
         for kind_, i in d.states:
             t = node.outputs[i]
@@ -189,18 +197,27 @@ class Fuse(ScanPass):
             return values + [None] * len(ys)
         # Y [T, D, B, H] (layout 1: [B, T, D, H]); drop D, and B without a batch axis.
         y = emit.pick(outs[0], index, n_dirs, 1 + plan.layout)
-        if not plan.batched:
-            y = emit.squeeze(y, [1])
+        cells = d.cell_outputs or {}
+        sequences = {"h": y}
+        if any(is_read(t, top) for k, t in enumerate(ys) if k in cells):  # layout 0 (Fuse.match)
+            sequences["c"] = cell_sequence(emit, d.cell, native, y, index, n_dirs, d.reverse)
+        for key, seq in list(sequences.items()):
+            sequences[key] = seq if plan.batched else emit.squeeze(seq, [1])
         time_axis, rank = plan.layout, 3 if plan.batched else 2
         done: dict = {}
-        for (flip, axis), t in zip(d.outputs, ys):
+        for k, ((flip, axis), t) in enumerate(zip(d.outputs, ys)):
             if not is_read(t, top):
                 values.append(None)
                 continue
-            if (flip, axis) not in done:
-                v = emit.reverse(y, time_axis) if flip else y
-                done[(flip, axis)] = emit.move_axis(v, time_axis, axis, rank)
-            values.append(done[(flip, axis)])
+            what = cells.get(k, ("h", None))
+            key = (flip, axis, what[0], repr(what[1]))
+            if key not in done:
+                v = sequences["c" if k in cells else "h"]
+                if what[0] == "act":
+                    v = emit.op(what[1][0], [v], **what[1][1])
+                v = emit.reverse(v, time_axis) if flip else v
+                done[key] = emit.move_axis(v, time_axis, axis, rank)
+            values.append(done[key])
         return values
 
 

@@ -20,6 +20,7 @@ from scanopt.passes.fuse.cell import Cell
 from scanopt.passes.fuse.gru import GruReader
 from scanopt.passes.fuse.linear import _NotCellState
 from scanopt.passes.fuse.lstm import LstmReader
+from scanopt.passes.fuse.native_step import native_step
 from scanopt.passes.fuse.poly import NoMatch
 
 
@@ -38,6 +39,10 @@ def recognize(x: gs.Tensor, states: list[tuple[gs.Tensor, gs.Tensor]], rank=None
     shares the work across Scans). ``seeds``: (body value, its Poly over ``x``) pairs, for
     body inputs that are projections of X computed outside (``x`` then stands for X's slice).
     """
+    if folder is not None and len(states) in (1, 2):
+        cell = native_step(x, states, folder)  # TorchScript's nn.*Cell: a one-step native op in the body
+        if cell is not None:
+            return cell
     outs = [resolve(o) for _, o in states]
     reader = CellReader(x, rank, stops=outs, body=body, varying=[x] + [i for i, _ in states], folder=folder)
     for tensor, value in seeds:

@@ -12,6 +12,11 @@ Forms (:mod:`prefix_scan`), all over the whole sequence at once:
 The a's and b's and the scan outputs y_t = f(h_t, x_t) are the body lifted over all steps (the
 rules of :mod:`lift`). Final states are the last row (static lengths) or h0 + the sum (sums).
 
+A state wider than ``linrec_max_state`` (Mamba's [B, D, N]): the two-pass positions form
+(:mod:`two_pass`), which never materializes h over all steps; its lifted steps emit the
+selective scan's products as MatMuls (:mod:`products`) and Softplus in vector ops
+(:mod:`softplus`), the same values in forms onnxruntime runs faster.
+
 Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
 state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
 state to 16 bits every step; another association order would round differently), a symbolic
@@ -35,9 +40,14 @@ from scanopt.passes.loopfree.lift import (
 )
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
-from scanopt.emit import supports
+from scanopt.emit import INT64_MAX, Emitter, supports
+from scanopt.passes.loopfree.products import as_matmuls, unsqueezed_axes
+from scanopt.passes.loopfree.softplus import fast_softplus
 from scanopt.passes.loopfree.prefix_scan import (
-    chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product, cumulative_sum,
+    chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product, cumulative_sum,
+)
+from scanopt.passes.loopfree.two_pass import (
+    by_position, padding_mask, permute_steps, position_loop, unpermute_steps,
 )
 from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -58,6 +68,15 @@ FORMS = {"positions": chunk_loop_scan, "doubling": chunked_scan}
 # minGRU H=64: doubling 1.4-2.9x at T=16..64 where the positions loop is 0.7-2.0x; at T=1024-2048
 # the positions loop 2.3-4.4x, doubling 1.9-3.1x).
 POSITIONS_FROM = 512
+# States over linrec_max_state: the two-pass positions form (module two_pass), which never
+# materializes h over all steps (bench_linrec, Mamba D=64, N=16, T=1024).
+TWO_PASS = "two-pass"
+OWN_LOOPS = "linrec: own loops"
+# Two-pass: a and b are computed inside the position Loops when over all steps they would hold
+# at least this many elements (1 MiB of float32, this machine's L2 per core), else lifted once
+# (bench_linrec, Mamba D=64 N=16: in the Loops T=1024 3.62 ms against 3.89; T=16 loses to the
+# per-position node overhead).
+IN_LOOPS_FROM = 1 << 18  # ctx.memo key: names of the two-pass form's Loops in this run
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 
 
@@ -85,16 +104,21 @@ class Linrec(ScanPass):
                               "about sqrt(T) for the positions loop)"),
         "linrec_min_steps": (int, f"shortest static length rewritten (default {DEFAULT_MIN_STEPS}; shorter loops are "
                                   "left to unroll)"),
-        "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the chunked "
-                                  f"form (default {DEFAULT_MAX_STATE}; sums are not limited)"),
+        "linrec_max_state": (int, f"largest per-step state (elements, symbolic dims counted as 1) given the one-pass "
+                                  f"chunked forms (default {DEFAULT_MAX_STATE}; sums are not limited; wider: "
+                                  f"the {TWO_PASS} form)"),
         "linrec_attention_chunk": (int, f"chunk length of decayed linear attention's matmul form, the largest "
                                         f"divisor of T up to it (default {DEFAULT_ATTENTION_CHUNK})"),
         "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
-                             f"'doubling' (log-depth, no loop) or 'auto' (doubling below T={POSITIONS_FROM}; "
-                             f"default {DEFAULT_FORM})"),
+                             f"'doubling' (log-depth, no loop), '{TWO_PASS}' (chunk ends, then a second Loop "
+                             "reading the outputs per position) or 'auto' (doubling below "
+                             f"T={POSITIONS_FROM}, {TWO_PASS} over linrec_max_state; default {DEFAULT_FORM})"),
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if node.name and node.name in ctx.memo.get(OWN_LOOPS, ()):
+            return Skip("one of linrec's own chunk loops (loop_to_scan made it a Scan): the form chosen, "
+                        "not rewritten again")
         if view.batched:
             return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
         if ctx.opset < 11:
@@ -138,25 +162,31 @@ class Linrec(ScanPass):
         if isinstance(attention, LinrecMatch):
             return attention
         largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
+        form = ctx.options.get("linrec_form", DEFAULT_FORM)
+        two_pass = _two_pass_fits(view, general, changing, trip, updates)
         for i in general:
             size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
-            if size is None or size > largest:
+            if size is not None and size > largest and form == "auto" and two_pass is None:
+                form = TWO_PASS
+            elif (size is None or size > largest) and form != TWO_PASS:
                 what = "an unknown shape" if size is None else f"{size:,} elements per step"
+                why = f"; {two_pass}" if two_pass else ""
                 return Skip(f"state '{view.initial_states[i] or i}' has {what}, over linrec_max_state={largest}: "
-                            "the loop is as fast or faster than the chunked form on wide states")
-        form = ctx.options.get("linrec_form", DEFAULT_FORM)
+                            f"the loop is as fast or faster than the one-pass chunked forms on wide states{why}")
+        if form == TWO_PASS and two_pass is not None:
+            return Skip(f"linrec_form={TWO_PASS}: {two_pass}")
         if form == "auto":
             form = "positions" if trip is None or trip >= POSITIONS_FROM else "doubling"
         if general and trip is None and form != "positions":
             return Skip("the length is symbolic: the doubling form needs a static length (linrec_form=positions)")
-        if form not in FORMS:
-            return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}")
+        if form not in FORMS and form != TWO_PASS:
+            return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}, {TWO_PASS}")
         found = self._plan(node, view, body, changing, updates, ranks, ctx)
         if isinstance(found, Skip):
             return found
         plan, early, late, out_ranks = found
         chunk = int(ctx.options.get("linrec_chunk", AUTO_CHUNK))
-        if chunk <= 0:
+        if chunk <= 0:  # two-pass: sqrt(T) too (bench_linrec --only mamba --chunks 16,32,64: T=1024 best at 32)
             chunk = DEFAULT_CHUNK if form == "doubling" else 1 << max(3, int(math.isqrt(trip or 1024)).bit_length() - 1)
         return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
 
@@ -252,11 +282,29 @@ class Linrec(ScanPass):
         n = view.num_states
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
+        if match.form == TWO_PASS:
+            chunk = max(1, min(match.chunk, view.trip_count))
+            count = -(-view.trip_count // chunk)
+            scanned = [permute_steps(e, x, view.input_ranks[j], chunk, count, count * chunk - view.trip_count,
+                                     _element_shape(node.inputs[n + j], view.input_axes[j], ctx))
+                       for j, x in enumerate(scanned)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
-        emit_nodes(match.early, e, mapping)
+        if match.form == TWO_PASS:
+            early, late = self._faster_steps(node, match, body, ctx)
+            outside, inside = _split_by_width(early, late, match, body, ctx)
+            (i, _), = match.updates.items()
+            wide = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i])) or 0
+            if view.trip_count * wide < IN_LOOPS_FROM:  # all of it fits the cache: lifted once over all steps
+                outside, inside = early, []
+            emit_nodes(outside, e, mapping)
+        else:
+            emit_nodes(match.early, e, mapping)
         if match.attention is not None:
             return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
+        if match.form == TWO_PASS:
+            return self._rewrite_two_pass(node, match, e, mapping, graph, position, start, chunk, count, inside, late,
+                                          ctx)
         finals: dict[int, gs.Tensor] = {}
         forms = []
         for i, update in match.updates.items():
@@ -320,6 +368,174 @@ class Linrec(ScanPass):
         added = place_appended(graph, position, start - 1)
         return (f"decayed linear attention -> chunked matmul form (C={match.chunk}; masked decay matrix, "
                 f"chunk states by doubling) ({added} nodes, no Scan left)")
+
+
+    def _faster_steps(self, node: gs.Node, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
+        """(early, late) plan steps with the selective scan's products as MatMuls (module products)
+        and Softplus in vector ops (module softplus)."""
+        (i, _), = match.updates.items()
+        if match.dtypes[i].type not in (np.float32, np.float64):
+            return match.early, match.late
+        new_state = {id(t) for t in _identity_chain(body.outputs[i])}
+        state_shape = ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i])
+
+        def rank_of(t):
+            value = match.plan.value(t, ctx.shapes.shape)
+            return value.rank, value.per_step
+
+        def last_dim_of(t):
+            shape = state_shape if id(t) in new_state else ctx.shapes.shape(t)
+            if shape is None and len(t.inputs) == 1 and t.inputs[0].op == "Unsqueeze" and rank_of(t)[0]:
+                rank = rank_of(t)[0]
+                if rank - 1 not in unsqueezed_axes(t, rank):
+                    shape = ctx.shapes.shape(t.inputs[0].inputs[0])
+            last = shape[-1] if shape else None
+            return int(last) if isinstance(last, (int, np.integer)) else None
+
+        outputs = {id(t) for t in body.outputs}
+        late_reads = {id(t) for step in match.late for t in step[0].inputs}
+        dtype = match.dtypes[i]
+        return (fast_softplus(as_matmuls(match.early, rank_of, last_dim_of, outputs | late_reads, dtype), ctx.shapes.dtype),
+                fast_softplus(as_matmuls(match.late, rank_of, last_dim_of, outputs, dtype), ctx.shapes.dtype))
+
+    def _rewrite_two_pass(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start,
+                          chunk: int, count: int, inside: list, late: list, ctx) -> str:
+        """The two-pass positions form (module two_pass). ``mapping`` holds the early values
+        lifted over the steps in position-major order, but for the ``inside`` steps (those
+        computing state-wide values for a and b), which both Loops compute per position on
+        [K, ...] slices, so no value over all steps and the state's width is ever materialized."""
+        (i, update), = match.updates.items()
+        view, plan, body = match.view, match.plan, node.attrs["body"]
+        rank, dtype, h0, steps = match.ranks[i], match.dtypes[i], node.inputs[i], view.trip_count
+        n = view.num_states
+        new_state = _identity_chain(body.outputs[i])
+        computed_inside = {id(t) for step in inside + late for t in step[0].outputs} | {id(t) for t in new_state}
+        read = {id(t): t for step in inside + late for t in step[0].inputs if t.name}
+        read.update((id(t), t) for term in (update.a, update.b) for t in term.leaves())
+        per_step = {key: by_position(e, mapping[key], chunk, count, plan.value(t, ctx.shapes.shape).rank + 1,
+                                     ctx.shapes.shape(t))
+                    for key, t in read.items()
+                    if key in mapping and key not in computed_inside and plan.value(t, ctx.shapes.shape).per_step}
+        if count * chunk != steps:
+            per_step["real steps"] = padding_mask(e, rank, chunk, count, steps)
+
+        def coefficients(inner: Emitter, gathered: dict):
+            """a and b at the position ([K, ...] or broadcasting to it), padding steps (1, 0)."""
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: None)
+            scope = {**mapping, **gathered}
+            emit_nodes(inside, le, scope)
+            pair = []
+            for term in (update.a, update.b):
+                value, varies, r = _evaluate(le, term, scope, plan, dtype, ctx)
+                pair.append(le.pad(value, rank - r) if varies else value)
+            if "real steps" in gathered:
+                real = gathered["real steps"]
+                pair = [inner.op("Where", [real, x, inner.const("fill", fill)])
+                        for x, fill in zip(pair, (np.ones([], dtype), np.zeros([], dtype)))]
+            return pair, scope
+
+        state_shape = e.op("Concat", [e.ints("count", [count]), e.op("Shape", [h0])], axis=0)
+        if count == 1:
+            starts = e.unsqueeze(h0, [0])
+        else:
+            def ends(inner, _, carried, gathered):
+                (a, b), _ = coefficients(inner, gathered)
+                h, p = carried
+                return [inner.op("Add", [inner.op("Mul", [a, h]), b]), inner.op("Mul", [a, p])], []
+
+            fills = [gs.Constant(e.b.names.fresh(f"fill"), np.full([1], v, dtype)) for v in (0, 1)]
+            zeros, ones = (e.op("ConstantOfShape", [state_shape], value=f) for f in fills)
+            (local, product), _ = position_loop(e, [zeros, ones], per_step, chunk, rank + 1, dtype, ends)
+            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
+        outs = [k for k, t in enumerate(body.outputs[n:]) if id(t) in computed_inside]
+
+        def outputs(inner, _, carried, gathered):
+            (a, b), scope = coefficients(inner, gathered)
+            h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
+            scope.update((id(t), h) for t in new_state)
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
+            _emit_aliasing_identities(late, le, scope)
+            return [h], [scope[id(body.outputs[n + k])] for k in outs]
+
+        (finals,), stacked = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, outputs)
+        own = ctx.memo.setdefault(OWN_LOOPS, set())
+        own.update(t.inputs[0].name for t in [finals] + ([product] if count > 1 else []))
+        final = e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0])
+        computed = dict(zip(outs, stacked))
+        results = []
+        for k, t in enumerate(body.outputs[n:]):
+            r = match.out_ranks[k]
+            if k in computed:
+                value = e.op("Reshape", [computed[k], e.op("Concat", [e.ints("rows", [-1]), e.slice(
+                    e.op("Shape", [computed[k]]), [2], [INT64_MAX], [0])], axis=0)])
+            else:
+                value = mapping.get(id(t), t)
+                if not plan.value(t, ctx.shapes.shape).per_step:
+                    value = e.over_steps(value, r)
+            results.append(from_processing_order(e, unpermute_steps(e, value, r + 1, chunk, count, steps), view, k, r))
+        states = [final if k == i else node.inputs[k] for k in range(n)]
+        rebind_outputs(node, states + results, graph)
+        added = place_appended(graph, position, start - 1)
+        return (f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: chunk ends, then the outputs read "
+                f"per position) ({added} nodes, no Scan left)")
+
+
+def _split_by_width(early: list, late: list, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
+    """(outside, inside): the early steps computed once over all steps, and those the position
+    Loops compute per position: the ones making a value of the state's rank for a or b (the
+    broadcasts and what follows them: Δ ⊗ A, Exp, the outer product; not Unsqueeze or Reshape,
+    which only view a small value), and only where nothing outside them reads their values."""
+    (i, update), = match.updates.items()
+    rank = match.ranks[i]
+    views = ("Unsqueeze", "Reshape", "Identity", "Squeeze", "Flatten")
+    inside = {id(step[0]) for step in early
+              if step[0].op not in views and all(
+                  (v := match.plan.value(t, ctx.shapes.shape)).per_step and v.rank == rank
+                  for t in step[0].outputs if t.name)}
+    readers_ok = {id(t) for term in (update.a, update.b) for t in term.leaves()}
+    outputs = {id(t) for t in body.outputs}
+    late_nodes = {id(step[0]) for step in late}
+    changed = True
+    while changed:  # drop a step whose value something outside the loops reads
+        changed = False
+        for step in early:
+            node = step[0]
+            if id(node) not in inside:
+                continue
+            for t in node.outputs:
+                consumers = [c for c in t.outputs if id(c) not in inside and id(c) not in late_nodes]
+                if id(t) in outputs or (consumers and id(t) not in readers_ok) or \
+                        any(not isinstance(c, gs.Node) for c in consumers):
+                    inside.discard(id(node))
+                    changed = True
+                    break
+    return [s for s in early if id(s[0]) not in inside], [s for s in early if id(s[0]) in inside]
+
+
+def _term_shape(term: Term, rank: int, ctx) -> list | None:
+    """The per-step shape of a one-leaf term as it is stacked (unit axes in front up to ``rank``),
+    where known; None for other terms."""
+    shape = ctx.shapes.shape(term.tensor) if term.op == "leaf" else None
+    return None if shape is None or len(shape) > rank else [1] * (rank - len(shape)) + list(shape)
+
+
+def _element_shape(x: gs.Tensor, axis: int, ctx) -> list | None:
+    """A scan input's per-step shape (its shape without the scan axis), where known."""
+    shape = ctx.shapes.shape(x)
+    if shape is None:
+        return None
+    return [d for k, d in enumerate(shape) if k != (axis % len(shape))]
+
+
+def _two_pass_fits(view: ScanView, general: list[int], changing: list[int], trip: int | None, updates) -> str | None:
+    """Why the two-pass positions form does not apply, or None."""
+    if trip is None:
+        return "the two-pass form needs a static length"
+    if len(changing) != 1 or len(general) != 1 or updates[general[0]].b is None:
+        return "the two-pass form takes one state with a general update (a and b both present)"
+    if any(r is None for r in view.input_ranks):
+        return "the two-pass form needs the ranks of the scan inputs"
+    return None
 
 
 def _lifted_steps(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, ctx) -> gs.Tensor:
@@ -393,9 +609,12 @@ def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:
 
 
 def _state_elements(shape) -> int | None:
-    if shape is None:
+    """Elements per step, a symbolic dim (a name) counted as 1; None when a dim is not known at
+    all (the rank alone known, or a partial shape: a chunk Loop's [C, K, ?, ...] once made a
+    Scan, whose width must not be guessed small)."""
+    if shape is None or any(d is None for d in shape):
         return None
-    return int(np.prod([d if isinstance(d, int) and d > 0 else 1 for d in shape], dtype=np.int64))
+    return int(np.prod([d if isinstance(d, (int, np.integer)) and d > 0 else 1 for d in shape], dtype=np.int64))
 
 
 def _identity_chain(t: gs.Tensor) -> list[gs.Tensor]:

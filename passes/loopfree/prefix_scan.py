@@ -113,11 +113,7 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
         local, prod = _position_scan(e, a, b, zeros, ones, rank, dtype, chunk, False)
         last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0])  # [count, ...]
     last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [0]), [0])
-    ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, one, zero)
-    h0_row = e.unsqueeze(h0, [0])
-    ends = e.op("Add", [e.op("Mul", [ca, h0_row]), cb])  # the state after each chunk
-    final = e.squeeze(e.slice(ends, [count - 1], [count], [0]), [0])
-    starts = e.op("Concat", [h0_row, e.slice(ends, [0], [count - 1], [0])], axis=0)
+    starts, final = chunk_starts(e, last_a, last_b, h0, count, rank, dtype)
     h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
     h = e.op("Transpose", [h], perm=major)
     tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
@@ -129,16 +125,26 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     return h, final
 
 
+def chunk_starts(e: Emitter, last_a, last_b, h0, count: int, rank: int, dtype) -> tuple[gs.Tensor, gs.Tensor]:
+    """(the state before each chunk [count, ...], the final state) from each chunk's (Π a, local
+    state from zero) at its end, [count, ...] (count >= 2, static): composed by doubling."""
+    ca, cb = doubling(e, last_a, last_b, 0, count, rank + 1, np.ones([], dtype), np.zeros([], dtype))
+    h0_row = e.unsqueeze(h0, [0])
+    ends = e.op("Add", [e.op("Mul", [ca, h0_row]), cb])  # the state after each chunk
+    final = e.squeeze(e.slice(ends, [count - 1], [count], [0]), [0])
+    return e.op("Concat", [h0_row, e.slice(ends, [0], [count - 1], [0])], axis=0), final
+
+
 def _position_scan(e: Emitter, a, b, start, ones, rank: int, dtype, chunk: int, steady: bool):
     """A Loop over the positions (axis 0) of a, b [chunk, count, ...]: h = a ⊙ h + b from
     ``start`` and, when ``ones`` is given, the running product of the a's; both stacked
     [chunk, count, ...] (``steady``: ``a`` is one value for every step, read as it is). A Loop,
     not a Scan: the passes rewrite Scans, and this loop is the chosen form."""
-    _, stacked = _loop(e, a, b, start, ones, rank + 1, dtype, e.const("positions", np.int64(chunk)), steady)
+    _, stacked = carry_loop(e, a, b, start, ones, rank + 1, dtype, e.const("positions", np.int64(chunk)), steady)
     return stacked
 
 
-def _loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady: bool, before: bool = False):
+def carry_loop(e: Emitter, a, b, start, ones, width: int, dtype, length, steady: bool, before: bool = False):
     """(final states, stacked states) of a Loop of ``length`` iterations over axis 0 of a and b:
     h = a ⊙ h + b (and p = a ⊙ p when ``ones`` is given); stacked after each update, or the
     state before it when ``before``."""
@@ -199,7 +205,7 @@ def chunk_loop_scan_symbolic(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tens
         last_a = e.squeeze(e.slice(prod, [chunk - 1], [chunk], [0]), [0])  # [count, ...]
     last_b = e.squeeze(e.slice(local, [chunk - 1], [chunk], [0]), [0])
     trips = e.op("Reshape", [count, e.ints("scalar", [])])
-    _, (starts,) = _loop(e, last_a, last_b, h0, None, rank, dtype, trips, False, before=True)
+    _, (starts,) = carry_loop(e, last_a, last_b, h0, None, rank, dtype, trips, False, before=True)
     # [count, ...state]: onnxruntime gives a zero-iteration Loop's stacked output shape [0]
     starts = e.op("Reshape", [starts, e.op("Concat", [count, e.op("Shape", [h0])], axis=0)])
     h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]

@@ -1,0 +1,107 @@
+"""The two-pass positions form of a wide linear recurrence h_t = a_t ⊙ h_{t-1} + b_t (Mamba's
+selective scan, state [B, D, N]).
+
+Why a third form: on a wide state the [T, ...state] tensors of the other chunked forms (a, b,
+their products, every h) are each megabytes, past the caches, and the full-size Transposes,
+copies and the products tracked per position cost as much as the loop saves. Here:
+
+- the steps are put in the order [C, T/C] on the *scan inputs* (small: [T, D], [T, N]), before
+  the body is lifted, so every per-step value comes out position-major with no Transpose of
+  its own, and the scan outputs are put back in step order after (small again);
+- what is small is lifted once over all steps (Δ = softplus(...), Δ·x, the Unsqueezes); what
+  makes a value of the state's width (Δ ⊗ A, Exp, the outer product: a and b) is computed
+  inside the Loops below, per position, on [T/C, ...] slices that stay in cache;
+- pass 1, a Loop over the C positions of every chunk at once (state [T/C, ...]), carries only
+  the chunk's local state from zero and its running product of a: two final values, nothing
+  stacked;
+- the chunk starts are composed by doubling over the T/C chunk ends (short);
+- pass 2, a Loop over the positions again from those starts, computes a and b again, updates h
+  and computes the scan outputs y_t = f(h_t, x_t): h over all steps is never materialized.
+
+Padding steps (T not a multiple of C) are made the identity pair (a, b) = (1, 0) with a mask,
+so the last chunk's end is the final state. Numerics: the products and sums the loop forms,
+in another association (chunk-local, then across chunks): no log, no division.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.emit import INT64_MAX, Emitter
+from scanopt.rewrite import Builder, new_graph
+
+
+def permute_steps(e: Emitter, x: gs.Tensor, rank: int, chunk: int, count: int, padding: int,
+                  tail_shape=None) -> gs.Tensor:
+    """[T, ...] (rank ``rank``) in position-major order [C·K, ...]: row c·K + k is step k·C + c
+    (zero rows pad T to K·C). ``tail_shape``: the per-step dims where all are static, written
+    as constants so shape inference carries them through the lifted body (see by_position)."""
+    if padding:
+        pads = [0] * rank + [padding] + [0] * (rank - 1)
+        x = e.op("Pad", [x, e.ints("pads", pads)])
+    if _static(tail_shape):
+        tail = [int(d) for d in tail_shape]
+        x = e.op("Reshape", [x, e.ints("chunks", [count, chunk] + tail)])
+        x = e.op("Transpose", [x], perm=[1, 0] + list(range(2, rank + 1)))
+        return e.op("Reshape", [x, e.ints("rows", [count * chunk] + tail)])
+    tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
+    x = e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [count, chunk]), tail], axis=0)])
+    x = e.op("Transpose", [x], perm=[1, 0] + list(range(2, rank + 1)))
+    return e.op("Reshape", [x, e.op("Concat", [e.ints("rows", [-1]), tail], axis=0)])
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape)
+
+
+def unpermute_steps(e: Emitter, y: gs.Tensor, rank: int, chunk: int, count: int, steps: int) -> gs.Tensor:
+    """The inverse of :func:`permute_steps` for ``y`` [C·K, ...] of rank ``rank``, cut to T rows."""
+    tail = e.slice(e.op("Shape", [y]), [1], [INT64_MAX], [0])
+    y = e.op("Reshape", [y, e.op("Concat", [e.ints("positions", [chunk, count]), tail], axis=0)])
+    y = e.op("Transpose", [y], perm=[1, 0] + list(range(2, rank + 1)))
+    y = e.op("Reshape", [y, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    return e.slice(y, [0], [steps], [0]) if count * chunk != steps else y
+
+
+def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int, rank: int, per_step_shape=None) -> gs.Tensor:
+    """[C·K, ...] (rank ``rank``) -> [C, K, ...] (a Reshape; the rows are already
+    position-major), to a constant target where the per-step shape is static. Its shape says
+    [C, K, ...]: the Loops read it C long, so loop_to_scan, turning them into Scans, cuts none
+    of their inputs to the trip count (a copy each)."""
+    if _static(per_step_shape):
+        dims = [chunk, count] + [int(d) for d in per_step_shape]
+        return e.op("Reshape", [x, e.ints("split", dims)], shape=dims)
+    tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
+    return e.op("Reshape", [x, e.op("Concat", [e.ints("split", [chunk, count]), tail], axis=0)],
+                shape=[chunk, count] + [None] * (rank - 1))
+
+
+def padding_mask(e: Emitter, rank: int, chunk: int, count: int, steps: int) -> gs.Constant:
+    """[C, K, 1, ...] (``rank`` unit axes): True at the real steps (k·C + c < T)."""
+    real = (np.arange(count)[None, :] * chunk + np.arange(chunk)[:, None]) < steps
+    return e.const("real_steps", real.reshape([chunk, count] + [1] * rank))
+
+
+def position_loop(e: Emitter, starts: list[gs.Tensor], per_step: dict, chunk: int, width: int, dtype,
+                  step) -> tuple[list[gs.Tensor], list[gs.Tensor]]:
+    """A Loop over the C positions carrying ``starts`` (each [K, ...], rank ``width``):
+    ``step(inner, position, carried, gathered) -> (new carried, outputs)``, where ``gathered``
+    maps each key of ``per_step`` (values [C, K, ...]) to its row at the position. Returns the
+    final carried values and each output stacked [C, K, ...]. A Loop, not a Scan: the passes
+    rewrite Scans, and this loop is the chosen form."""
+    body = new_graph(e.b.names.fresh("chunk_positions"))
+    inner = Emitter(Builder(body, e.b.names), e.opset)
+    position = gs.Variable(e.b.names.fresh("position"), dtype=np.int64, shape=[])
+    cond = gs.Variable(e.b.names.fresh("cond"), dtype=np.bool_, shape=[])
+    carried = [gs.Variable(e.b.names.fresh("carried"), dtype=dtype, shape=[None] * width) for _ in starts]
+    gathered = {key: inner.op("Gather", [x, position], axis=0) for key, x in per_step.items()}
+    new, ys = step(inner, position, carried, gathered)
+    new = [inner.op("Identity", [t]) if t in carried else t for t in new]
+    copies = [inner.op("Identity", [y]) for y in ys]  # a body output must be its own value
+    body.inputs = [position, cond] + carried
+    body.outputs = [inner.op("Identity", [cond], dtype=np.bool_, shape=[])] + new + copies
+    results = e.op("Loop", [e.const("positions", np.int64(chunk)), gs.Variable.empty()] + list(starts),
+                   n_outputs=len(starts) + len(copies), body=body)
+    results = results if isinstance(results, list) else [results]
+    return results[:len(starts)], results[len(starts):]
