@@ -170,6 +170,19 @@ def test_trip_count_that_is_not_the_length_cuts_the_input():
     assert "1 input(s) cut to the trip count" in detail
 
 
+def test_a_negative_trip_count_runs_no_step():
+    """M = -2 runs the Loop zero times; the cut is Slice(x, 0, max(M, 0)), not x[:-2] (which
+    kept 4 rows: a Scan of 4 steps). Compared on the reference executor (onnxruntime's Scan
+    refuses zero steps)."""
+    model = _fix_types(loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"])],
+                                  scan_outs=["y_t"], trip="m", extra_inputs=[vi("m", [], I64)], x_shape=[6, 2, 3]))
+    optimized, outcomes = converted(model)
+    assert outcomes[0].applied, outcomes[0].detail
+    feeds = {"x": np.ones((6, 2, 3), np.float32), "m": np.array(-2, np.int64)}
+    assert engines.run(optimized, feeds, "reference")["y_t_stacked"].shape == (0, 2, 3)
+    assert engines.run(model, feeds, "reference")["y_t_stacked"].shape == (0, 2, 3)
+
+
 def test_constant_trip_count_equal_to_a_static_length():
     model = loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"])],
                        scan_outs=["y_t"], trip="five", outer=[const("five", np.array(5, np.int64))], x_shape=[5, 2, 3])

@@ -60,6 +60,9 @@ class LoopToScan(LoopPass):
         count = match.count
         if count is not None and not count.is_plain(folder):
             trip = _trip_count(count, emit, ctx)
+        # a trip count from data may be negative (the Loop then runs zero steps, a Slice end
+        # of -2 would keep all but 2 rows): clamped at 0 unless provably not negative
+        clamp = count is None and not _never_negative(trip, folder)
 
         # Scan inputs: one per (tensor, axis, direction); the first read's output names the step's slice.
         groups: dict[tuple, list[Read]] = {}
@@ -87,10 +90,10 @@ class LoopToScan(LoopPass):
                     replace_all_uses(out, element, body)
             source = _unsliced(first.source, folder)
             if first.index is not None:
-                source = _gathered(first, _trip_1d(trip, outer, emit, ctx), emit, ctx)
+                source = _gathered(first, _trip_1d(trip, outer, emit, ctx, clamp), emit, ctx)
                 gathered += 1
             elif not _proven_length(trip, first, ctx, folder):
-                ends = _trip_1d(trip, outer, emit, ctx)
+                ends = _trip_1d(trip, outer, emit, ctx, clamp)
                 source = outer.op("Slice", [_typed(source, ctx), emit.ints("zero", [0]), ends, emit.ints("axis", [first.axis])],
                                   dtype=source.dtype)
                 rank = ctx.shapes.rank(first.source)
@@ -191,10 +194,18 @@ def _final_counter(count: CounterTest, trip: gs.Tensor, final: gs.Tensor, emit: 
         emit.op("Identity", [value], outputs=[final])
 
 
-def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext) -> gs.Tensor:
-    """The trip count as int64 [1] (a Slice end, an arange length)."""
+def _never_negative(trip: gs.Tensor, folder: ConstantFolder) -> bool:
+    """A shape dim, or a constant ≥ 0."""
+    value = folder.scalar(trip)
+    return shape_dim(trip, folder) is not None or (value is not None and value >= 0)
+
+
+def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, clamp: bool = False) -> gs.Tensor:
+    """The trip count as int64 [1] (a Slice end, an arange length), at least 0 with ``clamp``."""
     _typed(trip, ctx)
     ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
+    if clamp:
+        ends = outer.op("Max", [ends, emit.const("zero", np.int64(0))], dtype=np.int64)
     return outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
 
 
