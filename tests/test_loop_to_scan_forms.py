@@ -13,6 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper as oh
 
 import scanopt
+from scanopt import engines
 from builders import vi
 from equivalence import assert_equivalent, ops
 from reference_helpers import const, make_model
@@ -76,7 +77,7 @@ def rnn_loop(read_nodes, *, stack="scan_output", **kwargs):
     if stack == "scan_output":
         body.append(oh.make_node("Identity", ["h_new"], ["y_t"]))
         return loop_model(body, carried=["h"], carried_out=["h_new"], scan_outs=["y_t"], init_nodes=WEIGHTS,
-                          extra_inputs=[vi("h_0", ["B", 4])], **kwargs)
+                          **{"extra_inputs": [vi("h_0", ["B", 4])], **kwargs})
     raise AssertionError(stack)
 
 
@@ -169,6 +170,19 @@ def test_trip_count_that_is_not_the_length_cuts_the_input():
     assert "1 input(s) cut to the trip count" in detail
 
 
+def test_a_negative_trip_count_runs_no_step():
+    """M = -2 runs the Loop zero times; the cut is Slice(x, 0, max(M, 0)), not x[:-2] (which
+    kept 4 rows: a Scan of 4 steps). Compared on the reference executor (onnxruntime's Scan
+    refuses zero steps)."""
+    model = _fix_types(loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"])],
+                                  scan_outs=["y_t"], trip="m", extra_inputs=[vi("m", [], I64)], x_shape=[6, 2, 3]))
+    optimized, outcomes = converted(model)
+    assert outcomes[0].applied, outcomes[0].detail
+    feeds = {"x": np.ones((6, 2, 3), np.float32), "m": np.array(-2, np.int64)}
+    assert engines.run(optimized, feeds, "reference")["y_t_stacked"].shape == (0, 2, 3)
+    assert engines.run(model, feeds, "reference")["y_t_stacked"].shape == (0, 2, 3)
+
+
 def test_constant_trip_count_equal_to_a_static_length():
     model = loop_model([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0), oh.make_node("Neg", ["x_t"], ["y_t"])],
                        scan_outs=["y_t"], trip="five", outer=[const("five", np.array(5, np.int64))], x_shape=[5, 2, 3])
@@ -237,20 +251,40 @@ def _reduce_cond():
             oh.make_node("Greater", ["total", "zf"], ["cond_out"])]
 
 
+def _slice_next_row(finish: str):
+    """x[i+1] as ``Slice(x, [i+1], [i+2])`` then ``finish`` over the axis (Squeeze or ReduceSum)."""
+    return [const("one", np.array(1, np.int64)), const("two", np.array(2, np.int64)),
+            oh.make_node("Add", ["i", "one"], ["i1"]), oh.make_node("Add", ["i", "two"], ["i2"]),
+            const("zero_axes", np.array([0], np.int64)),
+            oh.make_node("Unsqueeze", ["i1", "zero_axes"], ["s"]), oh.make_node("Unsqueeze", ["i2", "zero_axes"], ["e"]),
+            oh.make_node("Slice", ["x", "s", "e", "zero_axes"], ["x_row"]),
+            oh.make_node(finish, ["x_row", "zero_axes"], ["x_t"], **({"keepdims": 0} if finish == "ReduceSum" else {}))]
+
+
+def test_slice_of_the_next_row_squeezed_is_gathered():
+    """Slice(x, [i+1], [i+2]) read only by a Squeeze of the axis: past x's end the Squeeze
+    of the empty row fails as Gather(x, i+1) does, so the rows are gathered at 1 + arange(T)."""
+    model = rnn_loop(_slice_next_row("Squeeze"), trip="m", extra_inputs=[vi("h_0", ["B", 4]), vi("m", [], I64)])
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((6, 2, 3)).astype(np.float32), "h_0": rng.standard_normal((2, 4)).astype(np.float32),
+              "m": np.array(k, np.int64)} for k in (5, 2, 7)]
+    optimized, detail = assert_converts(model, inputs=feeds[:2])
+    assert "gathered at the Loop's indices (x[i + 1])" in detail, detail
+    for engine in ("ort", "reference"):  # m = 7 reads x[6], past the end: both fail
+        for candidate in (model, optimized):
+            with pytest.raises(engines.EngineError):
+                engines.run(candidate, feeds[2], engine)
+
+
 @pytest.mark.parametrize("build, reason", [
     (lambda: rnn_loop([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)] + _reduce_cond()),
      "the condition is computed from data"),
     (lambda: rnn_loop([oh.make_node("Gather", ["x", "i"], ["x_raw"], axis=0),
                        oh.make_node("Cast", ["i"], ["fi"], to=TP.FLOAT), oh.make_node("Mul", ["x_raw", "fi"], ["x_t"])]),
      "the iteration counter is used in arithmetic"),
-    # a Slice at [i+1, i+2): where a Gather would fail past the end, a Slice gives an empty row
-    (lambda: rnn_loop([const("one", np.array(1, np.int64)), const("two", np.array(2, np.int64)),
-                       oh.make_node("Add", ["i", "one"], ["i1"]), oh.make_node("Add", ["i", "two"], ["i2"]),
-                       const("zero_axes", np.array([0], np.int64)),
-                       oh.make_node("Unsqueeze", ["i1", "zero_axes"], ["s"]), oh.make_node("Unsqueeze", ["i2", "zero_axes"], ["e"]),
-                       oh.make_node("Slice", ["x", "s", "e", "zero_axes"], ["x_row"]),
-                       oh.make_node("Squeeze", ["x_row", "zero_axes"], ["x_t"])]),
-     "reads [i + 1, i + 2), not [i, i+1)"),
+    # a Slice at [i+1, i+2) summed over its axis: where a Gather would fail past the end, the
+    # Slice gives an empty row and its sum zeros (squeezed, it fails too: that form converts)
+    (lambda: rnn_loop(_slice_next_row("ReduceSum")), "reads [i + 1, i + 2), not [i, i+1)"),
     (lambda: rnn_loop([oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)], trip="", cond="go",
                       outer=[oh.make_node("Identity", ["true"], ["go"])]),
      "no trip count"),

@@ -26,7 +26,7 @@ from scanopt.graph import HUGE, GraphLevel, is_op, node_label, remove_node
 from scanopt.pass_api import LoopPass, Match, PassContext, Skip, register_pass
 from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses, replacing
 
-from scanopt.passes.loop_to_scan.analysis import LoopMatch, Read, analyse, shape_dim
+from scanopt.passes.loop_to_scan.analysis import CounterTest, LoopMatch, Read, analyse, shape_dim
 
 
 @register_pass
@@ -39,7 +39,7 @@ class LoopToScan(LoopPass):
         found = analyse(node, level.graph, ctx.opset, ctx.shapes, folder)
         if isinstance(found, LoopMatch):
             for read in found.reads:
-                if is_op(read.node, "Slice") and not _proven_length(found.trip, read, ctx, folder):
+                if is_op(read.node, "Slice") and not read.squeezed and not _proven_length(found.trip, read, ctx, folder):
                     return Skip(f"Slice '{read.node.name}' reads row i of '{read.source.name}', whose length is not provably "
                                 "the trip count: past its end a Slice gives an empty row where a Gather fails")
         if isinstance(found, LoopMatch) and ctx.opset < 10:
@@ -57,6 +57,12 @@ class LoopToScan(LoopPass):
         position, start, outer = replacing(node, graph, ctx.names)
         inner = Builder(body, ctx.names)
         emit = Emitter(outer, ctx.opset)
+        count = match.count
+        if count is not None and not count.is_plain(folder):
+            trip = _trip_count(count, emit, ctx)
+        # a trip count from data may be negative (the Loop then runs zero steps, a Slice end
+        # of -2 would keep all but 2 rows): clamped at 0 unless provably not negative
+        clamp = count is None and not _never_negative(trip, folder)
 
         # Scan inputs: one per (tensor, axis, direction); the first read's output names the step's slice.
         groups: dict[tuple, list[Read]] = {}
@@ -84,10 +90,10 @@ class LoopToScan(LoopPass):
                     replace_all_uses(out, element, body)
             source = _unsliced(first.source, folder)
             if first.index is not None:
-                source = _gathered(first, _trip_1d(trip, outer, emit, ctx), emit, ctx)
+                source = _gathered(first, _trip_1d(trip, outer, emit, ctx, clamp), emit, ctx)
                 gathered += 1
             elif not _proven_length(trip, first, ctx, folder):
-                ends = _trip_1d(trip, outer, emit, ctx)
+                ends = _trip_1d(trip, outer, emit, ctx, clamp)
                 source = outer.op("Slice", [_typed(source, ctx), emit.ints("zero", [0]), ends, emit.ints("axis", [first.axis])],
                                   dtype=source.dtype)
                 rank = ctx.shapes.rank(first.source)
@@ -142,8 +148,11 @@ class LoopToScan(LoopPass):
         for t in outputs + [o for n in body.nodes for o in n.outputs]:  # later passes read types off tensors
             _typed(t, ctx)
         label = node_label(node)
+        final = node.outputs[count.slot] if count is not None else None
         detach(node, graph)
         graph.nodes.append(gs.Node("Scan", name=node.name, attrs=attrs, inputs=inputs, outputs=outputs))
+        if final is not None and (final.outputs or any(o is final for o in graph.outputs)):
+            _final_counter(count, trip if not count.is_plain(folder) else _trip_count(count, emit, ctx), final, emit, ctx)
         for stacked, stack in merges:  # torch.cat(outs): [.., T, k, ..] -> [.., T*k, ..]
             shape = outer.op("Shape", [stacked], dtype=np.int64)
             head = outer.op("Slice", [shape, emit.ints("start", [0]), emit.ints("end", [stack.axis])], dtype=np.int64)
@@ -155,10 +164,48 @@ class LoopToScan(LoopPass):
         return _describe(label, match, len(sources), cut, gathered)
 
 
-def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext) -> gs.Tensor:
-    """The trip count as int64 [1] (a Slice end, an arange length)."""
+def _trip_count(count: CounterTest, emit: Emitter, ctx: PassContext) -> gs.Tensor:
+    """A counter test's trip count, int64: ``min(M, max(0, T + inclusive - s))``, computed
+    as ``Max(T, b) - b`` with b = s - inclusive, which cannot overflow (s ≥ 0, and b = -1
+    only for ``<=``, whose T the analysis proved below the maximum)."""
+    bound = _typed(count.bound, ctx)
+    if bound.dtype != np.int64:
+        bound = emit.op("Cast", [bound], to=onnx.TensorProto.INT64, dtype=np.int64)
+    base = emit.const("counter_base", np.int64(count.start - int(count.inclusive)))
+    trip = emit.op("Sub", [emit.op("Max", [bound, base], dtype=np.int64), base], dtype=np.int64)
+    if count.limit is not None:  # M < 0 runs the Loop zero times too
+        limit = _typed(count.limit, ctx)
+        if limit.dtype != np.int64:
+            limit = emit.op("Cast", [limit], to=onnx.TensorProto.INT64, dtype=np.int64)
+        trip = emit.op("Max", [emit.op("Min", [trip, limit], dtype=np.int64), emit.const("zero", np.int64(0))],
+                       dtype=np.int64)
+    return trip
+
+
+def _final_counter(count: CounterTest, trip: gs.Tensor, final: gs.Tensor, emit: Emitter, ctx: PassContext) -> None:
+    """The counter's value after the Loop, which a reader still needs: start + trip count,
+    in the counter's type (it never overflows: every value it takes is at most T)."""
+    value = emit.op("Add", [trip, emit.const("counter_start", np.int64(count.start))], dtype=np.int64)
+    value = emit.op("Reshape", [value, emit.ints("scalar", [])], dtype=np.int64)
+    dtype = _typed(final, ctx).dtype
+    if dtype is not None and np.dtype(dtype) != np.int64:
+        emit.op("Cast", [value], to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), outputs=[final])
+    else:
+        emit.op("Identity", [value], outputs=[final])
+
+
+def _never_negative(trip: gs.Tensor, folder: ConstantFolder) -> bool:
+    """A shape dim, or a constant ≥ 0."""
+    value = folder.scalar(trip)
+    return shape_dim(trip, folder) is not None or (value is not None and value >= 0)
+
+
+def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, clamp: bool = False) -> gs.Tensor:
+    """The trip count as int64 [1] (a Slice end, an arange length), at least 0 with ``clamp``."""
     _typed(trip, ctx)
     ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
+    if clamp:
+        ends = outer.op("Max", [ends, emit.const("zero", np.int64(0))], dtype=np.int64)
     return outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
 
 
@@ -333,8 +380,10 @@ def _describe(label: str, match: LoopMatch, n_inputs: int, cut: int, gathered: i
         parts.append(f"{len(match.stacks)} stacked output(s) from {' and '.join(kinds)}")
     if any(r.reverse for r in match.reads):
         parts.append("reversed reads")
-    if match.counter_slot is not None:
-        parts.append("bounded by a counter test")
+    if match.count is not None:
+        count = match.count
+        test = f"c + 1 {'<=' if count.inclusive else '<'} {count.bound.name} from c = {count.start}"
+        parts.append(f"bounded by a counter test ({test}{' and the trip count' if count.limit is not None else ''})")
     if cut:
         parts.append(f"{cut} input(s) cut to the trip count")
     if gathered:

@@ -22,6 +22,7 @@ from scanopt.pass_api import Match, Skip
 from scanopt.shapes import ShapeTable
 
 from scanopt.passes.loop_to_scan.affine import Affine
+from scanopt.passes.loop_to_scan.slice_end import one_row_end
 
 # Ops that pass an integer index through unchanged (a scalar stays a scalar).
 _INDEX_PASSTHROUGH = ("Identity", "Cast")
@@ -39,6 +40,7 @@ class Read:
     helpers: list[gs.Node]  # index arithmetic read only by this read (removed with it)
     invariant: list[gs.Node] = field(default_factory=list)  # body nodes computing ``source`` from outer values
     index: Affine | None = None  # read at c ± i other than i, T-1-i: the scan input gathers the Loop's indices
+    squeezed: bool = False  # a Slice row read only by a Squeeze of its axis: past X's end it fails as a Gather does
 
 
 @dataclass
@@ -55,6 +57,46 @@ class Stack:
 
 
 @dataclass
+class CounterTest:
+    """A while loop's ``c + 1 < bound`` (``<=`` when ``inclusive``) on a carried counter c
+    that starts at the constant ``start`` and steps by 1; ``limit`` is the Loop's trip count
+    M where one is given (TorchScript writes INT64_MAX: none). The Loop then runs
+    ``min(M, max(0, bound + inclusive - start))`` times, and its counter ends at
+    ``start`` plus that."""
+
+    slot: int
+    bound: gs.Tensor  # outer, loop-invariant
+    start: int
+    inclusive: bool
+    nodes: list[gs.Node]  # the body's test and the counter's increment
+    limit: gs.Tensor | None = None
+
+    def empty_only_at_zero_length(self, folder: ConstantFolder) -> bool:
+        """True when the Loop runs zero steps only where a dim is 0 (the documented zero-length
+        case): no M, and T a shape dim d, or d - k, with T + inclusive - start = d - offset,
+        offset = start - inclusive + k ≤ 0 (``x.size(0) - 1`` with ``<=`` from 0); or a
+        constant T the counter starts below (never zero steps)."""
+        if self.limit is not None:
+            return False
+        value = folder.scalar(self.bound)
+        if value is not None:  # a constant trip count: zero steps never, or always
+            return value + int(self.inclusive) - self.start >= 1
+        taken = 0
+        node = self.bound.inputs[0] if len(self.bound.inputs) == 1 else None
+        dim = shape_dim(self.bound, folder)
+        if dim is None and node is not None and is_op(node, "Sub") and folder.scalar(node.inputs[1]) is not None:
+            dim, taken = shape_dim(node.inputs[0], folder), folder.scalar(node.inputs[1])
+        return dim is not None and self.start - int(self.inclusive) + taken <= 0
+
+    def is_plain(self, folder: ConstantFolder) -> bool:
+        """True when the trip count is the bound itself: from 0, ``<``, no M, a bound never
+        negative (a shape dim or a constant; a negative one would run the Loop zero times)."""
+        value = folder.scalar(self.bound)
+        never_negative = shape_dim(self.bound, folder) is not None or (value is not None and value >= 0)
+        return self.start == 0 and not self.inclusive and self.limit is None and never_negative
+
+
+@dataclass
 class LoopMatch(Match):
     reads: list[Read]
     stacks: list[Stack]
@@ -62,6 +104,7 @@ class LoopMatch(Match):
     cond_nodes: list[gs.Node] = field(default_factory=list)  # body nodes computing the condition
     trip: gs.Tensor | None = None  # the trip count: M, or the bound of a counter test
     counter_slot: int | None = None  # the carried counter a counter test increments
+    count: CounterTest | None = None  # the counter test, when one bounds the Loop
 
 
 def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, folder: ConstantFolder) -> LoopMatch | Skip:
@@ -77,14 +120,16 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
     if isinstance(counted, Skip):
         return counted
     if counted is not None:
-        if trip.name:
-            return Skip("both a trip count and a counter test bound the Loop")
-        slot, trip, cond_nodes = counted
-        if any(o is node.outputs[slot] for o in graph.outputs):
-            return Skip("the counter tested in the condition is a graph output")
-        if counter.outputs:
+        if trip.name and not _is_int64_max(trip, folder):
+            counted.limit = trip
+        slot = counted.slot
+        if any(not _among(u, counted.nodes) for u in counter.outputs):
             return Skip("the body reads both its iteration number and a counter of its own")
         counter = body.inputs[2 + slot]
+        cond_nodes = counted.nodes
+        # a trip count other than the bound is computed by the rewrite; until then a
+        # placeholder no read's index can equal (no reversed read is proven against it)
+        trip = counted.bound if counted.is_plain(folder) else gs.Variable("")
     else:
         slot = None
         if not trip.name:
@@ -95,9 +140,12 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
         cond_nodes, aliases = bounded
     if any(not _among(n, cond_nodes) for n in list(cond_in.outputs) + list(cond_out.outputs)):
         return Skip("the body reads its condition")
+    outer_of = _passed_through(node, body)
     reads = []
     for index in [counter] + (aliases if counted is None else []):
-        found = _reads(index, body, trip, shapes, folder, ignore=cond_nodes + _increments(index, body))
+        first = Affine(const=counted.start) if counted is not None and index is counter else Affine()
+        found = _reads(index, body, trip, shapes, folder, ignore=cond_nodes + _increments(index, body), first=first,
+                       outer_of=outer_of)
         if isinstance(found, Skip):
             return found
         reads += found
@@ -119,7 +167,18 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
             states.append(k)
         else:
             stacks.append(found)
-    return LoopMatch(reads, stacks, states, cond_nodes, trip, slot)
+    if counted is not None and not counted.empty_only_at_zero_length(folder) and not _fails_empty(stacks, graph):
+        return Skip("the counter test may stop the Loop before its first step on a non-empty input (it starts at "
+                    f"{counted.start}, its bound or trip count is data): there the Loop returns its initial values, "
+                    "and onnxruntime's Scan refuses to run zero steps")
+    return LoopMatch(reads, stacks, states, cond_nodes, trip, slot, counted)
+
+
+def _fails_empty(stacks: list[Stack], graph: gs.Graph) -> bool:
+    """True when the Loop's result is used through a ConcatFromSequence of a stacked sequence,
+    which fails on the empty sequence of zero steps (onnxruntime and the reference alike):
+    a TorchScript ``torch.stack(outs)``. Then a zero-step run fails before and after."""
+    return any(s.finisher is not None and (s.result.outputs or any(o is s.result for o in graph.outputs)) for s in stacks)
 
 
 def _among(node: gs.Node, nodes: list[gs.Node]) -> bool:
@@ -228,15 +287,48 @@ def _is_zero(t: gs.Tensor, folder) -> bool:
     return folder.scalar(t) == 0
 
 
-def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor, list[gs.Node]] | Skip | None:
-    """(slot, T, nodes) when the condition is ``c + 1 < T`` for a carried counter c that
-    starts at 0 and T an outer value: then c is the iteration number and T the trip count.
-    None when the condition is not of that form at all."""
+_STRICT = {"Less": False, "Greater": True}  # op -> operands swapped (bound first)
+_INCLUSIVE = {"LessOrEqual": False, "GreaterOrEqual": True}
+
+
+def _comparison(node: gs.Node | None) -> tuple[gs.Tensor, gs.Tensor, bool] | None:
+    """(small, large, inclusive) for ``small < large`` or ``small <= large`` in any spelling."""
+    if node is None or (node.op not in _STRICT and node.op not in _INCLUSIVE):
+        return None
+    swapped = _STRICT.get(node.op, _INCLUSIVE.get(node.op))
+    small, large = node.inputs[::-1] if swapped else node.inputs
+    return small, large, node.op in _INCLUSIVE
+
+
+def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> CounterTest | Skip | None:
+    """The counter test when the condition is ``c + 1 < T`` (or ``<=``) for a carried counter
+    c that starts at a constant s ≥ 0 and T an outer value the same in every step: then c is
+    s plus the iteration number. None when the condition is not a comparison at all.
+
+    Proof obligations: c is carried and updated exactly as c + 1 (no overflow: while the
+    Loop runs c + 1 ≤ T, and for ``<=`` T is provably below the type's maximum); T is
+    loop-invariant; the initial condition is the same predicate at c = s; then step k reads
+    at s + k and the Loop runs min(M, max(0, T + inclusive - s)) times."""
     cond_out = body.outputs[0]
     test = cond_out.inputs[0] if len(cond_out.inputs) == 1 else None
-    if test is None or test.op not in ("Less", "Greater") or not has_node(body, test):
+    trip_terms: list[gs.Node] = []
+    if test is not None and test.op == "And" and has_node(body, test):
+        split = _split_conjunction(loop, body, folder)
+        if split is None:
+            return None
+        test, trip_terms = split
+    compared = _comparison(test) if test is not None and has_node(body, test) else None
+    if compared is None:
         return None
-    step, bound = test.inputs if test.op == "Less" else test.inputs[::-1]
+    step, bound, inclusive = compared
+    casts = _cast_chain(step, body) + _cast_chain(bound, body)  # tf2onnx compares as floats
+    widened = _comparison_casts(step) + _comparison_casts(bound)
+    if any(to not in _EXACT_CASTS for to in widened):
+        return Skip("the condition compares the counter through a cast to a type that may round it (float16, bool)")
+    step, bound = _strip_casts(step), _strip_casts(bound)
+    if any(step is t for t in body.inputs[2:]):
+        return Skip("the condition tests the counter before its increment (the Loop then runs one step more "
+                    "than the test says; not converted)")
     increment = step.inputs[0] if len(step.inputs) == 1 else None
     if increment is None or not is_op(increment, "Add") or not has_node(body, increment):
         return Skip("the condition is computed from data each step (a while loop with an early exit)")
@@ -244,46 +336,165 @@ def _counter_test(loop: gs.Node, body: gs.Graph, folder) -> tuple[int, gs.Tensor
     if not any(c_in is t for t in body.inputs[2:]):
         c_in, one = one, c_in
     slot = next((k for k, t in enumerate(body.inputs[2:]) if t is c_in), None)
-    if slot is None or folder.scalar(one) != 1:
+    if slot is None:
         return Skip("the condition tests a value other than a counter incremented by 1")
+    if folder.scalar(one) != 1:
+        shown = folder.scalar(one)
+        return Skip(f"the tested counter steps by {shown if shown is not None else 'a computed value'}, not 1: "
+                    "the Loop would not read every row")
     if body.outputs[1 + slot] is not step or sum(t is step for t in body.outputs) != 1:
         return Skip("the tested counter is not the carried value it increments")
     start = folder.value(loop.inputs[2 + slot])
-    if start is None or start.ndim != 0 or start.reshape(-1)[0] != 0:
-        return Skip("the counter tested in the condition does not start at 0")
+    if start is None or start.ndim != 0 or start.dtype.kind not in "iu":
+        return Skip("the counter tested in the condition does not start at a constant integer")
+    start = int(start)
+    if start < 0:
+        return Skip(f"the counter tested in the condition starts at {start}, below 0")
+    bound_nodes = []
     if any(bound is t for t in body.inputs) or any(bound is o for n in body.nodes for o in n.outputs):
-        bound = _outer_bound(bound, loop.inputs[1], body, folder)
-        if bound is None:
-            return Skip("the condition's bound is computed inside the body")
-    if len(step.outputs) != 1 or len(c_in.outputs) < 1 or loop.outputs[slot].outputs or len(loop.outputs[slot].inputs) != 1:
+        resolved, local, outer_of = _resolve(bound, loop, body), _local_ids(body), _passed_through(loop, body)
+        bound_nodes = invariant_nodes(resolved, body, local, outer_of) if id(resolved) in local else []
+        if bound_nodes is None:
+            return Skip(f"the condition's bound '{bound.name}' changes in the body (computed from the step's values)")
+        outer = _outer_bound(resolved, loop.inputs[1], body, folder, outer_of)
+        if outer is None:
+            return Skip("the condition's bound is computed inside the body and not provably the initial test's bound")
+        bound = outer
+    if len(step.outputs) != 1 or len(c_in.outputs) < 1:
         return Skip("the counter tested in the condition is read elsewhere")
+    if inclusive and not _below_max(bound, c_in, folder):
+        return Skip("the condition is c + 1 <= T with T not provably below the counter type's maximum: "
+                    "c + 1 may overflow before the test fails")
     cond = loop.inputs[1]
     bound_value = folder.scalar(bound)
     first = cond.inputs[0] if len(cond.inputs) == 1 else None
-    runs_once = bound_value is not None and bound_value >= 1
-    if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, loop.inputs[2 + slot], bound, folder)):
-        return Skip("the initial condition is not the counter test at 0 (nor true with a bound of at least 1)")
-    return slot, bound, [test, increment]
+    if trip_terms:
+        first = _initial_counter_term(loop, body, folder)
+    runs_once = bound_value is not None and bound_value + inclusive - start >= 1
+    if not ((cond.name and _is_true(cond, folder) and runs_once) or _tests_start(first, start, bound, inclusive, folder)):
+        return Skip("the initial condition is not the counter test at the counter's start "
+                    "(nor true with a bound the counter provably stays below)")
+    return CounterTest(slot, bound, start, inclusive, [test, increment] + casts + bound_nodes + trip_terms)
 
 
-def _outer_bound(bound: gs.Tensor, cond: gs.Tensor, body: gs.Graph, folder) -> gs.Tensor | None:
-    """The outer twin of a bound the body recomputes each step from outer values alone (the
-    dynamo exporter's ``while_loop`` re-reads ``x.size(0)`` inside the body): the initial
-    condition's bound when both provably hold the same integer, else None."""
-    if invariant_nodes(bound, body, _local_ids(body)) is None:
+def _split_conjunction(loop: gs.Node, body: gs.Graph, folder) -> tuple[gs.Node, list[gs.Node]] | None:
+    """(the counter test, the other nodes of the condition) when the condition is a
+    conjunction of one counter test and terms that never end the Loop before its trip count
+    M does (``k < M`` and the like, as :func:`_bounded_by_trip` accepts them): tf2onnx's
+    ``tf.while_loop(..., maximum_iterations=m)``. Else None."""
+    trip = loop.inputs[0]
+    terms = _terms(body.outputs[0], body, folder)
+    if not trip.name or terms is None:
         return None
-    first = cond.inputs[0] if len(cond.inputs) == 1 else None
-    if first is None or first.op not in ("Less", "Greater"):
+    trip_pairs = [(a, b) for a, b in terms[0] if _is_trip_term(a, b, loop, body, trip, folder)]
+    tests = [n for n in terms[1] if n.op in _STRICT and not any(p[0] is n.inputs[0] and p[1] is n.inputs[1] or
+                                                                 p[1] is n.inputs[0] and p[0] is n.inputs[1] for p in trip_pairs)]
+    if len(tests) != 1 or len(trip_pairs) != len(terms[0]) - 1:
         return None
-    outer = first.inputs[1] if first.op == "Less" else first.inputs[0]
-    return outer if same_value(outer, bound, folder) else None
+    test = tests[0]
+    return test, [n for n in terms[1] if n is not test and not any(n is c for x in test.inputs for c in _cast_chain(x, body))]
 
 
-def _tests_start(test: gs.Node | None, start: gs.Tensor, bound: gs.Tensor, folder) -> bool:
-    if test is None or test.op not in ("Less", "Greater"):
+def _is_trip_term(a: gs.Tensor, b: gs.Tensor, loop: gs.Node, body: gs.Graph, trip: gs.Tensor, folder) -> bool:
+    """True when ``a < b`` is ``k < M`` (or ``c < M``, ``c + 1 < M`` for a counter c from 0
+    by 1): true in every step the trip count M lets run."""
+    counters = _counters(loop, body, folder)
+    ok = {id(body.inputs[0])} | {id(c) for c, _ in counters} | {id(body.outputs[1 + k]) for _, k in counters}
+    return id(_strip_casts(a)) in ok and same_value(_resolve(b, loop, body), trip, folder)
+
+
+def _initial_counter_term(loop: gs.Node, body: gs.Graph, folder) -> gs.Node | None:
+    """The one comparison of an initial conjunction that is not ``0 < M`` (the counter test
+    at its start, to be checked), or None."""
+    terms = _terms(loop.inputs[1], None, folder)
+    if terms is None:
+        return None
+    rest = [n for n in terms[1] if n.op in _STRICT and not (
+        _is_zero(_comparison(n)[0], folder) and same_value(_resolve(_comparison(n)[1], loop, body), loop.inputs[0], folder))]
+    return rest[0] if len(rest) == 1 else None
+
+
+# Casts a counter test may compare through: int32/int64 (the counter's own types), float32
+# (exact below 2**24: tf2onnx's TF2 while loops compare so, as loop_to_scan's trip-count
+# conjunctions already accept) and float64 (exact below 2**53).
+_EXACT_CASTS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT32, onnx.TensorProto.INT64)
+
+
+def _comparison_casts(t: gs.Tensor) -> list[int]:
+    """The target types of the Casts ``t`` is computed through."""
+    found = []
+    while len(t.inputs) == 1 and t.inputs[0].op == "Cast":
+        found.append(int(t.inputs[0].attrs.get("to", 0)))
+        t = t.inputs[0].inputs[0]
+    return found
+
+
+def _is_int64_max(t: gs.Tensor, folder) -> bool:
+    """TorchScript's trip count of a while loop: INT64_MAX, no limit at all."""
+    value = folder.value(t)
+    return (value is not None and value.size == 1 and value.dtype == np.int64
+            and int(value.reshape(-1)[0]) == np.iinfo(np.int64).max)
+
+
+def _below_max(bound: gs.Tensor, counter: gs.Tensor, folder) -> bool:
+    """True when ``bound`` is provably below the largest value of the counter's type: a
+    constant, or a shape dim minus a positive constant (TorchScript's ``x.size(0) - 1``;
+    tf2onnx's ``n - 1`` of a dim cast to int32, exact as the trip counts read through such
+    casts are: below 2**31 rows)."""
+    value = folder.scalar(bound)
+    dtype = np.dtype(counter.dtype) if counter.dtype is not None else None
+    if value is not None:
+        return dtype is not None and dtype.kind in "iu" and value < np.iinfo(dtype).max
+    node = bound.inputs[0] if len(bound.inputs) == 1 else None
+    if node is None or not is_op(node, "Sub") or dtype not in (np.int64, np.int32):
         return False
-    left, right = test.inputs if test.op == "Less" else test.inputs[::-1]
-    return folder.scalar(left) == 0 and same_value(right, bound, folder)
+    taken = folder.scalar(node.inputs[1])
+    return taken is not None and taken >= 1 and shape_dim(node.inputs[0], folder) is not None
+
+
+def _outer_bound(bound: gs.Tensor, cond: gs.Tensor, body: gs.Graph, folder, outer_of: dict) -> gs.Tensor | None:
+    """The outer value a body's bound holds in every step: a carried value passed through
+    unchanged (its initial value), or the outer twin of a bound the body recomputes each
+    step from outer values alone (the dynamo exporter's ``while_loop`` re-reads
+    ``x.size(0)`` inside the body; tf2onnx's ``n - 1`` of a carried n): the initial
+    condition's bound when both provably hold the same integer. Else None."""
+    if id(bound) not in _local_ids(body):
+        return bound
+    compared = _comparison(cond.inputs[0] if len(cond.inputs) == 1 else None)
+    if compared is None:
+        return None
+    outer = _strip_casts(compared[1])
+    return outer if same_value(outer, bound, folder) or _same_expression(outer, bound, outer_of, folder) else None
+
+
+def _same_expression(outer: gs.Tensor, inner: gs.Tensor, outer_of: dict, folder, depth: int = 8) -> bool:
+    """True when body value ``inner`` is computed as ``outer`` is, node for node (the same
+    op, attributes and inputs), with carried values passed through read as their initial
+    values: both then hold the same value."""
+    inner = outer_of.get(id(inner), inner)
+    if outer is inner or same_value(outer, inner, folder):
+        return True
+    a = outer.inputs[0] if len(outer.inputs) == 1 else None
+    b = inner.inputs[0] if len(inner.inputs) == 1 else None
+    if depth == 0 or a is None or b is None or a.op != b.op or a.attrs != b.attrs or len(a.inputs) != len(b.inputs):
+        return False
+    if any(True for _ in subgraphs_of(a)) or a.op.startswith("Random"):
+        return False
+    return all(_same_expression(x, y, outer_of, folder, depth - 1) for x, y in zip(a.inputs, b.inputs))
+
+
+def _passed_through(loop: gs.Node, body: gs.Graph) -> dict[int, gs.Tensor]:
+    """id(body input) -> the Loop's initial value, for carried values passed through unchanged."""
+    return {id(body.inputs[2 + k]): loop.inputs[2 + k] for k in range(len(loop.inputs) - 2)
+            if body.outputs[1 + k] is body.inputs[2 + k]}
+
+
+def _tests_start(test: gs.Node | None, start: int, bound: gs.Tensor, inclusive: bool, folder) -> bool:
+    """True when the initial condition is the body's test at the counter's start."""
+    compared = _comparison(test)
+    if compared is None or compared[2] != inclusive:
+        return False
+    return folder.scalar(_strip_casts(compared[0])) == start and same_value(_strip_casts(compared[1]), bound, folder)
 
 
 def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes: ShapeTable) -> str:
@@ -320,15 +531,22 @@ def _local_ids(body: gs.Graph) -> set[int]:
     return ids
 
 
-def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=()) -> list[Read] | Skip:
+def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTable, folder, ignore=(),
+           first: Affine = Affine(), outer_of: dict | None = None) -> list[Read] | Skip:
     """Every use of the counter, each an indexing read of an outer tensor, else Skip.
 
     Follows the counter through value-preserving steps (Identity, an integer Cast, a
-    scalar made 1-D) and affine arithmetic with loop-invariant values (:class:`Affine`)."""
+    scalar made 1-D) and affine arithmetic with loop-invariant values (:class:`Affine`).
+    ``outer_of`` maps a carried value passed through unchanged to its outer initial value
+    (tf2onnx carries the tensor a while loop reads so): reading it is reading that."""
     local = _local_ids(body)
+    outer_of = outer_of or {}
+    ends = {id(n): (n, found) for n in body.nodes if is_op(n, "Slice")
+            for found in [one_row_end(n, counter, body, folder)] if found is not None}
+    ignore = list(ignore) + [m for _, found in ends.values() for m in found]
     reads: list[Read] = []
     slices: dict[int, list] = {}  # id(Slice) -> [node, start (affine, helpers) or None, end or None]
-    frontier = [(counter, [], Affine())]  # (index value, helper nodes, its expression in i)
+    frontier = [(counter, [], first)]  # (index value, helper nodes, its expression in i)
     while frontier:
         index, helpers, affine = frontier.pop()
         if _captured_in_nested(index, body):
@@ -342,51 +560,89 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
                 entry = slices.setdefault(id(user), [user, None, None])
                 entry[1 if user.inputs[1] is index else 2] = (affine, helpers)
                 continue
-            found = _classify(user, index, helpers, affine, trip, shapes, folder, local, body)
+            found = _classify(user, index, helpers, affine, trip, shapes, folder, local, body, outer_of)
             if isinstance(found, Skip):
                 return found
             if isinstance(found, Read):
                 reads.append(found)
             else:
                 frontier.append(found)
-    for node, start, end in slices.values():
-        found = _slice_read(node, start, end, shapes, folder, local, body)
+    for key, (node, _) in ends.items():
+        if key not in slices or slices[key][1] is None:
+            return Skip(f"the iteration counter computes the end of Slice '{node.name}', which does not start at it")
+    for key, (node, start, end) in slices.items():
+        if end is None and key in ends:  # an end in [c + 1, c + step]: the row at c
+            end = (first.plus_const(1), ends[key][1])
+        found = _slice_read(node, start, end, shapes, folder, local, body, outer_of, key in ends)
         if isinstance(found, Skip):
             return found
         reads.append(found)
     return reads
 
 
-def _slice_read(node, start, end, shapes, folder, local, body) -> Read | Skip:
+def _slice_read(node, start, end, shapes, folder, local, body, outer_of, one_row=False) -> Read | Skip:
     """``Slice(X, [i], [i+1], [a])``: the step's row of X along a, axis kept. Only at i
     itself: at another index a Slice clamps where a Gather wraps or fails (``x[-1:0]`` is
-    empty), so its rows are not provably one per step."""
-    if start is None or end is None or not start[0].is_counter() or not end[0].is_counter_plus(1):
-        shown = "?" if start is None or end is None else f"[{start[0].describe()}, {end[0].describe()})"
-        return Skip(f"Slice '{node.name}' reads {shown}, not [i, i+1) at the iteration number i")
+    empty), so its rows are not provably one per step. With ``one_row`` the end is proven
+    in [i + 1, i + step] (:mod:`.slice_end`), so any step ≥ 1 takes the row at i alone.
+    A row read only by a Squeeze of the axis fails past X's end as a Gather does (a Squeeze
+    of an empty axis fails): then a read at s + i (a counter from s ≥ 0, never negative)
+    is a Gather at s + i too."""
+    if start is None or end is None:
+        return Skip(f"Slice '{node.name}' reads [?, ?), not [i, i+1) at the iteration number i")
+    at, upto = start[0], end[0]
+    # [s + i, s + i + 1) (a proven one-row end stands for the counter's own + 1)
+    row = not at.terms and at.scale == 1 and at.const >= 0 and not upto.terms and upto.scale == 1 and upto.const == at.const + 1
+    if not row or (not at.is_counter() and not _only_squeezed(node, folder, shapes)):
+        return Skip(f"Slice '{node.name}' reads [{at.describe()}, {upto.describe()}), not [i, i+1) at the "
+                    "iteration number i (nor a row only squeezed at a counter from s >= 0)")
     axes = folder.value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else np.zeros(1, np.int64)
     steps = folder.value(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4].name else np.ones(1, np.int64)
-    if axes is None or steps is None or axes.size != 1 or steps.size != 1 or steps.reshape(-1)[0] != 1:
+    if axes is None or steps is None or axes.size != 1 or steps.size != 1 or (steps.reshape(-1)[0] != 1 and not one_row):
         return Skip(f"Slice '{node.name}' at the iteration number has no constant single axis and step 1")
-    source = node.inputs[0]
+    source = outer_of.get(id(node.inputs[0]), node.inputs[0])
     invariant = invariant_nodes(source, body, local) if id(source) in local else []
     if invariant is None:
         return Skip(f"the iteration counter slices '{source.name}', computed inside the body from its inputs")
     axis = _axis(int(axes.reshape(-1)[0]), source, shapes)
     if axis is None:
         return Skip(f"the rank of '{source.name}' is unknown: the Slice axis cannot be placed")
-    return Read(node, source, axis, False, True, start[1] + end[1], invariant)
+    squeezed = _only_squeezed(node, folder, shapes, axis)
+    if not at.is_counter():
+        return Read(node, source, axis, False, True, start[1] + end[1], invariant, at, squeezed)
+    return Read(node, source, axis, False, True, start[1] + end[1], invariant, squeezed=squeezed)
 
 
-def invariant_nodes(t: gs.Tensor, body: gs.Graph, local: set[int]) -> list[gs.Node] | None:
+def _only_squeezed(node: gs.Node, folder, shapes: ShapeTable, axis: int | None = None) -> bool:
+    """True when the Slice's row is read only by Squeezes of its axis (given explicitly: a
+    Squeeze without axes keeps an empty axis instead of failing)."""
+    if axis is None:
+        axes = folder.value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else np.zeros(1, np.int64)
+        if axes is None or axes.size != 1:
+            return False
+        axis = _axis(int(axes.reshape(-1)[0]), node.inputs[0], shapes)
+    row = node.outputs[0]
+    if axis is None or not row.outputs:
+        return False
+    for user in row.outputs:
+        squeezed = user.attrs.get("axes") if is_op(user, "Squeeze") else None
+        if squeezed is None and is_op(user, "Squeeze") and len(user.inputs) > 1 and user.inputs[1].name:
+            squeezed = folder.value(user.inputs[1])
+        if squeezed is None or [_axis(int(a), row, shapes) for a in np.asarray(squeezed).reshape(-1)] != [axis]:
+            return False
+    return True
+
+
+def invariant_nodes(t: gs.Tensor, body: gs.Graph, local: set[int], passed: dict | None = None) -> list[gs.Node] | None:
     """The body nodes computing ``t`` from outer values and constants alone (the same in
     every iteration, so they can move out of the loop), in order; None when ``t`` depends
-    on a body input or on a node with a body of its own or side effects."""
+    on a body input (other than one in ``passed``, carried values passed through
+    unchanged) or on a node with a body of its own or side effects."""
     order, seen, stack = [], set(), [t]
-    inputs = {id(x) for x in body.inputs}
+    inputs = {id(x) for x in body.inputs} - set(passed or ())
     while stack:
         value = stack.pop()
-        if id(value) not in local or id(value) in seen:
+        if id(value) not in local or id(value) in seen or id(value) in (passed or {}):
             continue
         seen.add(id(value))
         if id(value) in inputs or len(value.inputs) != 1:
@@ -411,10 +667,10 @@ def _captured_in_nested(t: gs.Tensor, body: gs.Graph) -> bool:
     return False
 
 
-def _classify(user, index, helpers, affine, trip, shapes, folder, local, body):
+def _classify(user, index, helpers, affine, trip, shapes, folder, local, body, outer_of):
     """A Read, a (value, helpers, expression) step of index arithmetic to follow, or Skip."""
     if is_op(user, "Gather") and len(user.inputs) == 2 and user.inputs[1] is index:
-        source = user.inputs[0]
+        source = outer_of.get(id(user.inputs[0]), user.inputs[0])
         kind = _read_kind(affine, trip, folder)
         if isinstance(kind, Skip):
             return Skip(f"'{source.name}' is read at {affine.describe()}: {kind.reason}")
@@ -458,6 +714,8 @@ def _classify(user, index, helpers, affine, trip, shapes, folder, local, body):
     if user.op in ("Unsqueeze", "Reshape") and shapes.rank(index) == 0 and shapes.rank(user.outputs[0]) == 1:
         if user.inputs[0] is index:
             return (user.outputs[0], helpers + [user], affine)
+    if user.op == "Concat" and len(user.inputs) == 1 and shapes.rank(index) == 1:  # tf2onnx's one-piece stack
+        return (user.outputs[0], helpers + [user], affine)
     if user.op in ("Add", "Sub", "Mul", "Neg"):
         found = _arithmetic(user, index, affine, shapes, folder, local, body)
         if isinstance(found, Skip):
