@@ -86,7 +86,11 @@ class BodyMaker:
         if kind == "matmul" and r >= 1:
             k = x.shape[-1]
             shape = self.draw(st.sampled_from([[k, 2], [k], [2, k, 3]]))
-            return self.emit("MatMul", [v, self.const(shape)], np.matmul(x, np.zeros(shape, np.float32)))
+            try:  # a batched weight's leading 2 must broadcast with x's leading dims
+                y = np.matmul(x, np.zeros(shape, np.float32))
+            except ValueError:
+                return None
+            return self.emit("MatMul", [v, self.const(shape)], y)
         if kind == "lmatmul" and r >= 1:
             k = x.shape[-2] if r >= 2 else x.shape[0]
             shape = self.draw(st.sampled_from([[3, k], [k]]))  # with a rank-1 item, (b) must decline
