@@ -1,79 +1,223 @@
-"""canonicalize moves a scan output that is an elementwise function of another scan output's
-value (``relu(h) * 2`` next to ``h``, as the held-out PyTorch exports emit) after the loop, so
-the cell fuses; forms where the stacked computation would differ stay in the loop."""
+"""canonicalize moves a scan output computed from another scan output's stacked value (``relu(h)
+* 2``, a projection ``h·V``, ``softmax(h·V)``, ``h·V + x·U``) after the loop, lifted over the step
+axis, so the loop keeps the cell and it fuses; forms whose stacked computation would differ stay
+in the loop with the reason."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import cell_builders as cb
 import scanopt
 from equivalence import assert_equivalent, ops
 
+MODELS = Path(__file__).resolve().parent.parent / "models"
+PORTABLE = {"target": "portable"}
 
-def _rnn_with_extra(extra, *, out_dirs=None):
+
+def _rnn_with_extra(extra, *, out_dirs=None, in_dir=0, finals=True):
     """An RNN Scan with scan outputs h and ``extra(body, h)``."""
     body = cb.Body()
     h_new = cb.rnn(body, "x", "h")
-    model = cb.scan_model(body, [("h", h_new, cb.H)], ys=[h_new, extra(body, h_new)], out_dirs=out_dirs)
-    return model
+    return cb.scan_model(body, [("h", h_new, cb.H)], ys=[h_new, extra(body, h_new)], out_dirs=out_dirs,
+                         in_dir=in_dir, finals=finals)
 
 
 def _canonicalized(model):
     return scanopt.optimize(model, passes=["canonicalize"])
 
 
+def _moved(report) -> list[str]:
+    return [part for o in report.outcomes for part in o.detail.split("; ") if "computed after the loop" in part]
+
+
+def _body_ops(model) -> list[str]:
+    scan = next(n for n in model.graph.node if n.op_type == "Scan")
+    return [n.op_type for n in next(a.g for a in scan.attribute if a.name == "body").node]
+
+
 def _relu_times(body, h, factor=np.float32(2.0)):
     return body.op("Mul", body.op("Relu", h), body.const(factor, "two"))
+
+
+def _projection(body, h, seed=7):
+    return body.op("MatMul", h, body.const(cb.rand(seed, cb.H, cb.H), "v"))
+
+
+def _softmax_of_projection(body, h):
+    return body.op("Softmax", _projection(body, h), axis=-1)
+
+
+def _layer_norm(body, h):
+    return body.op("LayerNormalization", h, body.const(cb.rand(3, cb.H) + 1, "g"), body.const(cb.rand(4, cb.H), "b"),
+                   axis=-1)
+
+
+def _projection_plus_input(body, h):
+    """h·V + x·U: reads the stacked h and the scan input."""
+    return body.op("Add", _projection(body, h), body.op("MatMul", "x", body.const(cb.rand(8, cb.I, cb.H), "u")))
+
+
+def _fuses(model):
+    fused, report = scanopt.optimize(model, options=PORTABLE)
+    assert ops(fused)["Scan"] == 0 and ops(fused)["RNN"] == 1, [o.detail for o in report.outcomes]
+    assert_equivalent(model, fused)
 
 
 def test_elementwise_output_moves_after_the_loop_and_the_cell_fuses():
     model = _rnn_with_extra(_relu_times)
     out, report = _canonicalized(model)
-    assert any("computed after the loop from scan output 0 (Relu, Mul)" in o.detail for o in report.outcomes)
+    assert any("computed after the loop from scan output 0 (Relu, Mul)" in d for d in _moved(report))
     assert report.verification["passed"] is True
     assert_equivalent(model, out)
-    fused, _ = scanopt.optimize(model, options={"target": "portable"})
-    assert ops(fused)["Scan"] == 0 and ops(fused)["RNN"] == 1
-    assert_equivalent(model, fused)
+    _fuses(model)
 
 
-def test_rank_two_operand_stays_in_the_loop():
-    """An operand above rank 1 can raise a step's rank (a [1, 1] on an unbatched step [H] makes
-    [1, H], stacked [T, 1, H], while [1, 1] on the stack [T, H] stays [T, H]): such operands are
-    left alone, here too, where the step is [B, H] and the result would have been right."""
+@pytest.mark.parametrize("extra, lifted", [
+    (_projection, ["MatMul"]),
+    (_softmax_of_projection, ["MatMul", "Softmax"]),
+    (_layer_norm, ["LayerNormalization"]),
+    (_projection_plus_input, ["MatMul", "MatMul", "Add"]),
+], ids=["projection", "softmax-over-features", "layernorm", "projection-plus-input"])
+def test_per_step_functions_of_h_move_after_the_loop_and_the_cell_fuses(extra, lifted):
+    model = _rnn_with_extra(extra)
+    out, report = _canonicalized(model)
+    [line] = _moved(report)
+    assert f"({', '.join(lifted)})" in line, line
+    assert_equivalent(model, out)
+    _fuses(model)
+
+
+def test_the_projection_leaves_the_body():
+    model = _rnn_with_extra(_softmax_of_projection)
+    out, _ = _canonicalized(model)
+    assert "Softmax" not in _body_ops(out)
+    assert _body_ops(out).count("MatMul") == _body_ops(model).count("MatMul") - 1
+    assert ops(out)["Softmax"] == 1  # once, after the loop
+
+
+@pytest.mark.parametrize("in_dir, out_dirs", [(1, [1, 1]), (1, [0, 0]), (0, [1, 1])],
+                         ids=["reverse-in-prepend-out", "reverse-in", "prepend-out"])
+def test_directions_are_kept(in_dir, out_dirs):
+    """The lifted nodes read the stacks in the output's order; the scan input, read with them,
+    in processing order, reversed where the outputs prepend."""
+    model = _rnn_with_extra(_projection_plus_input, in_dir=in_dir, out_dirs=out_dirs)
+    out, report = _canonicalized(model)
+    assert _moved(report)
+    assert_equivalent(model, out)
+    _fuses(model)
+
+
+def test_two_outputs_from_the_same_state():
+    """h, h·V and softmax(h·V): both functions move; the cell's h stays the one scan output."""
+    body = cb.Body()
+    h_new = cb.rnn(body, "x", "h")
+    model = cb.scan_model(body, [("h", h_new, cb.H)], ys=[h_new, _projection(body, h_new), _softmax_of_projection(body, h_new)])
+    out, report = _canonicalized(model)
+    assert len(_moved(report)) == 2
+    assert_equivalent(model, out)
+    _fuses(model)
+
+
+def test_axis_moved_output_keeps_its_layout():
+    """An epilogue output stacked on axis 1 ([batch, seq, H]) is transposed after it is computed."""
+    model = _rnn_with_extra(_projection)
+    scan = model.graph.node[-1]
+    scan.attribute.append(onnx.helper.make_attribute("scan_output_axes", [0, 1]))
+    model.graph.output[-1].CopyFrom(onnx.helper.make_tensor_value_info("Y1", onnx.TensorProto.FLOAT, ["batch", "seq", cb.H]))
+    out, report = _canonicalized(model)
+    assert _moved(report)
+    assert_equivalent(model, out)
+
+
+def test_rank_two_operand_is_lifted_with_the_right_broadcast():
+    """A [1, 1] operand on a step [B, H]: lift pads the per-step side, so the stack is [T, B, H]."""
     model = _rnn_with_extra(lambda body, h: _relu_times(body, h, np.ones((1, 1), np.float32)))
-    _, report = _canonicalized(model)
-    assert not any("computed after the loop" in o.detail for o in report.outcomes)
+    out, report = _canonicalized(model)
+    assert _moved(report)
+    assert_equivalent(model, out)
 
 
 def test_opposite_direction_stays_in_the_loop():
     model = _rnn_with_extra(_relu_times, out_dirs=[0, 1])
     _, report = _canonicalized(model)
-    assert not any("computed after the loop" in o.detail for o in report.outcomes)
+    assert not _moved(report)
 
 
-def test_function_of_a_non_output_value_stays_in_the_loop():
-    """``relu(x W)`` is elementwise, but of a value no other scan output stacks."""
+def test_function_of_the_scan_input_alone_stays_in_the_loop():
+    """``relu(x W)`` reads no stacked output: a map of the scan input (hoist's and vectorize's)."""
     def of_projection(body, h):
         return body.op("Relu", body.nodes[0].output[0])
     model = _rnn_with_extra(of_projection)
     _, report = _canonicalized(model)
-    assert not any("computed after the loop" in o.detail for o in report.outcomes)
+    assert not _moved(report)
 
 
-@pytest.mark.parametrize("extra, out_dirs", [
-    (lambda body, h: body.op("LeakyRelu", h, alpha=0.3), None),  # an attribute goes with the op
-    (lambda body, h: body.op("Div", body.const(np.float32(2.0), "two"), body.op("Add", h, body.const(np.float32(3.0), "three"))),
-     None),  # the scalar as the first operand keeps its side
-    (lambda body, h: body.op("Tanh", h), [1, 1]),  # both outputs stacked in reverse
-], ids=["leaky-relu", "scalar-over-h", "both-reversed"])
-def test_other_epilogues_move_and_the_cell_still_fuses(extra, out_dirs):
-    model = _rnn_with_extra(extra, out_dirs=out_dirs)
+def test_old_state_is_lifted_only_where_an_output_stacks_it():
+    """``h_{t-1}·V`` stays in the loop (its stack would be a shift of h's); when a scan output
+    stacks ``h_{t-1}`` itself, the projection reads that stack."""
+    declined = _rnn_with_extra(lambda body, h: _projection(body, "h"))
+    _, report = _canonicalized(declined)
+    assert not _moved(report)
+    body = cb.Body()
+    h_new = cb.rnn(body, "x", "h")
+    old = body.op("Identity", "h")
+    model = cb.scan_model(body, [("h", h_new, cb.H)], ys=[h_new, old, _projection(body, old)])
     out, report = _canonicalized(model)
-    assert any("computed after the loop" in o.detail for o in report.outcomes)
+    assert any("from scan output 1 (MatMul)" in d for d in _moved(report)), _moved(report)
     assert_equivalent(model, out)
-    fused, _ = scanopt.optimize(model, options={"target": "portable"})
-    assert ops(fused)["Scan"] == 0 and ops(fused)["RNN"] == 1
-    assert_equivalent(model, fused)
+
+
+def test_random_ops_stay_in_the_loop():
+    model = _rnn_with_extra(lambda body, h: body.op("Dropout", h, outputs=1))
+    _, report = _canonicalized(model)
+    assert not _moved(report)
+
+
+def test_real_tf_scan_projection_moves_and_the_cell_fuses():
+    """tf.scan with an (h, s) state emitting (h·v, s, h): h·v moves after the loop, fission
+    then splits the EMA off, and the cell fuses ("scan output 0 is 'scan/while/matmul_2:0'
+    (MatMul output), not the hidden state" before)."""
+    model = onnx.load(str(MODELS / "heldout_producers_2" / "tf_scan_tuple_two_out.onnx"))
+    out, report = scanopt.optimize(model, options=PORTABLE)
+    assert any("computed after the loop" in o.detail and "MatMul" in o.detail for o in report.outcomes)
+    assert ops(out)["RNN"] == 1
+    stored = np.load(MODELS / "heldout_producers_2" / "tf_scan_tuple_two_out.expected.npz")
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": stored["x"]})
+    for name, value in zip([o.name for o in out.graph.output], got):
+        np.testing.assert_allclose(value, stored[name], rtol=1e-4, atol=1e-5)
+    assert_equivalent(model, out)
+
+
+_STEPS = {
+    "matmul": lambda body, v, k: body.op("MatMul", v, body.const(cb.rand(k, cb.H, cb.H), "v")),
+    "gemm": lambda body, v, k: body.op("Gemm", v, body.const(cb.rand(k, cb.H, cb.H), "v"), body.const(cb.rand(k + 1, cb.H), "c"),
+                                       transB=1),
+    "softmax": lambda body, v, k: body.op("Softmax", v, axis=-1),
+    "tanh": lambda body, v, k: body.op("Tanh", v),
+    "bias": lambda body, v, k: body.op("Add", v, body.const(cb.rand(k, cb.H), "b")),
+    "x": lambda body, v, k: body.op("Add", v, body.op("MatMul", "x", body.const(cb.rand(k, cb.I, cb.H), "u"))),
+    "mean": lambda body, v, k: body.op("Sub", v, body.op("ReduceMean", v, axes=[-1], keepdims=1)),
+}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chain=st.lists(st.sampled_from(sorted(_STEPS)), min_size=1, max_size=4),
+       in_dir=st.integers(0, 1), out_dir=st.integers(0, 1))
+def test_property_any_liftable_chain_moves_and_stays_equivalent(chain, in_dir, out_dir):
+    def extra(body, h):
+        value = h
+        for k, step in enumerate(chain):
+            value = _STEPS[step](body, value, 20 + k)
+        return value
+    model = _rnn_with_extra(extra, in_dir=in_dir, out_dirs=[out_dir, out_dir])
+    out, report = _canonicalized(model)
+    assert _moved(report), [o.detail for o in report.outcomes]
+    assert_equivalent(model, out, engine="ort")

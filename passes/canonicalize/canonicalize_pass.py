@@ -34,10 +34,10 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node
 from scanopt.pass_api import Match, ScanPass, Skip, register_pass
-from scanopt.constexpr import ConstantFolder
-from scanopt.passes.canonicalize.analysis import epilogue, identity_root, input_dependencies, shadows
-from scanopt.graph import in_graph_outputs, reverses_axis
+from scanopt.graph import identity_root, in_graph_outputs, reverses_axis
+from scanopt.passes.canonicalize.analysis import input_dependencies, shadows
 from scanopt.passes.canonicalize.edit import apply_plan
+from scanopt.passes.canonicalize.epilogue import plan_epilogue
 from scanopt.passes.canonicalize.fission import match_fission, split
 from scanopt.passes.canonicalize.fission_plan import Fission
 from scanopt.scan_view import ScanView
@@ -192,23 +192,24 @@ def _plan_outputs(plan, node, view, read, level, ctx):
         else:
             first[key] = i
     plan.keep_outputs = [i for i in live if i not in plan.merged_outputs]
-    _plan_epilogues(plan, body, dirs, axes, ctx)
+    _plan_epilogues(plan, body, view, dirs, axes, ctx)
     return dirs, axes
 
 
-def _plan_epilogues(plan, body, dirs, axes, ctx) -> None:
-    """Scan outputs that are elementwise functions of another kept output's value, in the
-    same direction and layout, move after the loop (see analysis.Epilogue). An output another
-    one is computed from stays in the loop."""
-    n, folder = plan.n, ConstantFolder(ctx.opset)
+def _plan_epilogues(plan, body, view, dirs, axes, ctx) -> None:
+    """Scan outputs computed from other kept outputs' values (same direction and layout),
+    scan elements and outer values move after the loop (see :mod:`epilogue`). An output
+    another one is computed from stays in the loop; so does one whose computation the lift
+    rules decline (the reason is kept for the report when a cell's fusion hinges on it)."""
+    n = plan.n
     layout = {i: (dirs[i], axes[i], tuple(plan.output_perms.get(i, ()))) for i in plan.keep_outputs}
     found = {}
     for i in plan.keep_outputs:
         roots = {id(identity_root(body.outputs[n + j])): j for j in plan.keep_outputs if j != i and layout[j] == layout[i]}
-        chain = epilogue(body.outputs[n + i], roots, body, folder, ctx.shapes.rank) if roots else None
-        if chain is not None:
+        chain = plan_epilogue(body.outputs[n + i], roots, view, body, ctx, reverse=bool(dirs[i]))
+        if not isinstance(chain, str):
             found[i] = chain
-    sources = {e.source for e in found.values()}
+    sources = {k for e in found.values() for k in e.sources.values()}
     plan.epilogues = {i: e for i, e in found.items() if i not in sources}
     plan.keep_outputs = [i for i in plan.keep_outputs if i not in plan.epilogues]
 
