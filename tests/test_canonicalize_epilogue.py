@@ -38,6 +38,10 @@ def _moved(report) -> list[str]:
     return [part for o in report.outcomes for part in o.detail.split("; ") if "computed after the loop" in part]
 
 
+def _details(report) -> str:
+    return " | ".join(o.detail for o in report.outcomes)
+
+
 def _body_ops(model) -> list[str]:
     scan = next(n for n in model.graph.node if n.op_type == "Scan")
     return [n.op_type for n in next(a.g for a in scan.attribute if a.name == "body").node]
@@ -163,9 +167,11 @@ def test_function_of_the_scan_input_alone_stays_in_the_loop():
 def test_old_state_is_lifted_only_where_an_output_stacks_it():
     """``h_{t-1}·V`` stays in the loop (its stack would be a shift of h's); when a scan output
     stacks ``h_{t-1}`` itself, the projection reads that stack."""
-    declined = _rnn_with_extra(lambda body, h: _projection(body, "h"))
+    declined = _rnn_with_extra(lambda body, h: body.op("Add", _projection(body, h), _projection(body, "h", seed=8)))
     _, report = _canonicalized(declined)
     assert not _moved(report)
+    assert "scan output 1 is computed from another one's value but stays in the loop: it reads the state input 'h'" \
+        in _details(report)
     body = cb.Body()
     h_new = cb.rnn(body, "x", "h")
     old = body.op("Identity", "h")
@@ -179,6 +185,14 @@ def test_random_ops_stay_in_the_loop():
     model = _rnn_with_extra(lambda body, h: body.op("Dropout", h, outputs=1))
     _, report = _canonicalized(model)
     assert not _moved(report)
+    assert "stays in the loop: Dropout" in _details(report) and "draws random numbers" in _details(report)
+
+
+def test_memory_bound_keeps_the_output_in_the_loop():
+    model = _rnn_with_extra(_projection)
+    _, report = scanopt.optimize(model, passes=["canonicalize"], options={"vectorize_max_bytes": 1})
+    assert not _moved(report)
+    assert "above vectorize_max_bytes (1)" in _details(report)
 
 
 def test_real_tf_scan_projection_moves_and_the_cell_fuses():
@@ -221,3 +235,25 @@ def test_property_any_liftable_chain_moves_and_stays_equivalent(chain, in_dir, o
     out, report = _canonicalized(model)
     assert _moved(report), [o.detail for o in report.outcomes]
     assert_equivalent(model, out, engine="ort")
+
+
+def _scan8_with_projection(lens):
+    body = cb.Body(batch=False)
+    h_new = cb.rnn(body, "x", "h")
+    return cb.scan8_model(body, [("h", h_new, cb.H)], ys=[h_new, _projection(body, h_new)], lens=lens)
+
+
+@pytest.mark.parametrize("lens", [False, True], ids=["full-length", "sequence_lens"])
+def test_scan8_output_moves_once_upgraded(lens):
+    """A Scan-8 keeps its per-step projection at opset 8 (its stacks are batch-major with zeros
+    past each length, which f(0) need not keep, and opset 8 has no Where/Range to restore
+    them); moved to opset 17 (``target_opset``), the upgraded Scan's output moves and, over
+    full lengths, the cell fuses."""
+    model = _scan8_with_projection(lens)
+    kept, report = _canonicalized(model)
+    assert not _moved(report) and ops(kept)["Scan"] == 1
+    out, report = scanopt.optimize(model, options=dict(PORTABLE, target_opset=17))
+    assert _moved(report), [o.detail for o in report.outcomes]
+    assert report.verification["passed"] is True
+    if not lens:
+        assert ops(out)["RNN"] == 1 and ops(out)["Scan"] == 0

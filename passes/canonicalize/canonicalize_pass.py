@@ -37,7 +37,7 @@ from scanopt.pass_api import Match, ScanPass, Skip, register_pass
 from scanopt.graph import identity_root, in_graph_outputs, reverses_axis
 from scanopt.passes.canonicalize.analysis import input_dependencies, shadows
 from scanopt.passes.canonicalize.edit import apply_plan
-from scanopt.passes.canonicalize.epilogue import plan_epilogue
+from scanopt.passes.canonicalize.epilogue import Epilogue, plan_epilogue
 from scanopt.passes.canonicalize.fission import match_fission, split
 from scanopt.passes.canonicalize.fission_plan import Fission
 from scanopt.scan_view import ScanView
@@ -200,15 +200,18 @@ def _plan_epilogues(plan, body, view, dirs, axes, ctx) -> None:
     """Scan outputs computed from other kept outputs' values (same direction and layout),
     scan elements and outer values move after the loop (see :mod:`epilogue`). An output
     another one is computed from stays in the loop; so does one whose computation the lift
-    rules decline (the reason is kept for the report when a cell's fusion hinges on it)."""
+    rules decline (the reason goes to the report: a cell's fusion may hinge on it)."""
     n = plan.n
     layout = {i: (dirs[i], axes[i], tuple(plan.output_perms.get(i, ()))) for i in plan.keep_outputs}
     found = {}
+    state_values = {id(identity_root(body.outputs[j])) for j in range(n)}
     for i in plan.keep_outputs:
         roots = {id(identity_root(body.outputs[n + j])): j for j in plan.keep_outputs if j != i and layout[j] == layout[i]}
         chain = plan_epilogue(body.outputs[n + i], roots, view, body, ctx, reverse=bool(dirs[i]))
-        if not isinstance(chain, str):
+        if isinstance(chain, Epilogue):
             found[i] = chain
+        elif chain is not None and id(identity_root(body.outputs[n + i])) not in state_values:  # not the cell's h
+            plan.left.append(f"scan output {i} is computed from another one's value but stays in the loop: {chain}")
     sources = {k for e in found.values() for k in e.sources.values()}
     plan.epilogues = {i: e for i, e in found.items() if i not in sources}
     plan.keep_outputs = [i for i in plan.keep_outputs if i not in plan.epilogues]

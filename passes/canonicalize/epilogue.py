@@ -12,11 +12,11 @@ moved (its stack, in that order, is what the lifted nodes read; the lifted nodes
 each step alone, so the order of the step axis carries through), and, beside at least one
 such stack, every scan input (read in processing order, reversed when the output
 prepends). An output reading scan inputs alone is a map of them and stays (hoist moves
-its work out of the loop as a new scan input; vectorize handles whole maps). The old state ``h_{t-1}``
-(a state's body input) is a source only where a scan output stacks it; otherwise the
-output stays in the loop with the reason (its stack would be ``[h_0, h_1 .. h_{T-2}]``, a
-shift this module does not build). Loop-invariant outputs, nodes with bodies, random ops
-and whatever :mod:`lift` declines stay in the loop too.
+its work out of the loop as a new scan input; vectorize handles whole maps). The old
+state ``h_{t-1}`` (a state's body input) is a source only where a scan output stacks it;
+otherwise the output stays in the loop with the reason (its stack would be
+``[h_0, h_1 .. h_{T-2}]``, a shift this module does not build). Nodes with bodies, random
+ops and whatever else :mod:`lift` declines stay in the loop too, with its reason.
 """
 
 from __future__ import annotations
@@ -51,14 +51,17 @@ class Epilogue:
         return [node.op for node, _ in self.plan.steps if node.op != "Identity"]
 
 
-def plan_epilogue(y: gs.Tensor, roots: dict[int, int], view, body: gs.Graph, ctx, *, reverse: bool) -> Epilogue | str:
+def plan_epilogue(y: gs.Tensor, roots: dict[int, int], view, body: gs.Graph, ctx, *,
+                  reverse: bool) -> Epilogue | str | None:
     """The Epilogue of body output ``y`` given ``roots`` ({id(identity root of a body output):
-    scan output} of the outputs it may read), or the reason it stays in the loop. ``reverse``:
-    the output prepends (scan inputs are then read in reverse processing order)."""
+    scan output} of the outputs it may read); the reason it stays in the loop although it
+    reads such a stack (for the report); or None when it reads none (nothing to move: the
+    cell's own ``h``, a map of the scan inputs). ``reverse``: the output prepends (scan
+    inputs are then read in reverse processing order)."""
     n, own = view.num_states, {id(node) for node in body.nodes}
     elements = {id(body.inputs[n + j]): j for j in range(view.num_scan_inputs)}
-    state_inputs = {id(t) for t in body.inputs[:n]}
-    sources, read_elements, values, nodes = {}, {}, {}, {}
+    state_inputs = {id(t): t for t in body.inputs[:n]}
+    sources, read_elements, values, nodes, why = {}, {}, {}, {}, []
     seen, stack = set(), [y]
     while stack:
         t = stack.pop()
@@ -69,46 +72,37 @@ def plan_epilogue(y: gs.Tensor, roots: dict[int, int], view, body: gs.Graph, ctx
         if root is not None and t is not y:
             sources[id(t)] = root
             values[id(t)] = Value(True, ctx.shapes.rank(t))
-            continue
-        if id(t) in elements:
+        elif id(t) in elements:
             j = elements[id(t)]
-            why = _unreadable(view, j, ctx.opset)
-            if why:
-                return why
+            why.append(_unreadable(view, j, ctx.opset, reverse))
             read_elements[id(t)] = j
             values[id(t)] = element_value(view, j, t, ctx.shapes)
-            continue
-        if id(t) in state_inputs:
-            return (f"it reads the state input '{t.name}' (the previous step's value), which no scan output "
-                    "stacks in the same direction")
-        producer = t.inputs[0] if len(t.inputs) == 1 and id(t.inputs[0]) in own else None
-        if producer is not None:
-            nodes[id(producer)] = producer
-            stack.extend(x for x in producer.inputs if x.name)
+        elif id(t) in state_inputs:
+            why.append(f"it reads the state input '{t.name}' (the previous step's value), which no scan output "
+                       "stacks in the same direction")
+        elif len(t.inputs) == 1 and id(t.inputs[0]) in own:
+            nodes[id(t.inputs[0])] = t.inputs[0]
+            stack.extend(x for x in t.inputs[0].inputs if x.name)
     if not sources:
-        return ("it reads no value another scan output stacks (a map of the scan inputs: hoist moves such work "
-                "out of the loop as a new scan input)")
-    ordered = [node for node in body.nodes if id(node) in nodes]
+        return None
+    if any(why):
+        return next(w for w in why if w)
     try:
-        plan = plan_nodes(ordered, values, ctx.opset, ctx.shapes.shape)
+        plan = plan_nodes([node for node in body.nodes if id(node) in nodes], values, ctx.opset, ctx.shapes.shape)
     except Declined as exc:
         return str(exc)
-    if not plan.value(y, ctx.shapes.shape).per_step:
-        return "its value is the same at every step"
     name, size = largest_intermediate(plan, view.trip_count, ctx.shapes)
     limit = ctx.options.get("vectorize_max_bytes", DEFAULT_MAX_BYTES)
     if size > limit:
         return f"'{name}' over all steps would take {size} bytes, above vectorize_max_bytes ({limit})"
-    if reverse and ctx.opset < 10 and read_elements:
-        return f"reading a scan input in the output's order needs Slice steps (opset 10+), not opset {ctx.opset}"
     return Epilogue(sources, read_elements, plan, y)
 
 
-def _unreadable(view, j: int, opset: int) -> str:
+def _unreadable(view, j: int, opset: int, reverse: bool) -> str:
     if view.input_axes[j] != 0 and view.input_ranks[j] is None:
         return f"it reads scan input {j}, whose rank is unknown (its scan axis cannot be moved first)"
-    if view.input_directions[j] and opset < 10:
-        return f"it reads reverse scan input {j}, and reversing needs Slice steps (opset 10+), not opset {opset}"
+    if (view.input_directions[j] or reverse) and opset < 10:
+        return f"it reads scan input {j} in reverse, and reversing needs Slice steps (opset 10+), not opset {opset}"
     return ""
 
 
