@@ -130,6 +130,17 @@ def test_two_outputs_from_the_same_state():
     _fuses(model)
 
 
+def test_a_duplicate_of_a_moved_output_reads_its_stack():
+    """h, h·V and h·V again (merged into the first, which then moves after the loop)."""
+    body = cb.Body()
+    h_new = cb.rnn(body, "x", "h")
+    projection = _projection(body, h_new)
+    model = cb.scan_model(body, [("h", h_new, cb.H)], ys=[h_new, projection, projection])
+    out, report = _canonicalized(model)
+    assert len(_moved(report)) == 1 and "merged scan output 2" in _details(report)
+    assert_equivalent(model, out)
+
+
 def test_axis_moved_output_keeps_its_layout():
     """An epilogue output stacked on axis 1 ([batch, seq, H]) is transposed after it is computed."""
     model = _rnn_with_extra(_projection)

@@ -47,8 +47,10 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
             value = emit_epilogue(chain, axis0, xs, view, reverse, after, ctx.opset)
             if k in plan.output_perms:
                 moves.append((value, targets[k], plan.output_perms[k]))
+                axis0[k] = value
             else:
                 write_into(value, targets[k], after)
+                axis0[k] = targets[k]  # a merged duplicate of this output reads it
     _edit_body(body, plan, inits, ctx.names)
     redirects = [(finals[j], inits[j]) for j in plan.invariant_states]
 
