@@ -221,6 +221,24 @@ def test_real_tf_scan_projection_moves_and_the_cell_fuses():
     assert_equivalent(model, out)
 
 
+@pytest.mark.parametrize("name, native, lifted", [
+    ("dyn_scan_rnn_logits", "RNN", "Gemm"),  # dynamo scan: h and nn.Linear(H, V)(h)
+    ("dyn_scan_gru_softmax", "GRU", "Gemm, Softmax"),  # dynamo scan: GRUCell, softmax(W h) beside h
+    ("ts_rnn_logits", "RNN", "Gemm"),  # TorchScript loop appending h and its logits
+])
+def test_real_exports_emitting_logits_fuse(name, native, lifted):
+    path = MODELS / "epilogue" / name
+    model, stored = onnx.load(str(path) + ".onnx"), np.load(str(path) + ".expected.npz")
+    out, report = scanopt.optimize(model, options=PORTABLE)
+    assert any("computed after the loop from scan output" in d and f"({lifted})" in d for d in _moved(report))
+    assert ops(out)[native] == 1 and ops(out)["Scan"] + ops(out)["Loop"] == 0
+    feeds = {i.name: stored[i.name] for i in out.graph.input}
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for value, output in zip(got, out.graph.output):
+        np.testing.assert_allclose(value, stored[output.name], rtol=1e-4, atol=1e-5)
+    assert_equivalent(model, out)
+
+
 _STEPS = {
     "matmul": lambda body, v, k: body.op("MatMul", v, body.const(cb.rand(k, cb.H, cb.H), "v")),
     "gemm": lambda body, v, k: body.op("Gemm", v, body.const(cb.rand(k, cb.H, cb.H), "v"), body.const(cb.rand(k + 1, cb.H), "c"),
