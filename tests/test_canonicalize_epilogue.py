@@ -89,7 +89,15 @@ def test_elementwise_output_moves_after_the_loop_and_the_cell_fuses():
     (_softmax_of_projection, ["MatMul", "Softmax"]),
     (_layer_norm, ["LayerNormalization"]),
     (_projection_plus_input, ["MatMul", "MatMul", "Add"]),
-], ids=["projection", "softmax-over-features", "layernorm", "projection-plus-input"])
+    (lambda body, h: body.op("MatMul", body.op("Concat", h, "x", axis=-1), body.const(cb.rand(5, cb.H + cb.I, cb.H), "w")),
+     ["Concat", "MatMul"]),
+    (lambda body, h: body.op("Reshape", body.op("Transpose", body.op("Reshape", h, body.const(np.array([0, 2, 2], np.int64), "s")),
+                                                perm=[0, 2, 1]), body.const(np.array([0, -1], np.int64), "s2")),
+     ["Reshape", "Transpose", "Reshape"]),
+    (lambda body, h: body.op("MatMul", h, body.op("Transpose", body.const(cb.rand(5, cb.H, cb.H), "w"), perm=[1, 0])),
+     ["Transpose", "MatMul"]),  # an invariant node of the body is copied once
+], ids=["projection", "softmax-over-features", "layernorm", "projection-plus-input", "concat-h-x", "reshape-transpose",
+        "weight-transposed-in-body"])
 def test_per_step_functions_of_h_move_after_the_loop_and_the_cell_fuses(extra, lifted):
     model = _rnn_with_extra(extra)
     out, report = _canonicalized(model)
