@@ -8,7 +8,9 @@ Each ``NAME.onnx`` comes with ``NAME.expected.npz`` (inputs and torch's outputs)
   ``nn.Linear(H, V)(h)`` per step (an RNN language model); outputs y, logits, h_n
 - dyn_scan_gru_softmax:  dynamo ``scan`` HOP: nn.GRUCell, emits ``softmax(W h, -1)`` and h
 - ts_rnn_logits:         TorchScript loop over ``range(x.size(0))``, tanh RNN, logits appended to
-  a list beside h and stacked (loop_to_scan makes it a Scan first)
+  a list beside h and stacked (loop_to_scan makes it a Scan first); the exporter declares
+  both stacked outputs with one set of dim names, which says H = V: each output gets its
+  own names here (:func:`_own_dim_names`)
 x is [T, B, I] with T and B dynamic.
 """
 
@@ -70,6 +72,18 @@ def _modules():
     return {"dyn_scan_rnn_logits": RNNLogits, "dyn_scan_gru_softmax": GRUSoftmax, "ts_rnn_logits": ScriptedRNNLogits}
 
 
+def _own_dim_names(model) -> None:
+    """TorchScript's export declares every stacked list output with the first one's dim names
+    (``logits`` gets ``ConcatFromSequencey_dim_2``, y's H, though its size is V): a
+    declaration that says two different sizes are one. Each output gets names of its own."""
+    taken = set()
+    for value in model.graph.output:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in taken:
+                dim.dim_param = f"{value.name}_dim_{dim.dim_param.rsplit('_', 1)[-1]}"
+        taken |= {d.dim_param for d in value.type.tensor_type.shape.dim if d.dim_param}
+
+
 def write(name):
     import onnx
     import torch
@@ -88,6 +102,7 @@ def write(name):
         torch.onnx.export(torch.jit.script(module), tuple(feeds.values()), path, dynamo=False,
                           input_names=list(feeds), output_names=outputs, dynamic_axes=dynamic, opset_version=17)
         m = onnx.load(path)
+        _own_dim_names(m)
     else:
         seq, batch = torch.export.Dim("seq", min=2), torch.export.Dim("batch", min=2)
         dynamic = tuple({0: seq, 1: batch} if k == "x" else {0: batch} for k in feeds)
