@@ -195,6 +195,7 @@ def expected_form(spec: Spec) -> tuple[int, int, int]:
         key = (root, d ^ (k in spec.flipped_outputs))  # every layout of one value: one axis-0 output
         if read and key not in [seen for seen, _ in distinct]:
             distinct.append((key, value))
+    distinct = [(key, value) for key, value in distinct if not _moves_after_the_loop(spec, key, value, distinct, canonical_x)]
     kept = {j for j in range(n) if spec.read_finals[j] and j not in invariant}
     while True:
         reached_states = set()
@@ -212,6 +213,21 @@ def expected_form(spec: Spec) -> tuple[int, int, int]:
     for j in kept:
         used_x |= depends(("s_out", j))[1]
     return len(kept), max(1, len(used_x)), len(distinct)
+
+
+def _moves_after_the_loop(spec: Spec, key, value, distinct, canonical_x) -> bool:
+    """Whether canonicalize computes this output after the loop (passes/canonicalize/epilogue):
+    an ``x_i + s_j`` whose x_i another kept output stacks in the same direction, and whose s_j
+    is loop-invariant (an outer value once the state goes) or stacked so too. (Layouts match
+    from the second round on: the first moves every axis to 0.)"""
+    if value[0] != "sum":
+        return False
+
+    def stacked(root) -> bool:
+        return any(other[0] == root and other[1] == key[1] for other, _ in distinct if other != key)
+
+    i, j = value[1], value[2]
+    return stacked(("x", canonical_x[i])) and (spec.states[j][0] == "invariant" or stacked(("s_in", j)))
 
 
 def _scan(model: onnx.ModelProto) -> onnx.NodeProto | None:
