@@ -118,13 +118,34 @@ def test_the_projection_leaves_the_body():
 @pytest.mark.parametrize("in_dir, out_dirs", [(1, [1, 1]), (1, [0, 0]), (0, [1, 1])],
                          ids=["reverse-in-prepend-out", "reverse-in", "prepend-out"])
 def test_directions_are_kept(in_dir, out_dirs):
-    """The lifted nodes read the stacks in the output's order; the scan input, read with them,
-    in processing order, reversed where the outputs prepend."""
-    model = _rnn_with_extra(_projection_plus_input, in_dir=in_dir, out_dirs=out_dirs)
+    """The lifted nodes read the stacks in the output's order (they act on each step alone);
+    a scan input is read only when neither it nor the output runs in reverse (else a reversal
+    after the loop would cost what the loop does for free): that output stays, with the reason."""
+    model = _rnn_with_extra(_softmax_of_projection, in_dir=in_dir, out_dirs=out_dirs)
     out, report = _canonicalized(model)
     assert _moved(report)
     assert_equivalent(model, out)
     _fuses(model)
+    with_input = _rnn_with_extra(_projection_plus_input, in_dir=in_dir, out_dirs=out_dirs)
+    _, report = _canonicalized(with_input)
+    assert not _moved(report) and "runs in reverse (a reversal after the loop" in _details(report)
+
+
+def test_a_reversed_scan_input_is_not_read_after_the_loop():
+    """A Slice reversing X feeding the Scan is folded into the direction; an output reading
+    x_t then stays in the loop rather than keep the reversal alive."""
+    model = _rnn_with_extra(_projection_plus_input)
+    graph = model.graph
+    rev = [onnx.numpy_helper.from_array(np.array([v], np.int64), name) for v, name in
+           ((-1, "rev_start"), (np.iinfo(np.int64).min, "rev_end"), (0, "rev_axis"), (-1, "rev_step"))]
+    graph.initializer.extend(rev)
+    graph.node.insert(0, onnx.helper.make_node("Slice", ["X", "rev_start", "rev_end", "rev_axis", "rev_step"], ["X_rev"]))
+    scan = graph.node[-1]
+    scan.input[-1] = "X_rev"
+    out, report = _canonicalized(model)
+    assert not _moved(report) and "a reversal (which canonicalize folds into the direction" in _details(report)
+    assert ops(out)["Slice"] == 0
+    assert_equivalent(model, out)
 
 
 def test_two_outputs_from_the_same_state():
@@ -270,27 +291,49 @@ def test_property_any_liftable_chain_moves_and_stays_equivalent(chain, in_dir, o
         return value
     model = _rnn_with_extra(extra, in_dir=in_dir, out_dirs=[out_dir, out_dir])
     out, report = _canonicalized(model)
-    assert _moved(report), [o.detail for o in report.outcomes]
+    if "x" in chain and (in_dir or out_dir):  # x_t read outside the loop would need a reversal
+        assert not _moved(report) and "runs in reverse" in _details(report)
+    else:
+        assert _moved(report), [o.detail for o in report.outcomes]
     assert_equivalent(model, out, engine="ort")
 
 
-def _scan8_with_projection(lens):
+def _scan8_with(extra, lens, reverse=False):
     body = cb.Body(batch=False)
     h_new = cb.rnn(body, "x", "h")
-    return cb.scan8_model(body, [("h", h_new, cb.H)], ys=[h_new, _projection(body, h_new)], lens=lens)
+    return cb.scan8_model(body, [("h", h_new, cb.H)], ys=[h_new, extra(body, h_new)], lens=lens, reverse=reverse)
 
 
-@pytest.mark.parametrize("lens", [False, True], ids=["full-length", "sequence_lens"])
-def test_scan8_output_moves_once_upgraded(lens):
-    """A Scan-8 keeps its per-step projection at opset 8 (its stacks are batch-major with zeros
-    past each length, which f(0) need not keep, and opset 8 has no Where/Range to restore
-    them); moved to opset 17 (``target_opset``), the upgraded Scan's output moves and, over
-    full lengths, the cell fuses."""
-    model = _scan8_with_projection(lens)
+@pytest.mark.parametrize("extra", [_projection, _softmax_of_projection, _projection_plus_input],
+                         ids=["projection", "softmax", "projection-plus-input"])
+def test_scan8_without_lengths_moves_and_fuses_at_opset_8(extra):
+    """Scan-8 stacks [B, T, ...] are one row per (item, step) for the lifted nodes, and back."""
+    model = _scan8_with(extra, lens=False)
+    out, report = _canonicalized(model)
+    assert _moved(report) and ops(out)["Reshape"] >= 2
+    assert_equivalent(model, out)
+    fused, _ = scanopt.optimize(model, options=PORTABLE)
+    assert ops(fused)["RNN"] == 1 and ops(fused)["Scan"] == 0
+    assert_equivalent(model, fused)
+
+
+def test_scan8_reverse_reading_its_input_stays_with_the_reason():
+    model = _scan8_with(_projection_plus_input, lens=False, reverse=True)
+    _, report = _canonicalized(model)
+    assert not _moved(report)
+    assert "it reads scan input 0 and the input runs in reverse" in _details(report)
+    moved, report = _canonicalized(_scan8_with(_projection, lens=False, reverse=True))  # h's stack alone: moves
+    assert _moved(report)
+    assert_equivalent(_scan8_with(_projection, lens=False, reverse=True), moved)
+
+
+def test_scan8_with_lengths_keeps_it_until_upgraded():
+    """With sequence_lens the stacks are zeros past each length, which f(0) need not keep, and
+    opset 8 has no Where/Range to restore them: kept; moved to opset 17 (``target_opset``), the
+    upgrade masks and the output moves."""
+    model = _scan8_with(_projection, lens=True)
     kept, report = _canonicalized(model)
     assert not _moved(report) and ops(kept)["Scan"] == 1
     out, report = scanopt.optimize(model, options=dict(PORTABLE, target_opset=17))
     assert _moved(report), [o.detail for o in report.outcomes]
     assert report.verification["passed"] is True
-    if not lens:
-        assert ops(out)["RNN"] == 1 and ops(out)["Scan"] == 0

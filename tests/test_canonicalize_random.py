@@ -217,9 +217,11 @@ def expected_form(spec: Spec) -> tuple[int, int, int]:
 
 def _moves_after_the_loop(spec: Spec, key, value, distinct, canonical_x) -> bool:
     """Whether canonicalize computes this output after the loop (passes/canonicalize/epilogue):
-    an ``x_i + s_j`` whose x_i another kept output stacks in the same direction, and whose s_j
-    is loop-invariant (an outer value once the state goes) or stacked so too. (Layouts match
-    from the second round on: the first moves every axis to 0.)"""
+    an ``x_i + s_j`` that reads a value another kept output stacks in the same direction (x_i,
+    or the old s_j), whose s_j is stacked so or loop-invariant (an outer value once the state
+    goes), and whose x_i, when no output stacks it, is read from the scan input: forward,
+    appending, not a reversal. Layouts match from the second round on: the first moves every
+    axis to 0."""
     if value[0] != "sum":
         return False
 
@@ -227,7 +229,10 @@ def _moves_after_the_loop(spec: Spec, key, value, distinct, canonical_x) -> bool
         return any(other[0] == root and other[1] == key[1] for other, _ in distinct if other != key)
 
     i, j = value[1], value[2]
-    return stacked(("x", canonical_x[i])) and (spec.states[j][0] == "invariant" or stacked(("s_in", j)))
+    x_stacked, s_stacked = stacked(("x", canonical_x[i])), stacked(("s_in", j))
+    if not (x_stacked or s_stacked) or not (s_stacked or spec.states[j][0] == "invariant"):
+        return False
+    return x_stacked or not (spec.xs[i][3] or key[1] or spec.xs[i][0] in spec.flipped_inputs)
 
 
 def _scan(model: onnx.ModelProto) -> onnx.NodeProto | None:

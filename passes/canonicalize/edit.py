@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node, in_graph_outputs, is_op, node_position
 from scanopt.passes.canonicalize.epilogue import emit_epilogue, write_into
-from scanopt.rewrite import Builder, consumers, detach, is_read, replace_all_uses
+from scanopt.rewrite import Builder, detach, is_read, replace_all_uses
 from scanopt.scan_view import ScanView
 
 
@@ -43,8 +43,7 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     if plan.epilogues:  # emitted while the body still holds the nodes they lift
         view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
         for k, chain in plan.epilogues.items():
-            reverse = bool(view.output_directions[k]) ^ (k in plan.output_flips)
-            value = emit_epilogue(chain, axis0, xs, view, reverse, after, ctx.opset)
+            value = emit_epilogue(chain, axis0, xs, view, after, ctx.opset)
             if k in plan.output_perms:
                 moves.append((value, targets[k], plan.output_perms[k]))
                 axis0[k] = value
@@ -75,11 +74,8 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
         new_inputs.append(source)
     node.inputs.clear()
     node.inputs.extend(new_inputs)
-    for flip in plan.output_flips.values():
+    for flip in list(plan.output_flips.values()) + list({id(f): f for f in plan.input_flips.values()}.values()):
         _drop_with_constants(flip, graph, top)
-    for flip in {id(f): f for f in plan.input_flips.values()}.values():
-        if not consumers(flip.outputs[0]):  # else an epilogue reads the reversed tensor
-            _drop_with_constants(flip, graph, top)
 
     node.outputs.clear()
     node.outputs.extend([finals[j] for j in plan.keep_states] + [axis0[i] for i in plan.keep_outputs])
