@@ -195,6 +195,7 @@ def expected_form(spec: Spec) -> tuple[int, int, int]:
         key = (root, d ^ (k in spec.flipped_outputs))  # every layout of one value: one axis-0 output
         if read and key not in [seen for seen, _ in distinct]:
             distinct.append((key, value))
+    distinct = [(key, value) for key, value in distinct if not _moves_after_the_loop(spec, key, value, distinct, canonical_x)]
     kept = {j for j in range(n) if spec.read_finals[j] and j not in invariant}
     while True:
         reached_states = set()
@@ -212,6 +213,26 @@ def expected_form(spec: Spec) -> tuple[int, int, int]:
     for j in kept:
         used_x |= depends(("s_out", j))[1]
     return len(kept), max(1, len(used_x)), len(distinct)
+
+
+def _moves_after_the_loop(spec: Spec, key, value, distinct, canonical_x) -> bool:
+    """Whether canonicalize computes this output after the loop (passes/canonicalize/epilogue):
+    an ``x_i + s_j`` that reads a value another kept output stacks in the same direction (x_i,
+    or the old s_j), whose s_j is stacked so or loop-invariant (an outer value once the state
+    goes), and whose x_i, when no output stacks it, is read from the scan input: forward,
+    appending, not a reversal. Layouts match from the second round on: the first moves every
+    axis to 0."""
+    if value[0] != "sum":
+        return False
+
+    def stacked(root) -> bool:
+        return any(other[0] == root and other[1] == key[1] for other, _ in distinct if other != key)
+
+    i, j = value[1], value[2]
+    x_stacked, s_stacked = stacked(("x", canonical_x[i])), stacked(("s_in", j))
+    if not (x_stacked or s_stacked) or not (s_stacked or spec.states[j][0] == "invariant"):
+        return False
+    return x_stacked or not (spec.xs[i][3] or key[1] or spec.xs[i][0] in spec.flipped_inputs)
 
 
 def _scan(model: onnx.ModelProto) -> onnx.NodeProto | None:

@@ -2,7 +2,8 @@
 inputs, outputs and states, defaults left out).
 
 The package: ``canonicalize_pass`` (the pass and the canonical form), ``analysis``
-(read-only: what depends on what), ``edit`` (apply a plan to one Scan), and loop fission:
+(read-only: what depends on what), ``edit`` (apply a plan to one Scan), ``epilogue``
+(scan outputs computed after the loop from other outputs' stacks), and loop fission:
 ``fission`` (when to split a Scan in two, and the rewrite), ``fission_plan`` (the state
 graph's components and what the second piece reads) and ``fission_build`` (the pieces).
 """

@@ -5,7 +5,9 @@ Canonical form (what later passes and backends may assume):
   the layout the model asked for (the outer tensor keeps its name);
 - no attribute equal to its default (all-zero axes or directions are left out);
 - every scan output is read, and no two compute the same body value in the same direction
-  (a second layout of the same value is a Transpose of the first);
+  (a second layout of the same value is a Transpose of the first), and none is computed
+  per step from values other outputs stack (``h_t·V``: computed once after the loop on
+  the stacks, :mod:`epilogue`);
 - every state is read after the loop or feeds a kept output (across iterations), and no
   state is loop-invariant: the body reads the initial value from the outer scope;
 - no scan input is listed twice with the same axis and direction, and every scan input is
@@ -19,7 +21,8 @@ Canonical form (what later passes and backends may assume):
   and a running sum of h) becomes two Scans once nothing else above changes (loop
   fission, :mod:`fission`; option ``fission``), Scan-8 included.
 Scan-8 (opset 8, batched, ``sequence_lens``) gets the edits that keep its batch semantics
-exactly: dead states, unread and duplicate scan outputs, duplicate and unused scan inputs go
+exactly: dead states, unread and duplicate scan outputs, duplicate and unused scan inputs go,
+outputs computed from another's stack move after the loop without ``sequence_lens``
 (:func:`_match_scan8`); its loop-invariant states stay (the body sees one batch item of them,
 which no outer value is), and it has no axes to move. So a Scan-8 cell with extra dead
 states still fuses at opset 8. An axis whose rank is unknown stays as it is (reported);
@@ -34,10 +37,10 @@ import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node
 from scanopt.pass_api import Match, ScanPass, Skip, register_pass
-from scanopt.constexpr import ConstantFolder
-from scanopt.passes.canonicalize.analysis import epilogue, identity_root, input_dependencies, shadows
-from scanopt.graph import in_graph_outputs, reverses_axis
+from scanopt.graph import identity_root, in_graph_outputs, reverses_axis
+from scanopt.passes.canonicalize.analysis import input_dependencies, shadows
 from scanopt.passes.canonicalize.edit import apply_plan
+from scanopt.passes.canonicalize.epilogue import Epilogue, plan_epilogue
 from scanopt.passes.canonicalize.fission import match_fission, split
 from scanopt.passes.canonicalize.fission_plan import Fission
 from scanopt.scan_view import ScanView
@@ -97,7 +100,7 @@ class Canonicalize(ScanPass):
         if not any(read):
             return Skip("none of its outputs is read; the cleanup pass removes it")
         if view.batched:
-            return _or_fission(_match_scan8(node, view, read), node, view, level, ctx)
+            return _or_fission(_match_scan8(node, view, read, ctx), node, view, level, ctx)
         plan = CanonicalPlan(view.num_states)
         out_dirs, out_axes = _plan_outputs(plan, node, view, read, level, ctx)
         needed = _plan_states(plan, node, read)
@@ -130,9 +133,10 @@ def _or_fission(found, node, view, level, ctx):
     return split_found if isinstance(split_found, Fission) else Skip(f"{found.reason}; not split: {split_found}")
 
 
-def _match_scan8(node, view, read):
-    """The Scan-8 plan: dead states and outputs, duplicate outputs, duplicate and unused scan
-    inputs. Invariant states stay states (see the module docstring)."""
+def _match_scan8(node, view, read, ctx):
+    """The Scan-8 plan: dead states and outputs, duplicate outputs, outputs computed after
+    the loop (without sequence_lens), duplicate and unused scan inputs. Invariant states
+    stay states (see the module docstring)."""
     n, k, m = view.num_states, view.num_scan_outputs, view.num_scan_inputs
     plan = CanonicalPlan(n, first=1)
     body = node.attrs["body"]
@@ -145,6 +149,8 @@ def _match_scan8(node, view, read):
         else:
             first_seen[key] = i
     plan.keep_outputs = [i for i in range(k) if read[n + i] and i not in plan.merged_outputs]
+    if not view.sequence_lens:  # stacks past a length are zeros, which f(0) need not keep (see epilogue)
+        _plan_epilogues(plan, body, node.inputs[1 + n:], view, [0] * k, [0] * k, ctx)
     needed = _plan_states(plan, node, read, invariants=False)
     if plan.removes_node:
         return plan
@@ -156,8 +162,11 @@ def _match_scan8(node, view, read):
     if any(kept_dirs):
         plan.attrs["directions"] = kept_dirs
     plan.dropped = ["directions"] if "directions" in node.attrs and not any(kept_dirs) else []
-    return plan if plan.changes() else Skip("already canonical (Scan-8: no dead, duplicate or unused states, inputs "
-                                            "or outputs; axes and invariant states stay as opset 8 defines them)")
+    if plan.changes():
+        return plan
+    left = "; " + "; ".join(plan.left) if plan.left else ""
+    return Skip("already canonical (Scan-8: no dead, duplicate or unused states, inputs or outputs; axes and invariant "
+                "states stay as opset 8 defines them)" + left)
 
 
 def _plan_outputs(plan, node, view, read, level, ctx):
@@ -192,23 +201,30 @@ def _plan_outputs(plan, node, view, read, level, ctx):
         else:
             first[key] = i
     plan.keep_outputs = [i for i in live if i not in plan.merged_outputs]
-    _plan_epilogues(plan, body, dirs, axes, ctx)
+    _plan_epilogues(plan, body, node.inputs[n:], view, dirs, axes, ctx)
     return dirs, axes
 
 
-def _plan_epilogues(plan, body, dirs, axes, ctx) -> None:
-    """Scan outputs that are elementwise functions of another kept output's value, in the
-    same direction and layout, move after the loop (see analysis.Epilogue). An output another
-    one is computed from stays in the loop."""
-    n, folder = plan.n, ConstantFolder(ctx.opset)
+def _plan_epilogues(plan, body, xs, view, dirs, axes, ctx) -> None:
+    """Scan outputs computed from other kept outputs' values (same direction and layout),
+    scan elements and outer values move after the loop (see :mod:`epilogue`). An output
+    another one is computed from stays in the loop; so does one whose computation the lift
+    rules decline (the reason goes to the report: a cell's fusion may hinge on it)."""
+    n = plan.n
     layout = {i: (dirs[i], axes[i], tuple(plan.output_perms.get(i, ()))) for i in plan.keep_outputs}
     found = {}
+    state_values = {id(identity_root(body.outputs[j])) for j in range(n)}
+    # a stack of an outer value (a loop-invariant output) is no source: it is the same row T times
+    local = {id(t) for t in body.inputs} | {id(t) for node in body.nodes for t in node.outputs}
+    stacks = [j for j in plan.keep_outputs if id(identity_root(body.outputs[n + j])) in local]
     for i in plan.keep_outputs:
-        roots = {id(identity_root(body.outputs[n + j])): j for j in plan.keep_outputs if j != i and layout[j] == layout[i]}
-        chain = epilogue(body.outputs[n + i], roots, body, folder, ctx.shapes.rank) if roots else None
-        if chain is not None:
+        roots = {id(identity_root(body.outputs[n + j])): j for j in stacks if j != i and layout[j] == layout[i]}
+        chain = plan_epilogue(body.outputs[n + i], roots, view, body, xs, ctx, reverse=bool(dirs[i]))
+        if isinstance(chain, Epilogue):
             found[i] = chain
-    sources = {e.source for e in found.values()}
+        elif chain is not None and id(identity_root(body.outputs[n + i])) not in state_values:  # not the cell's h
+            plan.left.append(f"scan output {i} is computed from another one's value but stays in the loop: {chain}")
+    sources = {k for e in found.values() for k in e.sources.values()}
     plan.epilogues = {i: e for i, e in found.items() if i not in sources}
     plan.keep_outputs = [i for i in plan.keep_outputs if i not in plan.epilogues]
 

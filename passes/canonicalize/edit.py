@@ -10,7 +10,9 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import has_node, in_graph_outputs, is_op, node_position
+from scanopt.passes.canonicalize.epilogue import emit_epilogue, write_into
 from scanopt.rewrite import Builder, detach, is_read, replace_all_uses
+from scanopt.scan_view import ScanView
 
 
 def apply_plan(node: gs.Node, plan, level, ctx) -> str:
@@ -23,6 +25,31 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     description = _describe(plan, dict(node.attrs), inits, xs, ys, finals)
     # New nodes are built apart, then placed just before / just after the Scan.
     before, after = Builder(gs.Graph(), ctx.names), Builder(gs.Graph(), ctx.names)
+    # The tensor each read scan output ends in: a folded reversal's output takes its place;
+    # its value on axis 0 (before the Transpose back to its axis, if any).
+    targets = {
+        i: plan.output_flips[i].outputs[0] if i in plan.output_flips else ys[i]
+        for i in plan.keep_outputs + list(plan.merged_outputs) + list(plan.epilogues)
+    }
+    axis0, moves = {}, []
+    for i in plan.keep_outputs:
+        axis0[i] = targets[i]
+        if i in plan.output_perms:
+            perm = plan.output_perms[i]
+            inverse = [perm.index(d) for d in range(len(perm))]
+            shape = _permuted(targets[i], inverse, ctx)
+            axis0[i] = after.variable("scan_axis0_out", dtype=targets[i].dtype, shape=shape)
+            moves.append((axis0[i], targets[i], perm))
+    if plan.epilogues:  # emitted while the body still holds the nodes they lift
+        view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
+        for k, chain in plan.epilogues.items():
+            value = emit_epilogue(chain, axis0, xs, view, after, ctx.opset)
+            if k in plan.output_perms:
+                moves.append((value, targets[k], plan.output_perms[k]))
+                axis0[k] = value
+            else:
+                write_into(value, targets[k], after)
+                axis0[k] = targets[k]  # a merged duplicate of this output reads it
     _edit_body(body, plan, inits, ctx.names)
     redirects = [(finals[j], inits[j]) for j in plan.invariant_states]
 
@@ -45,35 +72,18 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
                 transposed[key] = before.op("Transpose", [source], perm=perm, dtype=source.dtype, shape=shape)
             source = transposed[key]
         new_inputs.append(source)
-    # The tensor each read scan output ends in: a folded reversal's output takes its place.
-    targets = {
-        i: plan.output_flips[i].outputs[0] if i in plan.output_flips else ys[i]
-        for i in plan.keep_outputs + list(plan.merged_outputs) + list(plan.epilogues)
-    }
+    node.inputs.clear()
+    node.inputs.extend(new_inputs)
     for flip in list(plan.output_flips.values()) + list({id(f): f for f in plan.input_flips.values()}.values()):
         _drop_with_constants(flip, graph, top)
 
-    node.inputs.clear()
-    node.inputs.extend(new_inputs)
-    new_outputs, axis0, moves = [finals[j] for j in plan.keep_states], {}, []
-    for i in plan.keep_outputs:
-        axis0[i] = targets[i]
-        if i in plan.output_perms:
-            perm = plan.output_perms[i]
-            inverse = [perm.index(d) for d in range(len(perm))]
-            shape = _permuted(targets[i], inverse, ctx)
-            axis0[i] = after.variable("scan_axis0_out", dtype=targets[i].dtype, shape=shape)
-            moves.append((axis0[i], targets[i], perm))
-        new_outputs.append(axis0[i])
     node.outputs.clear()
-    node.outputs.extend(new_outputs)
+    node.outputs.extend([finals[j] for j in plan.keep_states] + [axis0[i] for i in plan.keep_outputs])
     for dup, kept in plan.merged_outputs.items():
         if dup in plan.output_perms:  # the same values in another layout
             moves.append((axis0[kept], targets[dup], plan.output_perms[dup]))
         else:
             redirects.append((targets[dup], axis0[kept]))
-    for k, chain in plan.epilogues.items():
-        _compute_after(chain, axis0[chain.source], targets[k], plan.output_perms.get(k), after, moves)
     for stacked, target, perm in moves:
         after.op("Transpose", [stacked], outputs=[target], perm=perm)
     node.attrs.clear()
@@ -82,19 +92,6 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
     position = node_position(graph, node)
     graph.nodes[position:position + 1] = before.graph.nodes + [node] + after.graph.nodes
     return description
-
-
-def _compute_after(chain, stacked: gs.Tensor, target: gs.Tensor, perm, after: Builder, moves: list) -> None:
-    """Apply an Epilogue's elementwise steps to the stacked source output, writing ``target``
-    (through the output's Transpose when it has one)."""
-    value = stacked
-    for k, (op, attrs, operands, dtype) in enumerate(chain.steps):
-        inputs = [value if v is None else after.constant("scalar_after", v) for v in operands]
-        if k == len(chain.steps) - 1 and perm is None:
-            after.op(op, inputs, outputs=[target], **attrs)
-            return
-        value = after.op(op, inputs, dtype=dtype, **attrs)
-    moves.append((value, target, perm))
 
 
 def _edit_body(body: gs.Graph, plan, inits: list, names) -> None:
@@ -143,6 +140,13 @@ def _permuted(tensor: gs.Tensor, perm: list[int], ctx) -> list | None:
     return None if shape is None or len(shape) != len(perm) else [shape[p] for p in perm]
 
 
+def _sources(chain, xs) -> str:
+    """What an epilogue reads, for the report: 'scan output 0', 'scan output 2 and scan input 0'."""
+    read = [f"scan output {k}" for k in sorted(set(chain.sources.values()))]
+    read += [f"scan input {j} ('{xs[j].name}')" for j in sorted(set(chain.elements.values()))]
+    return " and ".join(read)
+
+
 def _describe(plan, attrs: dict, inits, xs, ys, finals) -> str:
     """One line: every change, then what stays non-canonical."""
     in_axes = attrs.get("scan_input_axes", [0] * len(xs))
@@ -152,8 +156,8 @@ def _describe(plan, attrs: dict, inits, xs, ys, finals) -> str:
         f"merged scan output {d} (outer tensor '{ys[d].name}') into scan output {k} (same body value)" for d, k in plan.merged_outputs.items()
     ]
     parts += [
-        f"scan output {k} (outer tensor '{ys[k].name}') computed after the loop from scan output {e.source} "
-        f"({', '.join(step[0] for step in e.steps)})" for k, e in plan.epilogues.items()
+        f"scan output {k} (outer tensor '{ys[k].name}') computed after the loop from {_sources(e, xs)} "
+        f"({', '.join(e.ops()) or 'a copy'})" for k, e in plan.epilogues.items()
     ]
     parts += [
         f"removed loop-invariant state {j}: the body reads its initial value, outer tensor '{inits[j].name}', directly" for j in plan.invariant_states

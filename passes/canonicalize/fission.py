@@ -24,25 +24,35 @@ fuses as it is, and stays whole), and
   split, runs inside every form it times): the fastest form is one of those passes';
   the second piece then takes the same measured choice;
 - else, on a trial split built apart from the graph (detached copies, unhooked
-  afterwards; one trial per component no other state feeds), some piece gets a form
-  the cost policy applies: any, for target portable; one the cost model predicts
-  faster than its loop, for onnxruntime (forms it has no numbers for, like linrec's,
-  still apply to the pieces of a split, but do not justify a second loop alone).
+  afterwards; one trial per component no other state feeds):
+  - for target portable (any form applies there), what the forms leave: each form a
+    piece gets rewrites a fresh copy of it, and the split is made when a piece then has
+    no Loop or Scan left (a native op, CumSum, a map's batch) or the pieces together
+    have fewer than the Scan had. linrec's form for a symbolic length is itself chunked
+    Loops (which loop_to_scan turns back into Scans), so a split whose only form is that
+    would turn one loop into three;
+  - for onnxruntime, some piece gets a form the cost model predicts faster than its loop
+    (forms it has no numbers for, like linrec's, still apply to the pieces of a split,
+    but do not justify a second loop alone).
 "always" splits wherever the states allow, "never" keeps every Scan whole.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from dataclasses import replace
+
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, in_graph_outputs, node_label, node_position
-from scanopt.pass_api import dry_matches, registered_passes
-from scanopt.passes.canonicalize.fission_build import build_pieces, unhook
+from scanopt.graph import GraphLevel, in_graph_outputs, node_label, node_position, walk_graphs
+from scanopt.pass_api import Skip, dry_matches, registered_passes
+from scanopt.passes.canonicalize.fission_build import build_pieces, unhook, unhook_graph
 from scanopt.passes.canonicalize.fission_plan import Fission, plan_fission
 from scanopt.scan_view import ScanView
 
 # Passes whose rewrite leaves a piece without its loop (native op, CumSum, a map's batch).
 FORM_PASSES = ("fuse", "linrec", "vectorize", "distances")
+LOOP_OPS = ("Loop", "Scan")
 # option ``fission``: split where it pays (above), wherever the states allow, or never
 MODES = ("auto", "always", "never")
 
@@ -72,20 +82,41 @@ def match_fission(node: gs.Node, view: ScanView, level: GraphLevel, ctx) -> Fiss
         trial = _trial(node, view, plan, level, ctx)
         if isinstance(trial, str):
             return trial
-        plan.forms = ["+".join(name for name, _ in found) for found in trial]
-        if mode == "always" or any((measured is not None) or _pays(e, ctx) for found in trial for _, e in found):
-            return plan  # measured: the fastest form is a split one, and this split gives a piece a form
+        plan.forms = ["+".join(name for name, _ in found) for found, _ in trial]
+        if mode == "always" or measured is not None:
+            return plan  # measured: the fastest form is a split one
+        if _portable(ctx):
+            left = [min((_loops_left(node, view, plan, index, name, level, ctx) for name, _ in found), default=as_is)
+                    for index, (found, as_is) in enumerate(trial)]
+            before = _loops(gs.Graph(nodes=[node]))
+            if 0 in left or sum(left) < before:
+                return plan
+            tried.append(f"states {plan.first} | {plan.rest}: "
+                         + " and ".join(f"{form or 'a loop'} ({n} loops)" for form, n in zip(plan.forms, left))
+                         + f" where the Scan has {before}")
+            continue
+        if any(_pays(e, ctx) for found, _ in trial for _, e in found):
+            return plan
         tried.append(f"states {plan.first} | {plan.rest}: " + ", ".join(form or "a loop" for form in plan.forms))
+    if _portable(ctx):
+        return (f"split into {splits} would do, but no piece would then be native or loop-free, nor would the "
+                f"pieces have fewer loops than the Scan ({'; '.join(tried)}; among {', '.join(_selected(ctx))})")
     return (f"split into {splits} would do, but no piece would then get a native or loop-free form predicted "
             f"faster than its loop ({'; '.join(tried)}; among {', '.join(_selected(ctx))}): two loops would cost "
             "more than one")
 
 
+def _portable(ctx) -> bool:
+    """Target portable (or no cost policy): any form applies, so the question is what the
+    forms leave, not their speed."""
+    return ctx.cost is None or getattr(ctx.cost, "target", "") == "portable"
+
+
 def _pays(estimate, ctx) -> bool:
-    """A piece's form justifies a second loop: any form for target portable (or without a
-    cost policy), else one the cost model predicts faster (a form it has no numbers for,
-    such as linrec's, still applies to the pieces, but does not alone justify the split)."""
-    if estimate is None or getattr(ctx.cost, "target", "") == "portable":
+    """A piece's form justifies a second loop on onnxruntime: one the cost model predicts
+    faster (a form it has no numbers for, such as linrec's, still applies to the pieces,
+    but does not alone justify the split)."""
+    if estimate is None:
         return True
     return estimate.measured or (estimate.speedup is not None and estimate.speedup > 1)
 
@@ -111,24 +142,83 @@ def _measured(node, level, ctx) -> dict | None:
     return measured.get(node_label(node)) if not level.path else None
 
 
-def _trial(node, view, plan: Fission, level, ctx) -> list[list[tuple]] | str:
-    """Per piece, what _forms_of says of it, judged on detached copies of the pieces; or
-    why the split is impossible. Leaves the graph as it was."""
-    stand_in = [gs.Variable(t.name, dtype=t.dtype, shape=t.shape) if t.name else t for t in node.inputs]
-    outs = [gs.Variable(t.name, dtype=t.dtype, shape=t.shape) for t in node.outputs]
-    readers = [gs.Node("Identity", inputs=[s]) for s, t in zip(outs, node.outputs) if t.outputs or t.name and _listed(t, level)]
-    pieces = build_pieces(node, view, plan, stand_in, outs, ctx, rest_name=_rest_name(node))
-    try:
+def _trial(node, view, plan: Fission, level, ctx) -> list[tuple[list[tuple], int]] | str:
+    """Per piece, what _forms_of says of it and its Loop/Scan nodes as it is, judged on
+    detached copies of the pieces; or why the split is impossible. Leaves the graph as it
+    was."""
+    with _detached(node, view, plan, level, ctx) as (pieces, where):
         if isinstance(pieces, str):
             return pieces
-        scratch = gs.Graph(nodes=list(pieces) + readers)
-        where = GraphLevel(scratch, level.parents, level.path)
-        return [_forms_of(piece, ScanView.from_gs(piece, ctx.opset, ctx.shapes), where, ctx) for piece in pieces]
+        return [(_forms_of(piece, ScanView.from_gs(piece, ctx.opset, ctx.shapes), where, ctx),
+                 _loops(gs.Graph(nodes=[piece]))) for piece in pieces]
+
+
+def _loops_left(node, view, plan: Fission, index: int, name: str, level, ctx) -> int:
+    """Loop and Scan nodes (nested ones included) piece ``index`` still has once pass
+    ``name`` rewrote a fresh detached copy of it: linrec's form for a symbolic length is
+    itself Loops (which loop_to_scan turns back into Scans); a native op or CumSum has none.
+    A rewrite that fails on the copy counts as leaving the piece as it was."""
+    with _detached(node, view, plan, level, ctx) as (pieces, where):
+        piece, kept = pieces[index], _loops(gs.Graph(nodes=[pieces[index]]))
+        rewriter = registered_passes()[name]()
+        try:
+            match = rewriter.match(piece, ScanView.from_gs(piece, ctx.opset, ctx.shapes), where, ctx)
+            if isinstance(match, Skip):
+                return kept
+            rewriter.rewrite(piece, match, where, ctx)
+        except Exception:  # noqa: BLE001 - a pass that cannot rewrite the copy gives the piece no form
+            return kept
+        other = pieces[1 - index]
+        return _loops(gs.Graph(nodes=[n for n in where.graph.nodes if n is not other]))
+
+
+def _loops(graph: gs.Graph) -> int:
+    return sum(n.op in LOOP_OPS for level in walk_graphs(graph) for n in level.graph.nodes)
+
+
+@contextmanager
+def _detached(node, view, plan: Fission, level, ctx):
+    """(the two pieces, a GraphLevel of a scratch graph holding them) built apart from the
+    graph, reading the node's own inputs (fuse looks through a scan input to the projection
+    computing it outside) and writing stand-ins for its outputs, or (the reason, None);
+    every node of the scratch graph, and whatever a rewrite put there, is unhooked
+    afterwards, so the graph's tensors lose the readers the trial gave them."""
+    outs = [gs.Variable(t.name, dtype=t.dtype, shape=t.shape) for t in node.outputs]
+    readers = [gs.Node("Identity", inputs=[s]) for s, t in zip(outs, node.outputs) if t.outputs or t.name and _listed(t, level)]
+    pieces = build_pieces(node, view, plan, list(node.inputs), outs, ctx, rest_name=_rest_name(node))
+    scratch = gs.Graph(nodes=list(pieces) + readers) if not isinstance(pieces, str) else None
+    try:
+        if scratch is None:
+            yield pieces, None
+        else:
+            where = GraphLevel(scratch, level.parents, level.path)
+            _canonicalize(pieces, where, ctx)
+            yield pieces, where
     finally:
-        for piece in pieces if not isinstance(pieces, str) else ():
-            unhook(piece)
+        if scratch is not None:
+            for piece in pieces:
+                unhook(piece)
+            unhook_graph(scratch)
         for reader in readers:
             reader.inputs.clear()
+        ctx.edits += 1  # readers came and went on the graph's tensors: what passes memoized of them is stale
+
+
+def _canonicalize(pieces, where: GraphLevel, ctx, rounds: int = 3) -> None:
+    """Bring the trial's pieces to canonical form, as the next round does before any other
+    pass sees them (a piece's copy of an output, its unread inputs and invariant states
+    would otherwise stop fuse on the trial only); no further fission."""
+    inner = replace(ctx, options={**ctx.options, "fission": "never"})
+    canonicalize = registered_passes()["canonicalize"]()
+    for piece in pieces:
+        for _ in range(rounds):
+            try:
+                found = canonicalize.match(piece, ScanView.from_gs(piece, ctx.opset, ctx.shapes), where, inner)
+                if isinstance(found, Skip) or not any(n is piece for n in where.graph.nodes):
+                    break
+                canonicalize.rewrite(piece, found, where, inner)
+            except Exception:  # noqa: BLE001 - the piece is judged as built
+                break
 
 
 def _rest_name(node) -> str:

@@ -17,7 +17,8 @@ reason. The rules (r = per-step rank of the result, axes resolved with the input
 - Gemm: MatMul on (transposed) operands, then ``alpha`` and ``beta * C``, within the dtype
   tolerance (the rounding of a fused Gemm may differ by an ulp).
 - ops with axes (Softmax/LogSoftmax/Hardmax, Reduce*, ArgMax/ArgMin, Concat, Split,
-  Transpose, Squeeze/Unsqueeze, Gather, Slice, TopK): axes shifted by one; a default meaning
+  Transpose, Squeeze/Unsqueeze, Gather, Slice, TopK, LayerNormalization with invariant
+  scale and bias): axes shifted by one; a default meaning
   "every axis" is made explicit; axes given as inputs must be constants.
 - Reshape: a constant target shape gets a leading 0 (copy the step count).
 - Einsum (explicit equations, no ellipsis): a fresh letter for the step axis leads every per-step
@@ -205,7 +206,7 @@ class _Rule:
             "MatMul": self.matmul, "Gemm": self.gemm, "Transpose": self.transpose, "Reshape": self.reshape,
             "Concat": self.concat, "Split": self.split, "Gather": self.gather, "Squeeze": self.squeeze,
             "Unsqueeze": self.unsqueeze, "TopK": self.topk, "ArgMax": self.arg, "ArgMin": self.arg,
-            "Slice": self.slice, "Einsum": self.einsum,
+            "Slice": self.slice, "Einsum": self.einsum, "LayerNormalization": self.layer_norm,
         }.get(op)
         if op in REDUCE:
             handler = self.reduce
@@ -407,6 +408,14 @@ class _Rule:
         default = -1 if self.opset >= 13 else 1
         axis = self.norm(int(self.attrs.get("axis", default)), r) + 1
         return (lambda e, ins: e.same(self.node, ins, axis=axis)), self.outputs(r)
+
+    def layer_norm(self):
+        """Normalizes ``axis``.. to the last axis; scale and bias broadcast over those axes
+        only (a per-step one would need the step axis): they must be invariant."""
+        self.invariant_only(range(1, len(self.values)), "scale or bias")
+        r = self.rank(0)
+        axis = self.norm(int(self.attrs.get("axis", -1)), r) + 1
+        return (lambda e, ins: e.same(self.node, ins, axis=axis)), self.outputs(*[r] * len(self.node.outputs))
 
     def topk(self):
         self.invariant_only([1], "K")
