@@ -387,6 +387,14 @@ def export_torch_sample(module, feeds: dict, outputs: list[str], path: str, *, s
         program = torch.onnx.export(module, tuple(feeds.values()), dynamo=True, input_names=list(feeds),
                                     output_names=outputs, dynamic_shapes=dynamic, verbose=False)
         m = program.model_proto
+    save_torch_sample(m, path, feeds, outputs, got)
+
+
+def save_torch_sample(m, path: str, feeds: dict, outputs: list[str], got) -> None:
+    """Write an exported model to ``path`` (stack traces stripped, producer stamped) and
+    ``<name>.expected.npz`` beside it: the feeds and the module's outputs ``got``."""
+    import torch
+
     strip_stack_traces(m)
     m.producer_name, m.producer_version = m.producer_name or "pytorch", torch.__version__.split("+")[0]
     onnx.save(m, path)

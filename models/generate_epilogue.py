@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from generate import HERE, run_generator, save_npz, strip_stack_traces
+from generate import HERE, run_generator, save_torch_sample
 
 OUT = os.path.join(HERE, "epilogue")
 T, B, I, H, V = 5, 3, 3, 4, 7
@@ -109,12 +109,7 @@ def write(name):
         program = torch.onnx.export(module, tuple(feeds.values()), dynamo=True, input_names=list(feeds),
                                     output_names=outputs, dynamic_shapes=dynamic, verbose=False)
         m = program.model_proto
-    strip_stack_traces(m)
-    m.producer_name, m.producer_version = m.producer_name or "pytorch", torch.__version__.split("+")[0]
-    onnx.save(m, path)
-    expected = {k: v.numpy() for k, v in feeds.items()}
-    expected.update({n: v.numpy() for n, v in zip(outputs, got)})
-    save_npz(os.path.join(OUT, f"{name}.expected.npz"), expected)
+    save_torch_sample(m, path, feeds, outputs, got)
 
 
 if __name__ == "__main__":
