@@ -5,7 +5,8 @@ canonicalize (the README's canonicalize epilogue table).
     python benchmarks/bench_epilogue.py [--seconds 1.0]
 
 Models: an RNN language model emitting logits h_t·W_out (hand-built: H=32 hidden, 3 inputs,
-a vocabulary of 256; tests/cell_builders) and tf2onnx's tf.scan over (h, s) emitting (h·v, s, h)
+a vocabulary of 256; tests/cell_builders), the same emitting the logits alone (h's new value
+stacked as a new scan output by canonicalize) and tf2onnx's tf.scan over (h, s) emitting (h·v, s, h)
 (models/heldout_producers_2/tf_scan_tuple_two_out.onnx, H=6). Forms, each built with
 verification and tuning off:
 - ``in loop``: canonicalize (after loop_to_scan, for the tf.scan Loop) with its epilogue
@@ -44,12 +45,13 @@ from scanopt.timing import measure  # noqa: E402
 HIDDEN, VOCAB = 32, 256
 
 
-def language_model() -> onnx.ModelProto:
-    """h_t = tanh(x_t W + h_{t-1} R + b); scan outputs h_t and the logits h_t·W_out."""
+def language_model(only_logits: bool = False) -> onnx.ModelProto:
+    """h_t = tanh(x_t W + h_{t-1} R + b); scan outputs h_t and the logits h_t·W_out (with
+    ``only_logits`` the logits alone: canonicalize then stacks h as a new scan output)."""
     body = cb.Body(hidden=HIDDEN)
     h_new = cb.rnn(body, "x", "h")
     logits = body.op("MatMul", h_new, body.const(cb.rand(9, HIDDEN, VOCAB), "w_out"))
-    model = cb.scan_model(body, [("h", h_new, HIDDEN)], ys=[h_new, logits])
+    model = cb.scan_model(body, [("h", h_new, HIDDEN)], ys=[logits] if only_logits else [h_new, logits])
     scan_body = next(a.g for a in model.graph.node[-1].attribute if a.name == "body")
     for value, dims in ((scan_body.output[-1], ["batch", VOCAB]), (model.graph.output[-1], ["seq", "batch", VOCAB])):
         value.CopyFrom(onnx.helper.make_tensor_value_info(value.name, onnx.TensorProto.FLOAT, dims))
@@ -77,6 +79,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
     cases = {"RNN LM logits (H=32, V=256)": language_model(),
+             "RNN LM logits only, h not stacked": language_model(only_logits=True),
              "tf_scan_tuple_two_out": onnx.load(os.path.join(ROOT, "models/heldout_producers_2/tf_scan_tuple_two_out.onnx"))}
     print(f"onnxruntime {ort.__version__}, 1 intra-op thread, scanopt.timing.measure (thread CPU time, interleaved, A/A)")
     print("| model | T, B | in loop ms | after loop | portable | default | A/A noise |")

@@ -345,7 +345,11 @@ def test_invariant_state_is_kept_when_the_body_reuses_its_initial_value_name(oth
             "not canonical: state 0 is loop-invariant but the body defines another value named 'w0'"
         )
     else:
-        assert applied_detail(report) == "removed loop-invariant state 0: the body reads its initial value, outer tensor 'w0', directly"
+        first, second = [o.detail for o in outcomes(report, "scan") if o.applied]
+        assert first == "removed loop-invariant state 0: the body reads its initial value, outer tensor 'w0', directly"
+        # then y = acc * w reads only acc's new value: stacked anew, y is computed after the loop
+        assert second == ("scan output 0 (outer tensor 'Y') computed after the loop from the steps of state 0 "
+                          "(a new scan output) (Mul)")
         assert_equivalent(m, out)
 
 

@@ -337,3 +337,37 @@ def test_scan8_with_lengths_keeps_it_until_upgraded():
     out, report = scanopt.optimize(model, options=dict(PORTABLE, target_opset=17))
     assert _moved(report), [o.detail for o in report.outcomes]
     assert report.verification["passed"] is True
+
+
+def _rnn_emitting_only(extra, *, out_dirs=None, finals=True):
+    """An RNN Scan whose only scan output is ``extra(body, h)``: h itself is not stacked."""
+    body = cb.Body()
+    h_new = cb.rnn(body, "x", "h")
+    return cb.scan_model(body, [("h", h_new, cb.H)], ys=[extra(body, h_new)], out_dirs=out_dirs, finals=finals)
+
+
+@pytest.mark.parametrize("extra", [_projection, _softmax_of_projection, _layer_norm])
+@pytest.mark.parametrize("finals", [True, False])
+def test_an_output_of_the_new_state_alone_gets_a_stack_of_the_state_and_the_cell_fuses(extra, finals):
+    """An RNN language model that emits only logits h_t·W (the dynamo export of a torch scan
+    returning (h, head(h)) with h not kept): h's new value is stacked as a new scan output, the
+    logits are computed after the loop from that stack, and the cell fuses."""
+    model = _rnn_emitting_only(extra, finals=finals)
+    out, report = _canonicalized(model)
+    moved = _moved(report)
+    assert len(moved) == 1 and "from the steps of state 0 (a new scan output)" in moved[0], moved
+    scan = next(n for n in out.graph.node if n.op_type == "Scan")
+    assert len(scan.output) == 2  # the final state and the new stack
+    assert_equivalent(model, out)
+    _fuses(model)
+
+
+def test_no_new_stack_for_a_reversed_output_or_one_reading_the_old_state():
+    """A prepending output would need the stack reversed after the loop; one reading h_{t-1}
+    needs a shifted stack: both stay in the loop, and no stack is added for them."""
+    for model in (_rnn_emitting_only(_projection, out_dirs=[1]),
+                  _rnn_emitting_only(lambda body, h: body.op("Add", _projection(body, h), _projection(body, "h", 8)))):
+        out, report = _canonicalized(model)
+        assert not _moved(report)
+        scan = next(n for n in out.graph.node if n.op_type == "Scan")
+        assert len(scan.output) == 2

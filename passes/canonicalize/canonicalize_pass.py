@@ -69,6 +69,7 @@ class CanonicalPlan(Match):
     dead_outputs: list[int] = field(default_factory=list)
     merged_outputs: dict[int, int] = field(default_factory=dict)
     epilogues: dict = field(default_factory=dict)  # scan output -> Epilogue: computed after the loop
+    new_stacks: dict = field(default_factory=dict)  # source index an epilogue reads -> state whose new value it stacks
     output_flips: dict[int, gs.Node] = field(default_factory=dict)  # scan output -> its only reader, a reversal
     output_perms: dict[int, list[int]] = field(default_factory=dict)  # Transpose perms from axis 0 back
     attrs: dict = field(default_factory=dict)  # the node's attributes afterwards
@@ -109,8 +110,8 @@ class Canonicalize(ScanPass):
         in_dirs = _plan_inputs(plan, node, view, needed, level, ctx)
         in_axes = [0 if i in plan.input_perms else view.input_axes[i] for i in plan.keep_inputs]
         plan.attrs, plan.dropped = _new_attrs(
-            node.attrs, len(plan.keep_inputs), in_axes, [out_axes[i] for i in plan.keep_outputs],
-            [in_dirs[i] for i in plan.keep_inputs], [out_dirs[i] for i in plan.keep_outputs],
+            node.attrs, len(plan.keep_inputs), in_axes, [out_axes[i] for i in plan.keep_outputs] + [0] * len(plan.new_stacks),
+            [in_dirs[i] for i in plan.keep_inputs], [out_dirs[i] for i in plan.keep_outputs] + [0] * len(plan.new_stacks),
         )
         if not plan.changes():
             skip = Skip("not canonical: " + "; ".join(plan.left)) if plan.left else Skip("already canonical")
@@ -217,16 +218,29 @@ def _plan_epilogues(plan, body, xs, view, dirs, axes, ctx) -> None:
     # a stack of an outer value (a loop-invariant output) is no source: it is the same row T times
     local = {id(t) for t in body.inputs} | {id(t) for node in body.nodes for t in node.outputs}
     stacks = [j for j in plan.keep_outputs if id(identity_root(body.outputs[n + j])) in local]
+    # a state's new value no output stacks yet can be stacked for an epilogue (an RNN emitting
+    # only logits h_t·W): a forward output reads it as a new scan output, index k + j
+    k = view.num_scan_outputs
+    stacked = {id(identity_root(body.outputs[n + j])) for j in stacks}
+    computed = {id(t) for node in body.nodes for t in node.outputs}
+    unstacked = {} if view.batched else {
+        id(identity_root(body.outputs[j])): k + j for j in range(n)
+        if id(identity_root(body.outputs[j])) in computed - stacked}
     for i in plan.keep_outputs:
         roots = {id(identity_root(body.outputs[n + j])): j for j in stacks if j != i and layout[j] == layout[i]}
         chain = plan_epilogue(body.outputs[n + i], roots, view, body, xs, ctx, reverse=bool(dirs[i]))
+        if chain is None and not dirs[i]:  # no stack read: perhaps a state's new value, stacked anew
+            roots.update({key: v for key, v in unstacked.items() if key != id(identity_root(body.outputs[n + i]))})
+            with_new = plan_epilogue(body.outputs[n + i], roots, view, body, xs, ctx, reverse=False)
+            chain = with_new if isinstance(with_new, Epilogue) else None  # a new stack only where it serves
         if isinstance(chain, Epilogue):
             found[i] = chain
         elif chain is not None and id(identity_root(body.outputs[n + i])) not in state_values:  # not the cell's h
             plan.left.append(f"scan output {i} is computed from another one's value but stays in the loop: {chain}")
-    sources = {k for e in found.values() for k in e.sources.values()}
+    sources = {j for e in found.values() for j in e.sources.values()}
     plan.epilogues = {i: e for i, e in found.items() if i not in sources}
     plan.keep_outputs = [i for i in plan.keep_outputs if i not in plan.epilogues]
+    plan.new_stacks = {j: j - k for e in plan.epilogues.values() for j in e.sources.values() if j >= k}
 
 
 def _plan_states(plan, node, read, invariants: bool = True) -> set[int]:
@@ -246,7 +260,8 @@ def _plan_states(plan, node, read, invariants: bool = True) -> set[int]:
     dead = {j for j in range(n) if j not in plan.invariant_states and not read[j]}
     while True:  # the largest set of states that nothing kept depends on
         live = [j for j in range(n) if j not in dead and j not in plan.invariant_states]
-        needed = set().union(*(deps[s] for s in live + [n + i for i in plan.keep_outputs]))
+        stacked = list(plan.new_stacks.values())  # a state stacked for an epilogue is read every step
+        needed = set().union(*(deps[s] for s in live + [n + i for i in plan.keep_outputs] + stacked))
         if not dead & needed:
             break
         dead -= needed

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import has_node, in_graph_outputs, is_op, node_position
+from scanopt.graph import has_node, identity_root, in_graph_outputs, is_op, node_position
 from scanopt.passes.canonicalize.epilogue import emit_epilogue, write_into
 from scanopt.rewrite import Builder, detach, is_read, replace_all_uses
 from scanopt.scan_view import ScanView
@@ -40,6 +40,12 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
             shape = _permuted(targets[i], inverse, ctx)
             axis0[i] = after.variable("scan_axis0_out", dtype=targets[i].dtype, shape=shape)
             moves.append((axis0[i], targets[i], perm))
+    new_stacks = {}  # source index -> (body value stacked, the new scan output)
+    for k, j in plan.new_stacks.items():
+        value = identity_root(body.outputs[j])
+        stack = after.variable(f"{value.name}_stacked", dtype=value.dtype)
+        new_stacks[k] = (value, stack)
+        axis0[k] = stack
     if plan.epilogues:  # emitted while the body still holds the nodes they lift
         view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
         for k, chain in plan.epilogues.items():
@@ -51,6 +57,11 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
                 write_into(value, targets[k], after)
                 axis0[k] = targets[k]  # a merged duplicate of this output reads it
     _edit_body(body, plan, inits, ctx.names)
+    for value, _ in new_stacks.values():  # a body output of its own: the state keeps its value
+        copy = gs.Variable(ctx.names.fresh(f"{value.name}_step"), dtype=value.dtype, shape=value.shape)
+        body.nodes.append(gs.Node("Identity", name=ctx.names.fresh(f"{value.name}_stack"), inputs=[value],
+                                  outputs=[copy]))
+        body.outputs.append(copy)
     redirects = [(finals[j], inits[j]) for j in plan.invariant_states]
 
     if plan.removes_node:
@@ -78,7 +89,8 @@ def apply_plan(node: gs.Node, plan, level, ctx) -> str:
         _drop_with_constants(flip, graph, top)
 
     node.outputs.clear()
-    node.outputs.extend([finals[j] for j in plan.keep_states] + [axis0[i] for i in plan.keep_outputs])
+    node.outputs.extend([finals[j] for j in plan.keep_states] + [axis0[i] for i in plan.keep_outputs]
+                        + [stack for _, stack in new_stacks.values()])
     for dup, kept in plan.merged_outputs.items():
         if dup in plan.output_perms:  # the same values in another layout
             moves.append((axis0[kept], targets[dup], plan.output_perms[dup]))
@@ -140,9 +152,11 @@ def _permuted(tensor: gs.Tensor, perm: list[int], ctx) -> list | None:
     return None if shape is None or len(shape) != len(perm) else [shape[p] for p in perm]
 
 
-def _sources(chain, xs) -> str:
-    """What an epilogue reads, for the report: 'scan output 0', 'scan output 2 and scan input 0'."""
-    read = [f"scan output {k}" for k in sorted(set(chain.sources.values()))]
+def _sources(chain, xs, new_stacks) -> str:
+    """What an epilogue reads, for the report: 'scan output 0', 'scan output 2 and scan input 0',
+    'the steps of state 0 (a new scan output)'."""
+    read = [f"the steps of state {new_stacks[k]} (a new scan output)" if k in new_stacks else f"scan output {k}"
+            for k in sorted(set(chain.sources.values()))]
     read += [f"scan input {j} ('{xs[j].name}')" for j in sorted(set(chain.elements.values()))]
     return " and ".join(read)
 
@@ -156,7 +170,7 @@ def _describe(plan, attrs: dict, inits, xs, ys, finals) -> str:
         f"merged scan output {d} (outer tensor '{ys[d].name}') into scan output {k} (same body value)" for d, k in plan.merged_outputs.items()
     ]
     parts += [
-        f"scan output {k} (outer tensor '{ys[k].name}') computed after the loop from {_sources(e, xs)} "
+        f"scan output {k} (outer tensor '{ys[k].name}') computed after the loop from {_sources(e, xs, plan.new_stacks)} "
         f"({', '.join(e.ops()) or 'a copy'})" for k, e in plan.epilogues.items()
     ]
     parts += [
