@@ -232,7 +232,9 @@ def _plan_epilogues(plan, body, xs, view, dirs, axes, ctx) -> None:
         if chain is None and not dirs[i]:  # no stack read: perhaps a state's new value, stacked anew
             roots.update({key: v for key, v in unstacked.items() if key != id(identity_root(body.outputs[n + i]))})
             with_new = plan_epilogue(body.outputs[n + i], roots, view, body, xs, ctx, reverse=False)
-            chain = with_new if isinstance(with_new, Epilogue) else None  # a new stack only where it serves
+            # a new stack only where it serves, and only for a function of the state alone: one
+            # that also reads the step's inputs (linear attention's y = q_t·S_t) is linrec's to read
+            chain = with_new if isinstance(with_new, Epilogue) and not with_new.elements else None
         if isinstance(chain, Epilogue):
             found[i] = chain
         elif chain is not None and id(identity_root(body.outputs[n + i])) not in state_values:  # not the cell's h
