@@ -239,6 +239,8 @@ def _terms(t: gs.Tensor, body: gs.Graph | None, folder):
     pairs, nodes, stack = [], [], [t]
     while stack:
         value = stack.pop()
+        if value is not t and folder.scalar(value) is True:  # a constant true conjunct decides nothing
+            continue  # (TorchScript's `continue` writes And(i + 1 < n, true))
         node = value.inputs[0] if len(value.inputs) == 1 else None
         if node is None or (body is not None and not has_node(body, node)):
             return None
