@@ -395,6 +395,40 @@ def export_torch_sample(module, feeds: dict, outputs: list[str], path: str, *, s
     save_npz(path[: -len(".onnx")] + ".expected.npz", expected)
 
 
+def export_tf1_sample(graph, feeds: dict, outputs: list[str], path: str, *, opset: int = 13) -> None:
+    """Run a TF1 ``graph`` at ``feeds`` (placeholder tensor name -> array), freeze its variables
+    into constants, convert it with tf2onnx and save ``path`` plus ``<name>.expected.npz`` (the
+    feeds and the session's values of ``outputs``, op names whose ``:0`` tensors are the
+    model's outputs)."""
+    import tensorflow as tf
+    import tf2onnx
+
+    v1 = tf.compat.v1
+    tensors = [f"{o}:0" for o in outputs]
+    with v1.Session(graph=graph) as sess:
+        sess.run(v1.global_variables_initializer())
+        got = sess.run(tensors, feeds)
+        frozen = v1.graph_util.convert_variables_to_constants(sess, graph.as_graph_def(), outputs)
+    model, _ = tf2onnx.convert.from_graph_def(frozen, input_names=list(feeds), output_names=tensors, opset=opset)
+    model.producer_version = tf2onnx.__version__
+    onnx.save(model, path)
+    save_npz(path[: -len(".onnx")] + ".expected.npz", {**feeds, **dict(zip(tensors, got))})
+
+
+def export_tf_function_sample(fn, feeds: dict, spec: list, path: str, *, opset: int = 17) -> None:
+    """Convert the ``tf.function`` ``fn`` (input signature ``spec``) with tf2onnx, save ``path``
+    and ``<name>.expected.npz``: the feeds and ``fn``'s eager outputs, named as the model's."""
+    import tf2onnx
+
+    model, _ = tf2onnx.convert.from_function(fn, input_signature=tuple(spec), opset=opset)
+    model.producer_version = tf2onnx.__version__
+    onnx.save(model, path)
+    got = fn(*feeds.values())
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    save_npz(path[: -len(".onnx")] + ".expected.npz",
+             {**feeds, **{o.name: g.numpy() for o, g in zip(model.graph.output, got)}})
+
+
 def strip_stack_traces(m):
     """The exporter stores Python stack traces (absolute paths of this script) per node;
     drop them so the files do not depend on where the repository is checked out."""
