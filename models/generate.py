@@ -530,5 +530,22 @@ def run_generator(script, doc, names, write_one, out=None, argv=None):
             export_in_fresh_process(script, name)
 
 
+def run_producer_generator(script, doc, writers: dict, out: str, tf_names, tf1_names=()) -> None:
+    """The command line of a held-out producer generator; ``writers`` maps each sample name to
+    the function that writes it. Without --only, a TensorFlow interpreter writes the samples in
+    ``tf_names`` and any other interpreter the rest, each in a fresh process. TF1 rnn_cell
+    classes live in tf-keras and Keras 3 layers need keras 3: a sample in ``tf1_names`` gets
+    TF_USE_LEGACY_KERAS=1, any other 0, set before TensorFlow loads."""
+    import importlib.util
+
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1" if only in tf1_names else "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tf_found = importlib.util.find_spec("tensorflow") is not None
+    group = [n for n in writers if (n in tf_names) == tf_found]
+    run_generator(script, doc, list(writers), lambda name: writers[name](name), out,
+                  argv=None if "--only" in sys.argv else sys.argv[1:] + [a for n in group for a in ("--only", n)])
+
+
 if __name__ == "__main__":
     main()

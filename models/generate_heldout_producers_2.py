@@ -48,12 +48,11 @@ TF2 control flow (x [T, B, 5]):
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 
-from generate import (HERE, export_tf1_sample, export_tf_function_sample, export_torch_sample, run_generator,
-                      save_npz)
+from generate import (HERE, export_tf1_sample, export_tf_function_sample, export_torch_sample,
+                      run_producer_generator, save_npz)
 
 OUT = os.path.join(HERE, "heldout_producers_2")
 T, B, I, H = 7, 3, 5, 6
@@ -438,29 +437,11 @@ def write_tf2(name):
     export_tf_function_sample(fn, feeds, spec, os.path.join(OUT, f"{name}.onnx"))
 
 
-def write(name):
-    if name in TF1:
-        write_tf1(name)
-    elif name in TF:
-        write_tf2(name)
-    elif name in ONNXSCRIPT:
-        write_onnxscript(name)
-    elif name in SKL:
-        write_skl(name)
-    else:
-        write_torch(name)
-
-
-def _name_from_argv():
-    return sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+def _writers() -> dict:
+    return {**{n: write_tf1 for n in TF1}, **{n: write_tf2 for n in TF if n not in TF1},
+            **{n: write_onnxscript for n in ONNXSCRIPT}, **{n: write_skl for n in SKL},
+            **{n: write_torch for n in TORCH_DYN + TORCH_TS}}
 
 
 if __name__ == "__main__":
-    import importlib.util
-
-    # TF1 rnn_cell classes live in tf-keras; Keras 3 layers need keras 3: set before TensorFlow loads
-    os.environ["TF_USE_LEGACY_KERAS"] = "1" if _name_from_argv() in TF1 else "0"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    group = TF if importlib.util.find_spec("tensorflow") else TORCH_DYN + TORCH_TS + ONNXSCRIPT + SKL
-    run_generator(__file__, __doc__, NAMES, write, OUT, argv=None if "--only" in sys.argv else sys.argv[1:] + [
-        a for n in group for a in ("--only", n)])
+    run_producer_generator(__file__, __doc__, {n: _writers()[n] for n in NAMES}, OUT, TF, TF1)

@@ -14,14 +14,14 @@ PyTorch 2.13 dynamo exporter, ``torch._higher_order_ops.scan``:
 - dyn_scan_ema_beside_cell: carry (h, m): tanh RNN h and an EMA m = 0.9 m + 0.1 h beside it
 - dyn_scan_logits:         tanh RNN whose per-step output is a Linear head's logits, not h
 TorchScript exporter (``torch.onnx.export(torch.jit.script(m), ..., dynamo=False)``):
-- ts_rnn_unbind:           ``for x_t in x.unbind(0)``, list append, torch.stack
-- ts_rnn_early_exit:       ``for i in range(x.size(0))`` with a data-dependent ``break`` (must stay)
+- ts_rnn_skip_continue:    ``for i in range(x.size(0))`` that ``continue``s past a step whose x sums below 0
+- ts_lstm_cell_module:     nn.LSTMCell called in the loop, list append, torch.stack
 - ts_map_cat_grow:         relu(W x[i]) grown by torch.cat from an empty tensor (a map)
 onnxscript (models/heldout3_onnxscript.py):
 - os_fn_gru_rzn_once:      GRU-like Scan (r, z, n; reset after the product) in a function called once
 skl2onnx 1.20 / scikit-learn 1.9 (float32):
 - skl_knn_classifier_uniform_euclid_k3: KNeighborsClassifier(3, weights="uniform", metric="euclidean"), ZipMap
-- skl_pipeline_scaler_knn_regressor: StandardScaler -> KNeighborsRegressor(4)
+- skl_pipeline_robust_knn_regressor_k2: RobustScaler -> KNeighborsRegressor(2)
 tf2onnx 1.17 + TensorFlow 2.21:
 - tf1_gru_initial_state:   TF1 dynamic_rnn(GRUCell) with initial_state a placeholder h0
 - keras_simplernn_relu:    Keras 3 SimpleRNN(activation="relu", return_sequences=True)
@@ -34,21 +34,20 @@ tf2onnx 1.17 + TensorFlow 2.21:
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 
-from generate import (HERE, export_tf1_sample, export_tf_function_sample, export_torch_sample, run_generator,
-                      save_npz)
-from generate_heldout_producers_2 import _name_from_argv, _rng_consts
+from generate import (HERE, export_tf1_sample, export_tf_function_sample, export_torch_sample,
+                      run_producer_generator, save_npz)
+from generate_heldout_producers_2 import _rng_consts
 
 OUT = os.path.join(HERE, "heldout_producers_3")
 T, B, I, H = 6, 2, 3, 5
 
 TORCH_DYN = ["dyn_scan_gru_addmm", "dyn_scan_two_seqs", "dyn_scan_ema_beside_cell", "dyn_scan_logits"]
-TORCH_TS = ["ts_rnn_unbind", "ts_rnn_early_exit", "ts_map_cat_grow"]
+TORCH_TS = ["ts_rnn_skip_continue", "ts_lstm_cell_module", "ts_map_cat_grow"]
 ONNXSCRIPT = ["os_fn_gru_rzn_once"]
-SKL = ["skl_knn_classifier_uniform_euclid_k3", "skl_pipeline_scaler_knn_regressor"]
+SKL = ["skl_knn_classifier_uniform_euclid_k3", "skl_pipeline_robust_knn_regressor_k2"]
 TF1 = ["tf1_gru_initial_state"]
 TF = TF1 + ["keras_simplernn_relu", "keras_gru_return_state", "keras_lstm_go_backwards", "tf_scan_init_tuple3",
             "tf_map_fn_dtype_change"]
@@ -129,20 +128,7 @@ def _script_modules():
     import torch
     from torch import nn
 
-    class RNNUnbind(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wi, self.wh = nn.Linear(I, H), nn.Linear(H, H)
-
-        def forward(self, x, h0):
-            h = h0
-            outs = []
-            for x_t in x.unbind(0):
-                h = torch.tanh(self.wi(x_t) + self.wh(h))
-                outs.append(h)
-            return torch.stack(outs), h
-
-    class RNNEarlyExit(nn.Module):
+    class RNNSkipContinue(nn.Module):
         def __init__(self):
             super().__init__()
             self.wi, self.wh = nn.Linear(I, H), nn.Linear(H, H)
@@ -150,10 +136,23 @@ def _script_modules():
         def forward(self, x, h0):
             h = h0
             for i in range(x.size(0)):
+                if bool(x[i].sum() < 0.0):
+                    continue
                 h = torch.tanh(self.wi(x[i]) + self.wh(h))
-                if bool(h.mean() > 0.15):
-                    break
             return h
+
+    class LSTMCellModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.LSTMCell(I, H)
+
+        def forward(self, x, h0, c0):
+            h, c = h0, c0
+            outs = []
+            for i in range(x.size(0)):
+                h, c = self.cell(x[i], (h, c))
+                outs.append(h)
+            return torch.stack(outs), h, c
 
     class MapCatGrow(nn.Module):
         def __init__(self):
@@ -166,11 +165,12 @@ def _script_modules():
                 out = torch.cat([out, torch.relu(self.w(x[i])).unsqueeze(0)], 0)
             return out
 
-    return dict(ts_rnn_unbind=RNNUnbind, ts_rnn_early_exit=RNNEarlyExit, ts_map_cat_grow=MapCatGrow)
+    return dict(ts_rnn_skip_continue=RNNSkipContinue, ts_lstm_cell_module=LSTMCellModule, ts_map_cat_grow=MapCatGrow)
 
 
 OUTPUTS = {"dyn_scan_ema_beside_cell": ["y", "h_n", "m_n"], "dyn_scan_logits": ["logits", "h_n"],
-           "ts_rnn_early_exit": ["h_n"], "ts_map_cat_grow": ["y"]}
+           "ts_rnn_skip_continue": ["h_n"], "ts_lstm_cell_module": ["y", "h_n", "c_n"],
+           "ts_map_cat_grow": ["y"]}
 
 
 def write_torch(name):
@@ -182,6 +182,8 @@ def write_torch(name):
         feeds["u"] = torch.randn(T, B, 2)
     if name != "ts_map_cat_grow":
         feeds["h0"] = torch.randn(B, H) * 0.5
+    if name == "ts_lstm_cell_module":
+        feeds["c0"] = torch.randn(B, H) * 0.5
     torch.manual_seed(1)
     scripted = name.startswith("ts_")
     module = (_script_modules() if scripted else _dynamo_modules())[name]().eval()
@@ -219,7 +221,7 @@ def write_skl(name):
     from sklearn.datasets import make_classification, make_regression
     from sklearn.neighbors import KNeighborsClassifier, KNeighborsRegressor
     from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    from sklearn.preprocessing import RobustScaler
 
     F = 4
     if "classifier" in name:
@@ -228,7 +230,7 @@ def write_skl(name):
         est = KNeighborsClassifier(n_neighbors=3, weights="uniform", metric="euclidean")
     else:
         X, y = make_regression(n_samples=30, n_features=F, random_state=1)
-        est = make_pipeline(StandardScaler(), KNeighborsRegressor(n_neighbors=4))
+        est = make_pipeline(RobustScaler(), KNeighborsRegressor(n_neighbors=2))
     X = X.astype(np.float32)
     est.fit(X, y)
     model = to_onnx(est, X[:1], target_opset=17)
@@ -300,25 +302,11 @@ def write_tf2(name):
                               [tf.TensorSpec([None, None, I], tf.float32, name="x")], os.path.join(OUT, f"{name}.onnx"))
 
 
-def write(name):
-    if name in TF1:
-        write_tf1(name)
-    elif name in TF:
-        write_tf2(name)
-    elif name in ONNXSCRIPT:
-        write_onnxscript(name)
-    elif name in SKL:
-        write_skl(name)
-    else:
-        write_torch(name)
+def _writers() -> dict:
+    return {**{n: write_tf1 for n in TF1}, **{n: write_tf2 for n in TF if n not in TF1},
+            **{n: write_onnxscript for n in ONNXSCRIPT}, **{n: write_skl for n in SKL},
+            **{n: write_torch for n in TORCH_DYN + TORCH_TS}}
 
 
 if __name__ == "__main__":
-    import importlib.util
-
-    # TF1 rnn_cell classes live in tf-keras; Keras 3 layers need keras 3: set before TensorFlow loads
-    os.environ["TF_USE_LEGACY_KERAS"] = "1" if _name_from_argv() in TF1 else "0"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    group = TF if importlib.util.find_spec("tensorflow") else TORCH_DYN + TORCH_TS + ONNXSCRIPT + SKL
-    run_generator(__file__, __doc__, NAMES, write, OUT, argv=None if "--only" in sys.argv else sys.argv[1:] + [
-        a for n in group for a in ("--only", n)])
+    run_producer_generator(__file__, __doc__, {n: _writers()[n] for n in NAMES}, OUT, TF, TF1)
