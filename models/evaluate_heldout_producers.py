@@ -144,6 +144,20 @@ def outputs_equal(model, out, stored) -> bool:
                for got, o in zip(session.run(None, feeds), model.graph.output))
 
 
+def assert_reproduces_source(held: HeldOutSet, name: str, model, out, report) -> None:
+    """The held-out tests' check of one optimized model: wherever it changed, verification
+    passed and bound T >= 2 and B >= 2 at some seed; onnxruntime on ``out`` reproduces the
+    source framework's stored outputs."""
+    if report.modified:
+        assert report.verification["passed"] is True, report.verification
+        sizes = held.seed_sizes(model, name, report.verification)
+        assert any((t is None or t >= 2) and b >= 2 for t, b in sizes), sizes
+    stored = np.load(os.path.join(held.out, f"{name}.expected.npz"))
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for result, output in zip(session.run(None, feeds_of(model, stored)), model.graph.output):
+        np.testing.assert_allclose(as_array(result), stored[output.name], rtol=1e-4, atol=1e-5)
+
+
 def loop_names(model: onnx.ModelProto) -> set[str]:
     """The names of every Scan and Loop: the graph, nested bodies and model-local functions."""
     graphs = list(walk_proto_graphs(model.graph))

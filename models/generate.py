@@ -403,6 +403,40 @@ def save_torch_sample(m, path: str, feeds: dict, outputs: list[str], got) -> Non
     save_npz(path[: -len(".onnx")] + ".expected.npz", expected)
 
 
+def export_tf1_sample(graph, feeds: dict, outputs: list[str], path: str, *, opset: int = 13) -> None:
+    """Run a TF1 ``graph`` at ``feeds`` (placeholder tensor name -> array), freeze its variables
+    into constants, convert it with tf2onnx and save ``path`` plus ``<name>.expected.npz`` (the
+    feeds and the session's values of ``outputs``, op names whose ``:0`` tensors are the
+    model's outputs)."""
+    import tensorflow as tf
+    import tf2onnx
+
+    v1 = tf.compat.v1
+    tensors = [f"{o}:0" for o in outputs]
+    with v1.Session(graph=graph) as sess:
+        sess.run(v1.global_variables_initializer())
+        got = sess.run(tensors, feeds)
+        frozen = v1.graph_util.convert_variables_to_constants(sess, graph.as_graph_def(), outputs)
+    model, _ = tf2onnx.convert.from_graph_def(frozen, input_names=list(feeds), output_names=tensors, opset=opset)
+    model.producer_version = tf2onnx.__version__
+    onnx.save(model, path)
+    save_npz(path[: -len(".onnx")] + ".expected.npz", {**feeds, **dict(zip(tensors, got))})
+
+
+def export_tf_function_sample(fn, feeds: dict, spec: list, path: str, *, opset: int = 17) -> None:
+    """Convert the ``tf.function`` ``fn`` (input signature ``spec``) with tf2onnx, save ``path``
+    and ``<name>.expected.npz``: the feeds and ``fn``'s eager outputs, named as the model's."""
+    import tf2onnx
+
+    model, _ = tf2onnx.convert.from_function(fn, input_signature=tuple(spec), opset=opset)
+    model.producer_version = tf2onnx.__version__
+    onnx.save(model, path)
+    got = fn(*feeds.values())
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    save_npz(path[: -len(".onnx")] + ".expected.npz",
+             {**feeds, **{o.name: g.numpy() for o, g in zip(model.graph.output, got)}})
+
+
 def strip_stack_traces(m):
     """The exporter stores Python stack traces (absolute paths of this script) per node;
     drop them so the files do not depend on where the repository is checked out."""
@@ -502,6 +536,23 @@ def run_generator(script, doc, names, write_one, out=None, argv=None):
             write_one(name)
         else:
             export_in_fresh_process(script, name)
+
+
+def run_producer_generator(script, doc, writers: dict, out: str, tf_names, tf1_names=()) -> None:
+    """The command line of a held-out producer generator; ``writers`` maps each sample name to
+    the function that writes it. Without --only, a TensorFlow interpreter writes the samples in
+    ``tf_names`` and any other interpreter the rest, each in a fresh process. TF1 rnn_cell
+    classes live in tf-keras and Keras 3 layers need keras 3: a sample in ``tf1_names`` gets
+    TF_USE_LEGACY_KERAS=1, any other 0, set before TensorFlow loads."""
+    import importlib.util
+
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1" if only in tf1_names else "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tf_found = importlib.util.find_spec("tensorflow") is not None
+    group = [n for n in writers if (n in tf_names) == tf_found]
+    run_generator(script, doc, list(writers), lambda name: writers[name](name), out,
+                  argv=None if "--only" in sys.argv else sys.argv[1:] + [a for n in group for a in ("--only", n)])
 
 
 if __name__ == "__main__":

@@ -48,11 +48,11 @@ TF2 control flow (x [T, B, 5]):
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 
-from generate import HERE, export_torch_sample, run_generator, save_npz
+from generate import (HERE, export_tf1_sample, export_tf_function_sample, export_torch_sample,
+                      run_producer_generator, save_npz)
 
 OUT = os.path.join(HERE, "heldout_producers_2")
 T, B, I, H = 7, 3, 5, 6
@@ -341,9 +341,7 @@ def _rng_consts(seed, *shapes):
 
 
 def write_tf1(name):
-    import onnx
     import tensorflow as tf
-    import tf2onnx
 
     v1 = tf.compat.v1
     v1.disable_control_flow_v2()
@@ -373,15 +371,7 @@ def write_tf1(name):
             out, state = tf.concat([o_fw, o_bw], axis=-1), tf.concat([s_fw, s_bw], axis=-1)
         tf.identity(out, name="y")
         tf.identity(state, name="h_n")
-    with v1.Session(graph=graph) as sess:
-        sess.run(v1.global_variables_initializer())
-        y, h_n = sess.run(["y:0", "h_n:0"], feeds)
-        frozen = v1.graph_util.convert_variables_to_constants(sess, graph.as_graph_def(), ["y", "h_n"])
-    model, _ = tf2onnx.convert.from_graph_def(frozen, input_names=list(feeds), output_names=["y:0", "h_n:0"],
-                                              opset=13)
-    model.producer_version = tf2onnx.__version__
-    onnx.save(model, os.path.join(OUT, f"{name}.onnx"))
-    save_npz(os.path.join(OUT, f"{name}.expected.npz"), {**feeds, "y:0": y, "h_n:0": h_n})
+    export_tf1_sample(graph, feeds, ["y", "h_n"], os.path.join(OUT, f"{name}.onnx"))
 
 
 def _tf2_function(name):
@@ -431,9 +421,7 @@ def _tf2_function(name):
 
 
 def write_tf2(name):
-    import onnx
     import tensorflow as tf
-    import tf2onnx
 
     fn = tf.function(_tf2_function(name))
     rng = np.random.default_rng(2)
@@ -446,38 +434,14 @@ def write_tf2(name):
     if name == "tf_map_fn_two_inputs":
         feeds["u"] = rng.standard_normal((T, B, H)).astype(np.float32)
         spec.append(tf.TensorSpec([None, None, H], tf.float32, name="u"))
-    model, _ = tf2onnx.convert.from_function(fn, input_signature=tuple(spec), opset=17)
-    model.producer_version = tf2onnx.__version__
-    onnx.save(model, os.path.join(OUT, f"{name}.onnx"))
-    got = fn(*feeds.values())
-    got = got if isinstance(got, (tuple, list)) else (got,)
-    save_npz(os.path.join(OUT, f"{name}.expected.npz"),
-             {**feeds, **{o.name: g.numpy() for o, g in zip(model.graph.output, got)}})
+    export_tf_function_sample(fn, feeds, spec, os.path.join(OUT, f"{name}.onnx"))
 
 
-def write(name):
-    if name in TF1:
-        write_tf1(name)
-    elif name in TF:
-        write_tf2(name)
-    elif name in ONNXSCRIPT:
-        write_onnxscript(name)
-    elif name in SKL:
-        write_skl(name)
-    else:
-        write_torch(name)
-
-
-def _name_from_argv():
-    return sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+def _writers() -> dict:
+    return {**{n: write_tf1 for n in TF1}, **{n: write_tf2 for n in TF if n not in TF1},
+            **{n: write_onnxscript for n in ONNXSCRIPT}, **{n: write_skl for n in SKL},
+            **{n: write_torch for n in TORCH_DYN + TORCH_TS}}
 
 
 if __name__ == "__main__":
-    import importlib.util
-
-    # TF1 rnn_cell classes live in tf-keras; Keras 3 layers need keras 3: set before TensorFlow loads
-    os.environ["TF_USE_LEGACY_KERAS"] = "1" if _name_from_argv() in TF1 else "0"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    group = TF if importlib.util.find_spec("tensorflow") else TORCH_DYN + TORCH_TS + ONNXSCRIPT + SKL
-    run_generator(__file__, __doc__, NAMES, write, OUT, argv=None if "--only" in sys.argv else sys.argv[1:] + [
-        a for n in group for a in ("--only", n)])
+    run_producer_generator(__file__, __doc__, {n: _writers()[n] for n in NAMES}, OUT, TF, TF1)
