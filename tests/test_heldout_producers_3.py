@@ -60,3 +60,13 @@ def test_optimized_model_reproduces_the_source_framework(name):
     if name in REWRITTEN:
         assert loop_ops(out) == REWRITTEN[name], [o.detail for o in report.outcomes]
     assert_reproduces_source(HELD, name, model, out, report)
+
+
+def test_a_constant_true_conjunct_does_not_hide_the_counter_test():
+    """TorchScript writes a loop with `continue` as And(i + 1 < n, true): the counter test is
+    seen through the constant (it read "computed from data each step" before); what keeps this
+    Loop is its counter read inside the `continue` If."""
+    model = onnx.load(os.path.join(HELD.out, "ts_rnn_skip_continue.onnx"))
+    _, report = scanopt.optimize(model, options={"target": "portable"})
+    (reason,) = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan"]
+    assert reason.startswith("the iteration counter") and "read inside a nested graph" in reason, reason
