@@ -83,7 +83,8 @@ _MESSAGE = FieldDescriptor.TYPE_MESSAGE
 
 def _check_fields(model: onnx.ModelProto) -> None:
     """What protobuf parses but nothing downstream can take (hostile or damaged bytes):
-    a string field that is not UTF-8 (protobuf hands it over as bytes), a data type
+    a string field or string attribute that is not UTF-8 (protobuf hands the one over as
+    bytes; onnx-graphsurgeon decodes the other), a data type
     number onnx does not know, a negative dim, a small tensor whose data does not fill its
     dims. One walk over every message, fields that hold tensor data never read (reading
     raw_data copies it); a message is named by the nearest named one above it."""
@@ -112,6 +113,13 @@ def _check_fields(model: onnx.ModelProto) -> None:
                 for text in value if _repeated(field) else (value,):
                     if not isinstance(text, str):
                         raise InvalidModelError(f"{where}{kind}.{field.name} '{printable(text)}' is not valid UTF-8")
+            elif kind == "AttributeProto" and field.name in ("s", "strings"):  # bytes fields, read as text
+                for data in value if _repeated(field) else (value,):
+                    try:
+                        data.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise InvalidModelError(f"{where}attribute '{printable(message.name)}' holds a string that is "
+                                                f"not valid UTF-8 ('{printable(data)}')") from None
             elif (kind, field.name) in _DTYPE_FIELDS and value not in _KNOWN_DTYPES:
                 raise InvalidModelError(f"{where}data type {value} is not one onnx knows")
             elif kind == "TensorShapeProto.Dimension" and field.name == "dim_value" and value < 0:

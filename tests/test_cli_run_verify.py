@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -194,3 +195,15 @@ def test_run_engine_ort_on_a_model_it_cannot_load_exit_2(cli, files, tmp_path):
     result = cli("run", path, "--engine", "ort")
     assert result.code == 2 and "onnxruntime cannot load the model" in result.err
     assert cli("run", path).out.startswith("engine: reference")  # auto falls back
+
+
+def test_run_prints_a_zipmap_output_as_a_sequence_of_maps(cli, tmp_path):
+    """skl2onnx classifiers return a ZipMap: a list of {class: probability} per row, which
+    onnxruntime gives as Python lists and dicts, not arrays (``run`` raised AttributeError)."""
+    model = Path(__file__).resolve().parent.parent / "models" / "heldout_producers_3" / "skl_knn_classifier_uniform_euclid_k3.onnx"
+    result = cli("run", model)
+    assert result.code == 0, result.err
+    line = next(l for l in result.out.splitlines() if "output_probability" in l)
+    assert "seq(map)" in line and "(8,)" in line and "{0: " in line
+    result = cli("run", model, "--out", tmp_path / "o.npz")
+    assert result.code == 0 and (tmp_path / "o.npz").exists()

@@ -72,6 +72,15 @@ def test_invalid_utf8_in_a_dim_param(cli, tmp_path):
     _refused(cli, tmp_path, data, "is not valid UTF-8")
 
 
+def test_invalid_utf8_in_a_string_attribute(cli, tmp_path):
+    """Attribute strings are bytes in onnx.proto (protobuf does not check them);
+    onnx-graphsurgeon decodes them as UTF-8 (the fuzzer found it in an LSTM's activations)."""
+    m = b.scan9_sum(steps=3)
+    m.graph.node[0].attribute.append(onnx.helper.make_attribute("note", "ab_QQ"))
+    _refused(cli, tmp_path, _serialized_with(m, b"ab_QQ", b"ab_\x80Q"),
+             "attribute 'note' holds a string that is not valid UTF-8 ('ab_\\x80Q')")
+
+
 def test_an_unknown_tensor_data_type(cli, tmp_path):
     m = b.scan9_sum(steps=3)
     m.graph.input[1].type.tensor_type.elem_type = 111

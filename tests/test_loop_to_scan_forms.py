@@ -4,6 +4,8 @@ that are not (left alone, with the reason the report gives)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -469,3 +471,15 @@ _GATHER = [oh.make_node("Gather", ["x", "i"], ["x_t"], axis=0)]
         "int32-counter", "greater-counter", "concat-axis-1", "state-is-scan-output", "carried-weights", "shape-start-end"])
 def test_more_hand_written_forms_convert(build):
     assert_converts(build())
+
+
+def test_a_body_with_fewer_outputs_than_carried_values_is_declined_not_a_traceback():
+    """A damaged Loop (the fuzzer dropped a body output): 2 carried values, 2 body outputs;
+    the counter analysis indexed past the outputs (IndexError)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "models", "loop_ranges", "ts_read_n_minus.onnx")
+    model = onnx.load(path)
+    body = next(n for n in model.graph.node if n.op_type == "Loop").attribute[0].g
+    del body.output[1]
+    _, report = scanopt.optimize(model, verify=False)
+    (reason,) = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan"]
+    assert reason.startswith("malformed Loop: 2 carried value(s), but the body has 4 inputs and 2 outputs"), reason

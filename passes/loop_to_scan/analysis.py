@@ -114,6 +114,10 @@ def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, fold
     body = node.attrs.get("body")
     if not isinstance(body, gs.Graph) or len(node.inputs) < 2:
         return Skip("malformed Loop")
+    carried = len(node.inputs) - 2
+    if len(body.inputs) != 2 + carried or len(body.outputs) < 1 + carried:
+        return Skip(f"malformed Loop: {carried} carried value(s), but the body has {len(body.inputs)} inputs and "
+                    f"{len(body.outputs)} outputs (2 + N inputs and 1 + N + K outputs, says the spec)")
     trip = node.inputs[0]
     counter, cond_in, cond_out = body.inputs[0], body.inputs[1], body.outputs[0]
     counted = _counter_test(node, body, folder) if cond_out is not cond_in and not _is_true(cond_out, folder) else None

@@ -99,12 +99,25 @@ def _npz_writer(outputs: dict[str, np.ndarray]):
 
 
 def _table(arrays: dict[str, np.ndarray]) -> str:
-    rows = [(printable(name), str(a.dtype), str(tuple(a.shape)), printable(summarize(a))) for name, a in arrays.items()]
+    rows = [(printable(name), *_row(a)) for name, a in arrays.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(3)] if rows else [0, 0, 0]
     return "\n".join("  " + "  ".join(v.ljust(w) for v, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
 
 
 SHOWN = 6  # arrays with at most this many elements are printed in full
+
+
+def _row(value) -> tuple[str, str, str]:
+    """(type, shape, values) of one value: a tensor, or a sequence such as a ZipMap's list of
+    {class: probability} maps (onnxruntime returns those as Python lists and dicts)."""
+    if isinstance(value, np.ndarray):
+        return str(value.dtype), str(tuple(value.shape)), printable(summarize(value))
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({"map" if isinstance(v, dict) else type(v).__name__ for v in value})
+        shown = ", ".join(printable(repr(v)) for v in value[:2])
+        text = f"[{shown}{', ...' if len(value) > 2 else ''}]"
+        return f"seq({'|'.join(kinds) or 'empty'})", f"({len(value)},)", text[:200]
+    return type(value).__name__, "", printable(repr(value))[:200]
 
 
 def summarize(array: np.ndarray) -> str:
