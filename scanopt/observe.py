@@ -80,14 +80,9 @@ def _bounded_run(model: onnx.ModelProto, feeds: dict, names: list[str], seconds:
     """``names`` computed by onnxruntime (one intra-op thread), told to stop after ``seconds``."""
     import onnxruntime as ort
 
-    from scanopt.engines import ort_source
+    from scanopt.timing import session as timing_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    options.intra_op_num_threads = 1
-    source, kept = ort_source(model, options)
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    session.scanopt_weights = kept  # the shared weights live as long as the session
+    session = timing_session(model, 1)  # the sessions tuning times: shared weights, quiet logs
     run_options = ort.RunOptions()
     timer = threading.Timer(seconds, lambda: setattr(run_options, "terminate", True))
     timer.start()
