@@ -49,9 +49,11 @@ def test_selective_scan_matches_the_loop(build, T, B, chunk, placement):
     m = build(T=T, B=B, D=4, N=3)
     out = two_pass(m, linrec_chunk=chunk)
     assert_equivalent(m, out)
-    # outside the Loops: A's Exp and Softplus's Exp(-|x|); a = Exp(Δ ⊗ A) there too only when lifted
+    # outside the Loops: A's Exp and Softplus's Exp(-|x|); a = Exp(Δ ⊗ A) there too only when
+    # lifted; with more than one chunk, each chunk's decay Exp(A ⊗ ΣΔ) (module decay_correction)
+    chunks = -(-T // min(chunk, T))
     outside = Counter(node.op_type for node in out.graph.node)["Exp"]
-    assert outside == (3 if placement == "lifted" else 2)
+    assert outside == (3 if placement == "lifted" else 2) + (chunks > 1)
 
 
 def test_wide_state_takes_the_two_pass_form_by_default():
@@ -142,7 +144,7 @@ def test_wide_torch_export_takes_the_two_pass_form_in_the_default_pipeline():
 
 def test_fast_softplus_matches_onnxruntimes():
     """The two-pass form's Softplus (passes/loopfree/softplus.py) against onnxruntime's own and
-    float64 over the float32 range: relative error <= 3e-6 where the value is a normal float;
+    float64 over the float32 range: relative error <= 5e-7 where the value is a normal float;
     ±inf, NaN, 0 and subnormal results as Softplus's."""
     import onnx_graphsurgeon as gs
 
@@ -169,7 +171,7 @@ def test_fast_softplus_matches_onnxruntimes():
     with np.errstate(all="ignore"):
         truth = np.logaddexp(0.0, values.astype(np.float64))
     normal = np.isfinite(truth) & (truth > np.finfo(np.float32).tiny)
-    assert np.max(np.abs(got[normal] - truth[normal]) / truth[normal]) <= 3e-6
+    assert np.max(np.abs(got[normal] - truth[normal]) / truth[normal]) <= 5e-7
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ort))
     rest = ~normal & ~np.isnan(ort)  # ±inf, 0 and subnormal results: equal up to a subnormal step
     np.testing.assert_allclose(got[rest], ort[rest], rtol=0, atol=1e-43)
@@ -185,11 +187,16 @@ def test_products_are_matmuls_and_the_pipeline_rewrites_once():
     assert len(done) == 1 and TWO_PASS in done[0].detail, report.format()
     own = [o for o in report.outcomes if o.pass_name == "linrec" and "own chunk loops" in o.detail]
     scans = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan" and o.applied]
-    assert len(own) == 2 and len(scans) == 2, report.format()
-    assert not any("cut" in d for d in scans), scans  # the inputs are declared C long: no copies
+    # the chunk pass, the correction over the positions and the carry across the chunks
+    assert len(own) == 3 and len(scans) == 3, report.format()
+    # the positions' inputs are declared C long: no copies (the carry across reads [K, ...] values)
+    assert sum("cut" in d for d in scans) <= 1, scans
     counted = ops(out)
     assert counted["MatMul"] + counted.get("FusedMatMul", 0) >= 3 and "Softplus" not in counted
-    assert "ReduceSum" not in counted
+    # the one ReduceSum left is each chunk's Σ Δ ([K, 1, 64, 1], for the chunk's decay), not y's read
+    reduced = [n for n in out.graph.node if n.op_type == "ReduceSum"]
+    assert counted["ReduceSum"] == len(reduced) == 1, counted
+    assert "outputs read in the chunk pass plus a decay correction" in done[0].detail
     assert_equivalent(m, out, seeds=1)
 
 
@@ -217,4 +224,4 @@ def test_optimizing_the_result_again_leaves_its_loops():
     decided = [o for o in report.outcomes if o.pass_name == "linrec"]
     assert decided and not any(o.applied for o in decided), report.format()
     assert all("unknown shape" in o.detail for o in decided)
-    assert ops(again)["Scan"] == ops(out)["Scan"] == 2
+    assert ops(again)["Scan"] == ops(out)["Scan"] == 3  # the chunk pass, the carry across, the correction

@@ -42,14 +42,16 @@ from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attenti
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import INT64_MAX, Emitter, supports
 from scanopt.passes.loopfree.products import as_matmuls, unsqueezed_axes
+from scanopt.passes.loopfree.decay_correction import ExponentChain, exponent_chain, linear_part
 from scanopt.passes.loopfree.softplus import fast_softplus
 from scanopt.passes.loopfree.prefix_scan import (
-    chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product, cumulative_sum,
+    carry_loop, chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product,
+    cumulative_sum,
 )
 from scanopt.passes.loopfree.two_pass import (
     by_position, padding_mask, permute_steps, position_loop, unpermute_steps,
 )
-from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
+from scanopt.rewrite import place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 # Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
@@ -78,6 +80,10 @@ OWN_LOOPS = "linrec: own loops"
 # per-position node overhead).
 IN_LOOPS_FROM = 1 << 18  # ctx.memo key: names of the two-pass form's Loops in this run
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
+# Two-pass: the outputs are read in the chunk pass plus a correction (module decay_correction)
+# when they are linear in the state and take at most this many plan steps; the correction
+# repeats their linear part (bench_mamba_forms: y one MatMul, 2.96x against 2.23x).
+CORRECTED_MAX_LATE = 4
 
 
 @dataclass
@@ -435,32 +441,19 @@ class Linrec(ScanPass):
             return pair, scope
 
         state_shape = e.op("Concat", [e.ints("count", [count]), e.op("Shape", [h0])], axis=0)
-        if count == 1:
-            starts = e.unsqueeze(h0, [0])
-        else:
-            def ends(inner, _, carried, gathered):
-                (a, b), _ = coefficients(inner, gathered)
-                h, p = carried
-                return [inner.op("Add", [inner.op("Mul", [a, h]), b]), inner.op("Mul", [a, p])], []
-
-            fills = [gs.Constant(e.b.names.fresh(f"fill"), np.full([1], v, dtype)) for v in (0, 1)]
-            zeros, ones = (e.op("ConstantOfShape", [state_shape], value=f) for f in fills)
-            (local, product), _ = position_loop(e, [zeros, ones], per_step, chunk, rank + 1, dtype, ends)
-            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
         outs = [k for k, t in enumerate(body.outputs[n:]) if id(t) in computed_inside]
-
-        def outputs(inner, _, carried, gathered):
-            (a, b), scope = coefficients(inner, gathered)
-            h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
-            scope.update((id(t), h) for t in new_state)
-            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
-            _emit_aliasing_identities(late, le, scope)
-            return [h], [scope[id(body.outputs[n + k])] for k in outs]
-
-        (finals,), stacked = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, outputs)
-        own = ctx.memo.setdefault(OWN_LOOPS, set())
-        own.update(t.inputs[0].name for t in [finals] + ([product] if count > 1 else []))
-        final = e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0])
+        linear = linear_part(late, {id(t) for t in new_state}, ctx.shapes.shape) \
+            if count > 1 and len(late) <= CORRECTED_MAX_LATE else None
+        if linear is not None:
+            final, stacked, loops = self._first_pass_and_correction(
+                e, match, body, h0, mapping, per_step, coefficients, inside, late, linear, outs, chunk, count,
+                state_shape, ctx)
+            form = "the outputs read in the chunk pass plus a decay correction"
+        else:
+            final, stacked, loops = self._chunk_ends_then_outputs(
+                e, match, body, h0, per_step, coefficients, late, outs, chunk, count, state_shape)
+            form = "chunk ends, then the outputs read per position"
+        ctx.memo.setdefault(OWN_LOOPS, set()).update(t.inputs[0].name for t in loops)
         computed = dict(zip(outs, stacked))
         results = []
         for k, t in enumerate(body.outputs[n:]):
@@ -476,8 +469,121 @@ class Linrec(ScanPass):
         states = [final if k == i else node.inputs[k] for k in range(n)]
         rebind_outputs(node, states + results, graph)
         added = place_appended(graph, position, start - 1)
-        return (f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: chunk ends, then the outputs read "
-                f"per position) ({added} nodes, no Scan left)")
+        return f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: {form}) ({added} nodes, no Scan left)"
+
+    def _chunk_ends_then_outputs(self, e, match: LinrecMatch, body, h0, per_step, coefficients, late, outs, chunk,
+                                 count, state_shape):
+        """(final state, stacked outputs, the Loops' results): pass 1 carries each chunk's local
+        state from zero and its running product of a; pass 2 runs again from the chunk starts
+        and reads the outputs (any function of the state)."""
+        (i, _), = match.updates.items()
+        n, rank, dtype = match.view.num_states, match.ranks[i], match.dtypes[i]
+        new_state = _identity_chain(body.outputs[i])
+        loops = []
+        if count == 1:
+            starts = e.unsqueeze(h0, [0])
+        else:
+            def ends(inner, _, carried, gathered):
+                (a, b), _ = coefficients(inner, gathered)
+                h, p = carried
+                return [inner.op("Add", [inner.op("Mul", [a, h]), b]), inner.op("Mul", [a, p])], []
+
+            fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
+            zeros, ones = (e.op("ConstantOfShape", [state_shape], value=f) for f in fills)
+            (local, product), _ = position_loop(e, [zeros, ones], per_step, chunk, rank + 1, dtype, ends)
+            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
+            loops.append(product)
+
+        def outputs(inner, _, carried, gathered):
+            (a, b), scope = coefficients(inner, gathered)
+            h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
+            scope.update((id(t), h) for t in new_state)
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
+            _emit_aliasing_identities(late, le, scope)
+            return [h], [scope[id(body.outputs[n + k])] for k in outs]
+
+        (finals,), stacked = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, outputs)
+        loops.append(finals)
+        return e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0]), stacked, loops
+
+    def _first_pass_and_correction(self, e, match: LinrecMatch, body, h0, mapping, per_step, coefficients, inside,
+                                   late, linear, outs, chunk, count, state_shape, ctx):
+        """(final state, stacked outputs, the Loops' results) by the module decay_correction's
+        form: pass 1 from zero reads the outputs on the local state (and carries Π a unless a is
+        Exp of a value linear in a per-step one: then Exp(f(Σ x)) per chunk); the correction
+        Loop carries G = a ⊙ G from the chunk starts and adds the outputs' linear part of G."""
+        (i, update), = match.updates.items()
+        plan, n = match.plan, match.view.num_states
+        rank, dtype, steps = match.ranks[i], match.dtypes[i], match.view.trip_count
+        new_state = _identity_chain(body.outputs[i])
+        per_step_value = lambda t: plan.value(t, ctx.shapes.shape).per_step  # noqa: E731
+        available = {key for key in mapping if key not in {id(t) for step in inside for t in step[0].outputs}}
+        chain = exponent_chain(update.a.tensor, inside, available, per_step_value) if update.a.op == "leaf" else None
+        a_steps = _steps_needed(inside, update.a.leaves())
+
+        def first(inner, _, carried, gathered):
+            (a, b), scope = coefficients(inner, gathered)
+            h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
+            scope.update((id(t), h) for t in new_state)
+            _emit_aliasing_identities(late, le, scope)
+            new = [h] if chain is not None else [h, inner.op("Mul", [a, carried[1]])]
+            return new, [scope[id(body.outputs[n + k])] for k in outs]
+
+        fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
+        carried = [e.op("ConstantOfShape", [state_shape], value=fills[0])]
+        if chain is None:
+            carried.append(e.op("ConstantOfShape", [state_shape], value=fills[1]))
+        ends, local_ys = position_loop(e, carried, per_step, chunk, rank + 1, dtype, first)
+        if chain is None:
+            decay = ends[1]
+        else:
+            decay = _chunk_decay(e, chain, mapping, plan, chunk, count, steps, rank, ctx)
+        (final,), (starts,) = carry_loop(e, decay, ends[0], h0, None, rank, dtype, e.const("chunks", np.int64(count)),
+                                         False, before=True)
+
+        def correction(inner, _, carried, gathered):
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: None)
+            scope = {**mapping, **gathered}
+            emit_nodes(a_steps, le, scope)
+            a, varies, r = _evaluate(le, update.a, scope, plan, dtype, ctx)
+            g = inner.op("Mul", [le.pad(a, rank - r) if varies else a, carried[0]], dtype=dtype,
+                         shape=[None] * (rank + 1))
+            scope.update((id(t), g) for t in new_state)
+            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(g))
+            _emit_aliasing_identities(linear, le, scope)
+            return [g], [scope[id(body.outputs[n + k])] for k in outs]
+
+        (corrected,), corrections = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, correction)
+        stacked = [e.op("Add", [y, c]) for y, c in zip(local_ys, corrections)]
+        return final, stacked, [ends[-1], final, corrected]
+
+
+def _steps_needed(steps: list, wanted) -> list:
+    """The ``steps`` (in order) that ``wanted`` body values depend on."""
+    needed = {id(t) for t in wanted}
+    kept = []
+    for step in reversed(steps):
+        if any(id(t) in needed for t in step[0].outputs):
+            kept.append(step)
+            needed.update(id(t) for t in step[0].inputs)
+    return kept[::-1]
+
+
+def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, plan: LiftPlan, chunk: int, count: int, steps: int,
+                 rank: int, ctx) -> gs.Tensor:
+    """Π a over each chunk, [K, ...] (rank ``rank`` + 1), for a = Exp(f(x)), f linear in x:
+    Exp(f(Σ x)) with x summed over the chunk's real steps (padding rows zeroed)."""
+    x_rank = plan.value(chain.x, ctx.shapes.shape).rank
+    x = by_position(e, mapping[id(chain.x)], chunk, count, x_rank + 1, ctx.shapes.shape(chain.x))
+    if count * chunk != steps:
+        zero = e.const("zero", np.zeros([], ctx.shapes.dtype(chain.x) or np.float32))
+        x = e.op("Where", [padding_mask(e, x_rank, chunk, count, steps), x, zero])
+    total = e.op("ReduceSum", [x, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
+        e.op("ReduceSum", [x], axes=[0], keepdims=0)
+    scope = {**mapping, id(chain.x): total}
+    emit_nodes(chain.steps, e, scope)
+    return e.pad(e.op("Exp", [scope[id(chain.u)]]), rank - plan.value(chain.u, ctx.shapes.shape).rank)
 
 
 def _split_by_width(early: list, late: list, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:

@@ -98,10 +98,37 @@ def position_loop(e: Emitter, starts: list[gs.Tensor], per_step: dict, chunk: in
     gathered = {key: inner.op("Gather", [x, position], axis=0) for key, x in per_step.items()}
     new, ys = step(inner, position, carried, gathered)
     new = [inner.op("Identity", [t]) if t in carried else t for t in new]
-    copies = [inner.op("Identity", [y]) for y in ys]  # a body output must be its own value
+    ys, after = zip(*[_sink_squeeze(body, y) for y in ys]) if ys else ((), ())
+    seen = {id(t) for t in carried + new}
+    copies = []
+    for y in ys:  # a body output must be its own value: a copy only where one is shared
+        copies.append(inner.op("Identity", [y]) if id(y) in seen else y)
+        seen.add(id(y))
     body.inputs = [position, cond] + carried
     body.outputs = [inner.op("Identity", [cond], dtype=np.bool_, shape=[])] + new + copies
     results = e.op("Loop", [e.const("positions", np.int64(chunk)), gs.Variable.empty()] + list(starts),
                    n_outputs=len(starts) + len(copies), body=body)
     results = results if isinstance(results, list) else [results]
-    return results[:len(starts)], results[len(starts):]
+    stacked = [e.squeeze(y, axes) if axes else y for y, axes in zip(results[len(starts):], after)]
+    return results[:len(starts)], stacked
+
+
+def _sink_squeeze(body: gs.Graph, y: gs.Tensor) -> tuple[gs.Tensor, list[int] | None]:
+    """(the value the Loop stacks, the axes to squeeze after it or None): a per-position output
+    made by a Squeeze of negative constant axes read by nothing else is stacked unsqueezed and
+    squeezed once after the Loop (the same axes counted from the end), one node fewer per
+    position."""
+    node = y.inputs[0] if len(y.inputs) == 1 else None
+    if node is None or node.op != "Squeeze" or node.domain or y.outputs:
+        return y, None
+    if len(node.inputs) == 2 and isinstance(node.inputs[1], gs.Constant):
+        values = np.asarray(node.inputs[1].values).reshape(-1)
+    else:
+        values = np.asarray(node.attrs.get("axes", []), np.int64) if len(node.inputs) == 1 else np.zeros(0)
+    if values.size == 0 or np.any(values >= 0):
+        return y, None
+    source = node.inputs[0]
+    body.nodes.remove(node)
+    node.inputs.clear()
+    node.outputs.clear()
+    return source, [int(v) for v in values]
