@@ -33,10 +33,10 @@ _LINEAR_VIEWS = {"Identity", "Neg", "Unsqueeze", "Squeeze", "Reshape", "Transpos
 
 def linear_part(steps, new_state: set[int], shape_of) -> list | None:
     """``steps`` (plan steps reading the new state, in order) emitting only the part linear in
-    it, or None when an output is not linear in the state. An Add or Sub with one operand that
-    does not read the state keeps the other (negated for ``r - L(h)``), where the result has
-    that operand's shape (``shape_of``: a body value's shape or None), so nothing broadcasts
-    differently."""
+    it, or None when an output is not linear in the state. An Add or Sub with one operand r
+    that does not read the state keeps the other (negated for ``r - L(h)``): as it is where the
+    result is known to have its shape (``shape_of``: a body value's shape or None), else
+    expanded by r's shape, so the correction has the output's shape whatever broadcasts."""
     reads = set(new_state)
     out = []
     for node, emit in steps:
@@ -48,10 +48,9 @@ def linear_part(steps, new_state: set[int], shape_of) -> list | None:
         if op in ("Add", "Sub") and len(node.inputs) == 2 and len(data) == 1:
             k = data[0]
             kept, result = shape_of(node.inputs[k]), shape_of(node.outputs[0])
-            if kept is None or result is None or list(kept) != list(result):
-                return None
-            negate = op == "Sub" and k == 1
-            out.append((node, lambda e, ins, k=k, negate=negate: [e.op("Neg", [ins[k]]) if negate else ins[k]]))
+            same = kept is not None and result is not None and list(kept) == list(result)
+            out.append((node, lambda e, ins, k=k, negate=op == "Sub" and k == 1, same=same:
+                        [_state_part(e, ins[k], ins[1 - k], negate, same)]))
         elif op in ("Add", "Sub") and len(data) == 2:
             out.append((node, emit))
         elif op == "Div" and data == [0]:
@@ -64,6 +63,11 @@ def linear_part(steps, new_state: set[int], shape_of) -> list | None:
             return None
         reads.update(id(t) for t in node.outputs)
     return out
+
+
+def _state_part(e, kept: gs.Tensor, dropped: gs.Tensor, negate: bool, same: bool) -> gs.Tensor:
+    value = e.op("Neg", [kept]) if negate else kept
+    return value if same else e.op("Expand", [value, e.op("Shape", [dropped])])
 
 
 @dataclass

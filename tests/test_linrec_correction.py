@@ -1,0 +1,104 @@
+"""linrec's two-pass form reading the outputs in the chunk pass plus a decay correction
+(passes/loopfree/decay_correction.py): which outputs qualify (linear in the state, a state-free
+addend dropped from the correction), which decays give each chunk's Π a in closed form, and the
+fallback (chunk ends, then the outputs read per position) for the rest. Each rewrite runs
+against the loop on onnxruntime and the reference executor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper as h
+
+import builders as b
+import linrec_builders as lb
+from equivalence import assert_equivalent
+from test_linrec import linrec
+
+CORRECTED = "the outputs read in the chunk pass plus a decay correction"
+FALLBACK = "chunk ends, then the outputs read per position"
+
+
+def selective(read: str, decay: str = "exp", T: int = 21, B: int = 2, D: int = 4, N: int = 3):
+    """Mamba's selective scan (lb.mamba) with the output written ``read`` and the decay
+    ``decay``: "exp" a = Exp(Δ ⊗ A), "sigmoid" a = Sigmoid(Δ ⊗ W) (no closed-form product)."""
+    a_log = np.log(np.arange(1, N + 1, dtype=np.float32))[None, :].repeat(D, 0)
+    nodes = [h.make_node("Exp", ["A_log"], ["A_pos"]), h.make_node("Neg", ["A_pos"], ["A"]),
+             h.make_node("Softplus", ["dl"], ["delta"]), h.make_node("Unsqueeze", ["delta", "ax_last"], ["delta3"]),
+             h.make_node("Mul", ["delta3", "A"], ["dA"]),
+             h.make_node("Exp" if decay == "exp" else "Sigmoid", ["dA"], ["a"]),
+             h.make_node("Mul", ["delta", "x"], ["dx"]), h.make_node("Unsqueeze", ["dx", "ax_last"], ["dx3"]),
+             h.make_node("Unsqueeze", ["bt", "ax_mid"], ["bt3"]), h.make_node("Mul", ["dx3", "bt3"], ["bx"]),
+             h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bx"], ["h_new"]),
+             h.make_node("Unsqueeze", ["ct", "ax_mid"], ["ct3"]), h.make_node("Mul", ["h_new", "ct3"], ["hc"]),
+             h.make_node("ReduceSum", ["hc", "ax_last"], ["read"], keepdims=0)]
+    inits = [b.init("A_log", a_log), b.init("ax_last", np.array([-1], np.int64)),
+             b.init("ax_mid", np.array([1], np.int64)), b.init("skip", np.linspace(0.5, 1.5, D).astype(np.float32))]
+    if read == "y":
+        nodes.append(h.make_node("Identity", ["read"], ["y"]))
+    elif read == "y + D*x":  # Mamba's skip connection: a state-free addend
+        nodes += [h.make_node("Mul", ["x", "skip"], ["dskip"]), h.make_node("Add", ["read", "dskip"], ["y"])]
+    elif read == "D*x - y":  # the state-dependent operand second: the correction negates it
+        nodes += [h.make_node("Mul", ["x", "skip"], ["dskip"]), h.make_node("Sub", ["dskip", "read"], ["y"])]
+    elif read == "tanh(y)":  # not linear in the state
+        nodes.append(h.make_node("Tanh", ["read"], ["y"]))
+    elif read == "y + wide":  # the addend is wider than the state's part: dropping it would change the shape
+        nodes += [h.make_node("Unsqueeze", ["read", "ax_last"], ["read3"]), h.make_node("Add", ["read3", "bx"], ["y"])]
+    y_shape = [B, D, N] if read == "y + wide" else [B, D]
+    body_in = [b.vi("h", [B, D, N]), b.vi("x", [B, D]), b.vi("dl", [B, D]), b.vi("bt", [B, N]), b.vi("ct", [B, N])]
+    outer_in = [b.vi("h0", [B, D, N]), b.vi("X", [T, B, D]), b.vi("DL", [T, B, D]), b.vi("BT", [T, B, N]),
+                b.vi("CT", [T, B, N])]
+    return lb._scan_model(nodes, body_in, [b.vi("h_new", [B, D, N]), b.vi("y", y_shape)], outer_in,
+                          [b.vi("hT", [B, D, N]), b.vi("Y", [T] + y_shape)], inits, num_scan_inputs=4,
+                          scan_inputs=["h0", "X", "DL", "BT", "CT"])
+
+
+def two_pass_detail(model, **options) -> str:
+    out, outcomes = linrec(model, linrec_min_steps=1, linrec_form="two-pass", linrec_chunk=8, tune=False, **options)
+    assert len(outcomes) == 1 and outcomes[0][0], outcomes
+    assert_equivalent(model, out)
+    return outcomes[0][1]
+
+
+@pytest.mark.parametrize("read", ["y", "y + D*x", "D*x - y", "y + wide"])
+@pytest.mark.parametrize("decay", ["exp", "sigmoid"])
+def test_outputs_linear_in_the_state_take_the_correction(read, decay):
+    """21 steps in chunks of 8 (the last padded): the outputs read in the chunk pass plus the
+    correction; the skip connection's D⊙x counted once (it does not read the state); an addend
+    wider than the read ([B, D, N] against [B, D, 1]) leaves the correction expanded to it."""
+    assert CORRECTED in two_pass_detail(selective(read, decay))
+
+
+def test_an_output_not_linear_in_the_state_is_read_in_a_second_pass():
+    """A Tanh of the read: the chunk ends first, then a second pass from the starts reads it."""
+    assert FALLBACK in two_pass_detail(selective("tanh(y)"))
+
+
+@pytest.mark.parametrize("T", [8, 9, 64])
+def test_one_chunk_or_a_short_tail(T):
+    """One chunk (no correction needed: the second pass from h0), one step past it, many."""
+    detail = two_pass_detail(selective("y + D*x", T=T, B=1))
+    assert (CORRECTED if T > 8 else FALLBACK) in detail
+
+
+def test_mamba_einsum_takes_the_closed_form_decay():
+    """Einsum("bd,dn->bdn", Δ, A) is linear in Δ: each chunk's Π a is Exp of the Einsum of ΣΔ."""
+    m = lb.mamba_einsum(T=40, B=2, D=4, N=3)
+    assert CORRECTED in two_pass_detail(m)
+
+
+def test_long_sequence_with_the_correction_stays_within_tolerance():
+    """T = 4096 in chunks of 64: the correction's products (a ⊙ G from the chunk start) are the
+    loop's own in another association; within 1e-5 of the loop in float32."""
+    m = selective("y + D*x", T=4096, B=1, D=8, N=4)
+    out, outcomes = linrec(m, linrec_form="two-pass", linrec_chunk=64, tune=False)
+    assert CORRECTED in outcomes[0][1]
+    rng = np.random.default_rng(7)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in m.graph.input}
+    from scanopt.engines import run
+
+    want, got = run(m, feeds), run(out, feeds)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
