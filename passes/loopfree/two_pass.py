@@ -97,6 +97,7 @@ def position_loop(e: Emitter, starts: list[gs.Tensor], per_step: dict, chunk: in
     carried = [gs.Variable(e.b.names.fresh("carried"), dtype=dtype, shape=[None] * width) for _ in starts]
     gathered = {key: inner.op("Gather", [x, position], axis=0) for key, x in per_step.items()}
     new, ys = step(inner, position, carried, gathered)
+    _hoist_reshapes(e, body, {id(g): per_step[key] for key, g in gathered.items()})
     new = [inner.op("Identity", [t]) if t in carried else t for t in new]
     ys, after = zip(*[_sink_squeeze(body, y) for y in ys]) if ys else ((), ())
     seen = {id(t) for t in carried + new}
@@ -111,6 +112,32 @@ def position_loop(e: Emitter, starts: list[gs.Tensor], per_step: dict, chunk: in
     results = results if isinstance(results, list) else [results]
     stacked = [e.squeeze(y, axes) if axes else y for y, axes in zip(results[len(starts):], after)]
     return results[:len(starts)], stacked
+
+
+def _hoist_reshapes(e: Emitter, body: gs.Graph, rows_of: dict) -> None:
+    """A Reshape to a constant shape of a gathered row ([K, ...], read by nothing else), its
+    first dim 0 (kept) and none -1, is applied once to the whole [C, K, ...] value before the
+    Loop, which then gathers reshaped rows: one node fewer per position (y's read of C_t as a
+    column)."""
+    for node in list(body.nodes):
+        if node.op != "Reshape" or node.domain or len(node.inputs) != 2 or not isinstance(node.inputs[1], gs.Constant):
+            continue
+        row, target = node.inputs
+        dims = np.asarray(target.values).reshape(-1)
+        if id(row) not in rows_of or len(row.outputs) != 1 or dims.size == 0 or dims[0] != 0 or np.any(dims < 0) \
+                or node.attrs.get("allowzero", 0):
+            continue
+        source = rows_of[id(row)]
+        known = list(source.shape) if source.shape is not None and len(source.shape) == dims.size + 1 else None
+        shape = [known[i] if d == 0 else int(d) for i, d in enumerate([0] + list(dims))] if known else None
+        whole = e.op("Reshape", [source, e.ints("rows", [0] + [int(d) for d in dims])], shape=shape)
+        gather = row.inputs[0]
+        gather.inputs[0] = whole
+        result = node.outputs[0]
+        gather.outputs = [result]
+        node.inputs.clear()
+        node.outputs.clear()
+        body.nodes.remove(node)
 
 
 def _sink_squeeze(body: gs.Graph, y: gs.Tensor) -> tuple[gs.Tensor, list[int] | None]:
