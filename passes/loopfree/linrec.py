@@ -539,6 +539,9 @@ class Linrec(ScanPass):
             decay = ends[1]
         else:
             decay = _chunk_decay(e, chain, mapping, plan, chunk, count, steps, rank, ctx)
+        for value in (decay, ends[0]):  # [K, ...]: declared, so loop_to_scan reads them as they are
+            if value.shape is None:
+                value.shape = [count] + [None] * rank
         (final,), (starts,) = carry_loop(e, decay, ends[0], h0, None, rank, dtype, e.const("chunks", np.int64(count)),
                                          False, before=True)
 
