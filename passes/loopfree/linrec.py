@@ -538,7 +538,7 @@ class Linrec(ScanPass):
         if chain is None:
             decay = ends[1]
         else:
-            decay = _chunk_decay(e, chain, mapping, plan, chunk, count, steps, rank, ctx)
+            decay = _chunk_decay(e, chain, mapping, per_step, plan, chunk, count, steps, rank, ctx)
         for value in (decay, ends[0]):  # [K, ...]: declared, so loop_to_scan reads them as they are
             if value.shape is None:
                 value.shape = [count] + [None] * rank
@@ -573,12 +573,15 @@ def _steps_needed(steps: list, wanted) -> list:
     return kept[::-1]
 
 
-def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, plan: LiftPlan, chunk: int, count: int, steps: int,
-                 rank: int, ctx) -> gs.Tensor:
+def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, per_step: dict, plan: LiftPlan, chunk: int, count: int,
+                 steps: int, rank: int, ctx) -> gs.Tensor:
     """Π a over each chunk, [K, ...] (rank ``rank`` + 1), for a = Exp(f(x)), f linear in x:
-    Exp(f(Σ x)) with x summed over the chunk's real steps (padding rows zeroed)."""
+    Exp(f(Σ x)) with x summed over the chunk's real steps (padding rows zeroed); x by position
+    [C, K, ...] as the Loops read it where they do."""
     x_rank = plan.value(chain.x, ctx.shapes.shape).rank
-    x = by_position(e, mapping[id(chain.x)], chunk, count, x_rank + 1, ctx.shapes.shape(chain.x))
+    x = per_step.get(id(chain.x))
+    if x is None:
+        x = by_position(e, mapping[id(chain.x)], chunk, count, x_rank + 1, ctx.shapes.shape(chain.x))
     if count * chunk != steps:
         zero = e.const("zero", np.zeros([], ctx.shapes.dtype(chain.x) or np.float32))
         x = e.op("Where", [padding_mask(e, x_rank, chunk, count, steps), x, zero])
