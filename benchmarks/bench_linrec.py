@@ -4,7 +4,9 @@
 
 Models are the hand-written forms of tests/linrec_builders.py at the issue's sizes (B=1):
 cumulative sum H=128; EMA with learned decay H=128; minGRU I=H=64; Mamba-style selective scan
-D=64, N=16; decayed linear attention DK=DV=64 (also with the state stored transposed); each also
+D=64, N=16, and ``mamba_torch``, PyTorch's dynamo export of a selective scan with its projections in
+the step (models/linrec/torch_mamba_wide.onnx, length re-declared); decayed linear attention DK=DV=64
+(also with the state stored transposed); each also
 at T=16 and 64 (the "never slower at T <= 64" rows). Timing: scanopt.timing.measure, the
 one timer tune and every benchmark use (thread CPU time of ``session.run`` with one intra-op
 thread, the forms interleaved in rotating order with an A/A pair of the Scan, whose deviation
@@ -25,6 +27,7 @@ import os
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,10 +43,20 @@ CASES = {
     "ema": (lambda T: lb.ema(T=T, H=128), (16, 64, 2048), "3x at T=2048"),
     "mingru": (lambda T: lb.mingru(T=T, I=64, H=64, B=1), (16, 64, 1024), "3x at T=1024"),
     "mamba": (lambda T: lb.mamba(T=T, B=1, D=64, N=16), (16, 64, 1024), "3x at T=1024"),
+    "mamba_torch": (lambda T: torch_export_at("torch_mamba_wide", T), (16, 64, 1024), "3x at T=1024"),
     "linear_attention": (lambda T: lb.linear_attention(T=T, DK=64, DV=64), (16, 64, 1024), "2x at T=1024"),
     "linear_attention_transposed": (lambda T: lb.linear_attention_transposed(T=T, DK=64, DV=64), (16, 64, 1024),
                                     "2x at T=1024"),
 }
+
+
+def torch_export_at(name: str, steps: int):
+    """A committed PyTorch export (models/linrec, one Scan node) with its length re-declared:
+    the body does not depend on T, so this is the same export at ``steps`` steps."""
+    model = onnx.load(os.path.join(os.path.dirname(HERE), "models", "linrec", f"{name}.onnx"))
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = steps
+    return model
 
 
 def feeds_for(model) -> dict:
