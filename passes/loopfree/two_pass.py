@@ -1,5 +1,5 @@
 """The two-pass positions form of a wide linear recurrence h_t = a_t ⊙ h_{t-1} + b_t (Mamba's
-selective scan, state [B, D, N]).
+selective scan, state [B, D, N]): the layout and the Loops it is built from.
 
 Why a third form: on a wide state the [T, ...state] tensors of the other chunked forms (a, b,
 their products, every h) are each megabytes, past the caches, and the full-size Transposes,
@@ -10,13 +10,11 @@ copies and the products tracked per position cost as much as the loop saves. Her
   its own, and the scan outputs are put back in step order after (small again);
 - what is small is lifted once over all steps (Δ = softplus(...), Δ·x, the Unsqueezes); what
   makes a value of the state's width (Δ ⊗ A, Exp, the outer product: a and b) is computed
-  inside the Loops below, per position, on [T/C, ...] slices that stay in cache;
-- pass 1, a Loop over the C positions of every chunk at once (state [T/C, ...]), carries only
-  the chunk's local state from zero and its running product of a: two final values, nothing
-  stacked;
-- the chunk starts are composed by doubling over the T/C chunk ends (short);
-- pass 2, a Loop over the positions again from those starts, computes a and b again, updates h
-  and computes the scan outputs y_t = f(h_t, x_t): h over all steps is never materialized.
+  inside the Loops, per position, on [T/C, ...] slices that stay in cache;
+- :func:`position_loop` runs the C positions of every chunk at once (state [T/C, ...]); linrec
+  uses it for a pass from zero per chunk and then either a correction from the chunk starts
+  (outputs linear in the state: module decay_correction) or a second pass from the starts
+  reading the outputs: h over all steps is never materialized.
 
 Padding steps (T not a multiple of C) are made the identity pair (a, b) = (1, 0) with a mask,
 so the last chunk's end is the final state. Numerics: the products and sums the loop forms,
