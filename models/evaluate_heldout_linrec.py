@@ -2,6 +2,7 @@
 
     python models/evaluate_heldout_linrec.py             # both modes, 2 seeds
     python models/evaluate_heldout_linrec.py --only dyn_gla
+    python models/evaluate_heldout_linrec.py --mode declared --declared-t 256   # where the forms pay
 
 Two modes per model: *default* (``scanopt optimize in out``: no shapes, the cost policy over
 the unknown dims) and *declared* (``--input-shape``: every symbolic T made 16 and B made 4, one
@@ -24,6 +25,7 @@ import onnx
 
 import onnxruntime as ort
 
+import evaluate_heldout_producers as producers
 import scanopt
 from evaluate_heldout_producers import HeldOutSet, as_array, feeds_of, loop_names, loop_ops
 from scanopt.verify import TOLERANCES
@@ -105,7 +107,10 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--only", action="append", help="evaluate only these models")
     p.add_argument("--mode", action="append", choices=("default", "declared"))
+    p.add_argument("--declared-t", type=int, default=producers.DECLARED_T,
+                   help=f"the symbolic T declared mode makes static (default {producers.DECLARED_T})")
     args = p.parse_args()
+    producers.DECLARED_T = args.declared_t  # read by HeldOutSet.declared
     held = HeldOutSet("heldout_linrec")
     rows = {mode: {} for mode in args.mode or ("default", "declared")}
     for name in args.only or held.names():
