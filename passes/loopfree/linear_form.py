@@ -127,6 +127,9 @@ def linear_update(h_in: gs.Tensor, h_out: gs.Tensor, depends_on_h, shape_of=lamb
             pre, out = _static_view(shape_of(ins[0]), shape_of(t), shape_of(h_in), label)
             a, b = form(ins[0])
             return _view(a, pre, out), _view(b, pre, out)
+        if node.op in ("MatMul", "Gemm", "Einsum") and sum(dep) == 1:  # Gated DeltaNet's S - β(S k)kᵀ + β v kᵀ
+            raise NotLinear(f"{label} multiplies the state by a matrix: linear, but not elementwise a ⊙ h + b, "
+                            "which the parallel forms need")
         raise NotLinear(f"{label} reads the state nonlinearly (only Add, Sub, Mul, Div, Neg, Identity, Where by "
                         "a state-free condition and a reshape back to the state's shape keep it linear)")
 
