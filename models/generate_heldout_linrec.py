@@ -343,9 +343,29 @@ def write_skl(name):
         got = [est.predict(Xt), est.predict_proba(Xt).astype(np.float32)]
     else:
         got = [est.predict(Xt).reshape(-1, 1).astype(dtype)]
+    _stable_names(model)
     onnx.save(model, os.path.join(OUT, f"{name}.onnx"))
     save_npz(os.path.join(OUT, f"{name}.expected.npz"),
              {"X": Xt, **{o.name: np.asarray(g) for o, g in zip(model.graph.output, got)}})
+
+
+def _stable_names(model) -> None:
+    """skl2onnx names its norm ops after a Python object's id() (``norm_139965023687120_Sub``):
+    each such number becomes its rank of first appearance, so the file does not change per run."""
+    import re
+
+    from scanopt.protos import walk_proto_graphs
+
+    numbers: dict[str, str] = {}
+    stable = lambda text: re.sub(r"(?<=_)\d{9,}(?=_)", lambda m: numbers.setdefault(m.group(), str(len(numbers))), text)  # noqa: E731
+    for graph in walk_proto_graphs(model.graph):
+        for values in (graph.input, graph.output, graph.value_info, graph.initializer):
+            for v in values:
+                v.name = stable(v.name)
+        for node in graph.node:
+            node.name = stable(node.name)
+            node.input[:] = [stable(n) for n in node.input]
+            node.output[:] = [stable(n) for n in node.output]
 
 
 # ---------------------------------------------------------------- by hand
