@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from onnx import helper as h
 
 import builders as b
@@ -223,3 +224,22 @@ def test_a_matrix_product_with_the_state_is_declined_as_not_elementwise():
     _, outcome = linrec(lb.body_model(nodes, T=24, H=H, inits=[b.init("R", np.eye(H, dtype=np.float32) * 0.5)]))
     assert not outcome.applied
     assert "multiplies the state by a matrix: linear, but not elementwise" in outcome.detail, outcome.detail
+
+
+BRANCHES = {"upd": "0.5 h + x", "h": "h", "x": "x (free of h)", "hw": "h w (a product)"}
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.integers(16, 40), then=st.sampled_from(sorted(BRANCHES)), otherwise=st.sampled_from(sorted(BRANCHES)),
+       per_step=st.booleans())
+def test_any_where_of_linear_branches_matches_the_loop(steps, then, otherwise, per_step):
+    """Branches linear in h (or free of it), a condition per step (x > 0) or invariant (w < 0.5)."""
+    assume("h" in then or "h" in otherwise or then == "upd" or otherwise == "upd")
+    cond = (h.make_node("Greater", ["x", "zero"], ["cond"]) if per_step else
+            h.make_node("Less", ["w", "half"], ["cond"]))
+    nodes = [cond, h.make_node("Mul", ["half", "h"], ["hh"]), h.make_node("Add", ["hh", "x"], ["upd"]),
+             h.make_node("Mul", ["h", "w"], ["hw"]), h.make_node("Where", ["cond", then, otherwise], ["h_new"])]
+    model = lb.body_model(nodes, T=steps, H=H, inits=WHERE_INITS)
+    out, outcome = linrec(model)
+    assert outcome.applied, outcome.detail
+    assert_equivalent(model, out, seeds=1)

@@ -43,7 +43,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
 from scanopt.constexpr import ConstantFolder
-from scanopt.graph import constant_value, dtype_of, identity_root, node_label, subgraphs_of
+from scanopt.graph import dtype_of, identity_root, node_label, subgraphs_of
 from scanopt.protos import in_default_domain
 
 ELEMENTWISE = frozenset({
