@@ -60,6 +60,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     declared = deployment is not None
     deployment = original_shapes if deployment is None else deployment
     inits = {t.name: t for t in model.graph.initializer}
+    inits.update((n.output[0], n) for n in model.graph.node  # a Constant node's value is copied, not fed at random
+                 if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1)
     read = _read_values(model)
     measured: dict[str, dict] = {}
     notes: list[str] = []
@@ -214,13 +216,13 @@ def _read_values(model: onnx.ModelProto) -> set[str]:
 
 
 def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto, read: set[str]):
-    """A model computing just ``node`` (its reads as inputs or weights, its outputs the
+    """A model computing just ``node`` (its reads as inputs, weights or Constant nodes, its outputs the
     model reads as outputs: a final value nobody reads stays dead, as it is in the model,
     so canonicalize drops it here too), or why not."""
-    inputs, initializers = [], []
+    inputs, initializers, constants = [], [], []
     for name in node_reads(node):
-        if name in inits:
-            initializers.append(inits[name])
+        if name in inits:  # an initializer, or a Constant node (a Slice's axes, a shape) copied along
+            (constants if isinstance(inits[name], onnx.NodeProto) else initializers).append(inits[name])
             continue
         value = _typed(name, shapes)
         if value is None:
@@ -235,7 +237,7 @@ def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.
             outputs.append(value)
     if not outputs:
         return "no output of it is read"
-    graph = onnx.helper.make_graph([node], "tune", inputs, outputs, initializer=initializers)
+    graph = onnx.helper.make_graph([*constants, node], "tune", inputs, outputs, initializer=initializers)
     return onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 
 

@@ -516,7 +516,7 @@ def _changes_shape(initial: gs.Tensor, inside: gs.Tensor, new: gs.Tensor, shapes
     if len(before) != len(after):
         return f"changes rank ({len(before)} -> {len(after)})"
     for a, b in zip(before, after):
-        if isinstance(a, (int, np.integer)) and a != b:
+        if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)) and a != b:
             return f"changes shape ({before} -> {after})"
     return ""
 

@@ -66,6 +66,10 @@ class GemmDistances(ScanPass):
             return Skip("a reverse scan input (the rows read backwards): left to vectorize")
         found = find_distances(node, view)
         if found is None:
+            metric = _elementwise_metric(node, view)
+            if metric:
+                return Skip(f"a {metric} distance (ReduceSum of {'Pow(Abs(Sub))' if metric != 'manhattan' else 'Abs(Sub)'}"
+                            "): no matrix-product form exists for it; vectorize's broadcast form takes it")
             return Skip("not ReduceSumSquare(Sub(Q, x_t), last axis) with Q invariant and one scan input/output")
         queries = node.inputs[found.query_state] if found.query_state is not None else found.queries
         dtype = ctx.shapes.dtype(node.inputs[view.num_states])
@@ -99,6 +103,22 @@ class GemmDistances(ScanPass):
         rebind_outputs(node, list(node.inputs[:n]) + [from_processing_order(e, squared, view, 0, 1)], graph)
         added = place_appended(graph, position, start - 1)
         return f"pairwise squared distances as one matrix product, clamped at 0 ({added} nodes, no Scan left)"
+
+
+def _elementwise_metric(node: gs.Node, view) -> str:
+    """"manhattan" or "minkowski" when the body's one output is skl2onnx's
+    ReduceSum(Abs(Sub)) or ReduceSum(Pow(Abs(Sub), p)), else "": named in the skip reason."""
+    body = node.attrs["body"]
+    if view.num_scan_outputs != 1:
+        return ""
+    chain = []
+    t = identity_root(body.outputs[view.num_states])
+    while len(t.inputs) == 1 and len(chain) < 4:
+        chain.append(t.inputs[0].op)
+        t = t.inputs[0].inputs[0] if t.inputs[0].inputs else t
+        if chain[-1] == "Sub":
+            break
+    return {("ReduceSum", "Abs", "Sub"): "manhattan", ("ReduceSum", "Pow", "Abs", "Sub"): "minkowski"}.get(tuple(chain), "")
 
 
 def find_distances(node: gs.Node, view) -> Distances | None:

@@ -42,7 +42,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
-from scanopt.graph import constant_value, dtype_of, identity_root, node_label, subgraphs_of
+from scanopt.constexpr import ConstantFolder
+from scanopt.graph import dtype_of, identity_root, node_label, subgraphs_of
 from scanopt.protos import in_default_domain
 
 ELEMENTWISE = frozenset({
@@ -177,7 +178,8 @@ class _Rule:
         if i >= len(self.node.inputs) or not self.node.inputs[i].name:
             return None
         self.invariant_only([i], what)
-        value = constant_value(self.node.inputs[i])
+        # folded through outer scope: TorchScript computes a Slice's axes as Unsqueeze(Constant) outside the loop
+        value = ConstantFolder(self.opset).value(self.node.inputs[i])
         if value is None:
             raise Declined(f"{self.label}: its {what} is computed at run time")
         return value
@@ -318,12 +320,16 @@ class _Rule:
         if shape is None:
             raise Declined(f"{self.label}: its target shape is computed at run time")
         shape = [int(d) for d in shape.reshape(-1)]
-        if int(self.attrs.get("allowzero", 0)):
-            raise Declined(f"{self.label}: allowzero=1 (a leading 0 would not copy the step count)")
+        allowzero = int(self.attrs.get("allowzero", 0))
+        if allowzero and 0 in shape:
+            raise Declined(f"{self.label}: allowzero=1 with a 0 in the target shape (an empty dim, not a copied "
+                           "one; the lifted Reshape's leading 0 must copy the step count)")
         new = np.asarray([0] + shape, np.int64)
 
         def emit(e: LiftEmitter, ins):
-            return e.same(self.node, [ins[0], e.const("shape", new)])
+            # with no 0 in the target shape allowzero changes nothing (the PyTorch exporter writes
+            # allowzero=1 on every view); the lifted shape's leading 0 copies the step count
+            return e.same(self.node, [ins[0], e.const("shape", new)], **({"allowzero": 0} if allowzero else {}))
 
         return emit, self.outputs(len(shape))
 

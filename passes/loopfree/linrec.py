@@ -144,7 +144,7 @@ class Linrec(ScanPass):
             label = f"state '{view.initial_states[i] or i}'"
             h_in, h_out = body.inputs[i], identity_root(body.outputs[i])
             try:
-                update = linear_update(h_in, h_out, lambda t, i=i: i in depends.get(id(t), ()))
+                update = linear_update(h_in, h_out, lambda t, i=i: i in depends.get(id(t), ()), ctx.shapes.shape)
             except NotLinear as exc:
                 return Skip(f"{label} is not a linear recurrence: {exc}")
             for term in (update.a, update.b):
@@ -353,6 +353,8 @@ class Linrec(ScanPass):
             outputs.append(from_processing_order(e, value, view, k, match.out_ranks[k]))
         states = [finals.get(i, node.inputs[i]) for i in range(n)]
         rebind_outputs(node, states + outputs, graph)
+        # the positions forms' chunk Loops: loop_to_scan makes them Scans, which are not matched again
+        ctx.memo.setdefault(OWN_LOOPS, set()).update(nd.name for nd in graph.nodes[start - 1:] if nd.op == "Loop")
         added = place_appended(graph, position, start - 1)
         return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no Scan left)"
 
@@ -671,16 +673,27 @@ def _stacked(e: LiftEmitter, value: gs.Tensor, per_step: bool, r: int, rank: int
 
 def _evaluate(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, dtype, ctx):
     """(tensor, per_step, per-step rank) of an h-free term, lifted."""
-    if term.op == "one":
-        return e.const("one", np.ones([], dtype)), False, 0
+    if term.op in ("one", "zero"):
+        return e.const(term.op, (np.ones if term.op == "one" else np.zeros)([], dtype)), False, 0
     if term.op == "leaf":
         t = term.tensor
         value = plan.value(t, ctx.shapes.shape)
         return mapping.get(id(t), t), value.per_step, value.rank
     parts = [_evaluate(e, arg, mapping, plan, dtype, ctx) for arg in term.args]
+    if term.op == "view":  # expanded to the reshape's input shape, then reshaped with it
+        (x, per_step, r), (pre, out) = parts[0], term.shapes
+        if per_step:
+            x = e.op("Expand", [e.pad(x, len(pre) - r), e.ints("shape", [1, *pre])])
+            return e.op("Reshape", [x, e.ints("shape", [0, *out])]), True, len(out)  # 0 copies the step count
+        x = e.op("Expand", [x, e.ints("shape", list(pre))])
+        return e.op("Reshape", [x, e.ints("shape", list(out))]), False, len(out)
     if term.op == "neg":
         x, per_step, r = parts[0]
         return e.op("Neg", [x]), per_step, r
+    if term.op == "where":  # the condition and both branches broadcast as the body's Where does
+        r = max(rank for _, _, rank in parts)
+        args = [e.pad(x, r - rx) if px else x for x, px, rx in parts]
+        return e.op("Where", args), any(px for _, px, _ in parts), r
     (x, px, rx), (y, py, ry) = parts
     r = max(rx, ry)
     x = e.pad(x, r - rx) if px else x
