@@ -91,6 +91,9 @@ class PassContext:
     # label of a Scan a rewrite emitted -> label of the Scan it replaced: a measured choice for
     # that Scan (scanopt.tune) covers it too (fuse's per-step cell-state loop, for one)
     derived: dict[str, str] = field(default_factory=dict)
+    # name of a loop a rewrite emitted as its chosen form -> that pass: no Scan pass rewrites it
+    # again in this run (loop_to_scan, a Loop pass, may still make it a Scan, keeping the name)
+    chosen: dict[str, str] = field(default_factory=dict)
     # called with (Scans done, Scans in total) as a pass walks the Scans (scanopt.progress)
     progress: Callable[[int, int], None] | None = None
 
@@ -150,6 +153,12 @@ class ScanPass(Pass):
                 result.outcomes.append(
                     NodeOutcome(self.name, label, level.path, False, "rolled back: failed verification")
                 )
+                continue
+            owner = ctx.chosen.get(node.name) if node.name else None
+            if owner is not None:
+                result.outcomes.append(NodeOutcome(
+                    self.name, label, level.path, False,
+                    f"one of {owner}'s own chunk loops, the form it chose (loop_to_scan made it a Scan): not rewritten again"))
                 continue
             view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
             found = self.match(node, view, level, ctx)

@@ -102,3 +102,36 @@ def test_long_sequence_with_the_correction_stays_within_tolerance():
     want, got = run(m, feeds), run(out, feeds)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("read", ["y + D*x", "tanh(y)"])
+@pytest.mark.parametrize("decay", ["exp", "sigmoid"])
+def test_a_symbolic_length_pads_and_counts_chunks_at_run_time(read, decay):
+    """T a name: the chunk count, the padding and its mask are computed at run time (a carry
+    Loop across the chunks in both forms); equal to the loop at lengths below, at, one past and
+    several times the chunk, with and without padding."""
+    m = selective(read, decay, T="T")
+    out, outcomes = linrec(m, linrec_form="two-pass", linrec_chunk=8, tune=False)
+    assert outcomes[0][0] and "symbolic length" in outcomes[0][1], outcomes
+    assert (CORRECTED if read != "tanh(y)" else FALLBACK) in outcomes[0][1]
+    rng = np.random.default_rng(3)
+    feeds = []
+    for steps in (1, 5, 8, 9, 16, 37):
+        dims = {"h0": [2, 4, 3], "X": [steps, 2, 4], "DL": [steps, 2, 4], "BT": [steps, 2, 3], "CT": [steps, 2, 3]}
+        feeds.append({k: rng.standard_normal(v).astype(np.float32) for k, v in dims.items()})
+    assert_equivalent(m, out, inputs=feeds)
+
+
+def test_a_symbolic_length_at_mambas_width_takes_the_two_pass_form_by_default():
+    """The PyTorch export at Mamba's width with its length made a name: over linrec_max_state
+    the default picks the two-pass form (it needed a static length before), equal to torch."""
+    import onnx
+
+    from test_linrec import LINREC, assert_matches_torch
+
+    m = onnx.load(LINREC / "torch_mamba_wide.onnx")
+    for value in (m.graph.input[0], m.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "T"
+    out, outcomes = linrec(m, tune=False)
+    assert outcomes[0][0] and "two-pass, symbolic length" in outcomes[0][1], outcomes
+    assert_matches_torch(m, out, dict(np.load(LINREC / "torch_mamba_wide.expected.npz")))

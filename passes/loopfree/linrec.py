@@ -50,7 +50,7 @@ from scanopt.passes.loopfree.prefix_scan import (
     cumulative_sum,
 )
 from scanopt.passes.loopfree.two_pass import (
-    by_position, padding_mask, permute_steps, position_loop, unpermute_steps,
+    Chunking, by_position, permute_steps, position_loop, unpermute_steps,
 )
 from scanopt.rewrite import place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
@@ -74,12 +74,11 @@ POSITIONS_FROM = 512
 # States over linrec_max_state: the two-pass positions form (module two_pass), which never
 # materializes h over all steps (bench_linrec, Mamba D=64, N=16, T=1024).
 TWO_PASS = "two-pass"
-OWN_LOOPS = "linrec: own loops"
 # Two-pass: a and b are computed inside the position Loops when over all steps they would hold
 # at least this many elements (1 MiB of float32, this machine's L2 per core), else lifted once
 # (bench_linrec, Mamba D=64 N=16: in the Loops T=1024 3.62 ms against 3.89; T=16 loses to the
 # per-position node overhead).
-IN_LOOPS_FROM = 1 << 18  # ctx.memo key: names of the two-pass form's Loops in this run
+IN_LOOPS_FROM = 1 << 18
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 # Two-pass: the outputs are read in the chunk pass plus a correction (module decay_correction)
 # when they are linear in the state and take at most this many plan steps, since the correction
@@ -124,9 +123,6 @@ class Linrec(ScanPass):
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
-        if node.name and node.name in ctx.memo.get(OWN_LOOPS, ()):
-            return Skip("one of linrec's own chunk loops (loop_to_scan made it a Scan): the form chosen, "
-                        "not rewritten again")
         if view.batched:
             return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
         if ctx.opset < 11:
@@ -171,7 +167,7 @@ class Linrec(ScanPass):
             return attention
         largest = ctx.options.get("linrec_max_state", DEFAULT_MAX_STATE)
         form = ctx.options.get("linrec_form", DEFAULT_FORM)
-        two_pass = _two_pass_fits(view, general, changing, trip, updates)
+        two_pass = _two_pass_fits(view, general, changing, updates)
         for i in general:
             size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
             if size is not None and size > largest and form == "auto" and two_pass is None:
@@ -185,7 +181,7 @@ class Linrec(ScanPass):
             return Skip(f"linrec_form={TWO_PASS}: {two_pass}")
         if form == "auto":
             form = "positions" if trip is None or trip >= POSITIONS_FROM else "doubling"
-        if general and trip is None and form != "positions":
+        if general and trip is None and form not in ("positions", TWO_PASS):
             return Skip("the length is symbolic: the doubling form needs a static length (linrec_form=positions)")
         if form not in FORMS and form != TWO_PASS:
             return Skip(f"linrec_form={form!r} is not one of auto, {', '.join(FORMS)}, {TWO_PASS}")
@@ -291,10 +287,9 @@ class Linrec(ScanPass):
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
         if match.form == TWO_PASS:
-            chunk = max(1, min(match.chunk, view.trip_count))
-            count = -(-view.trip_count // chunk)
-            scanned = [permute_steps(e, x, view.input_ranks[j], chunk, count, count * chunk - view.trip_count,
-                                     _element_shape(node.inputs[n + j], view.input_axes[j], ctx))
+            at = Chunking.of(e, match.chunk, view.trip_count, scanned[0])
+            scanned = [permute_steps(e, x, view.input_ranks[j], at, _element_shape(node.inputs[n + j],
+                                                                                  view.input_axes[j], ctx))
                        for j, x in enumerate(scanned)]
         mapping: dict[int, gs.Tensor] = {id(body.inputs[i]): node.inputs[i] for i in range(n) if i not in match.updates}
         mapping.update((id(body.inputs[n + j]), x) for j, x in enumerate(scanned))
@@ -303,7 +298,7 @@ class Linrec(ScanPass):
             outside, inside = _split_by_width(early, late, match, body, ctx)
             (i, _), = match.updates.items()
             wide = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i])) or 0
-            if view.trip_count * wide < IN_LOOPS_FROM:  # all of it fits the cache: lifted once over all steps
+            if view.trip_count is not None and view.trip_count * wide < IN_LOOPS_FROM:  # fits the cache: lifted once
                 outside, inside = early, []
             emit_nodes(outside, e, mapping)
         else:
@@ -311,8 +306,7 @@ class Linrec(ScanPass):
         if match.attention is not None:
             return self._rewrite_attention(node, match, e, mapping, graph, position, start, ctx)
         if match.form == TWO_PASS:
-            return self._rewrite_two_pass(node, match, e, mapping, graph, position, start, chunk, count, inside, late,
-                                          ctx)
+            return self._rewrite_two_pass(node, match, e, mapping, graph, position, start, at, inside, late, ctx)
         finals: dict[int, gs.Tensor] = {}
         forms = []
         for i, update in match.updates.items():
@@ -354,7 +348,7 @@ class Linrec(ScanPass):
         states = [finals.get(i, node.inputs[i]) for i in range(n)]
         rebind_outputs(node, states + outputs, graph)
         # the positions forms' chunk Loops: loop_to_scan makes them Scans, which are not matched again
-        ctx.memo.setdefault(OWN_LOOPS, set()).update(nd.name for nd in graph.nodes[start - 1:] if nd.op == "Loop")
+        ctx.chosen.update((nd.name, self.name) for nd in graph.nodes[start - 1:] if nd.op == "Loop")
         added = place_appended(graph, position, start - 1)
         return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no Scan left)"
 
@@ -409,28 +403,27 @@ class Linrec(ScanPass):
                 fast_softplus(as_matmuls(match.late, rank_of, last_dim_of, outputs, dtype), ctx.shapes.dtype))
 
     def _rewrite_two_pass(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start,
-                          chunk: int, count: int, inside: list, late: list, ctx) -> str:
+                          at: Chunking, inside: list, late: list, ctx) -> str:
         """The two-pass positions form (module two_pass). ``mapping`` holds the early values
         lifted over the steps in position-major order, but for the ``inside`` steps (those
         computing state-wide values for a and b), which both Loops compute per position on
         [K, ...] slices, so no value over all steps and the state's width is ever materialized."""
         (i, update), = match.updates.items()
         view, plan, body = match.view, match.plan, node.attrs["body"]
-        rank, dtype, h0, steps = match.ranks[i], match.dtypes[i], node.inputs[i], view.trip_count
+        rank, dtype, h0 = match.ranks[i], match.dtypes[i], node.inputs[i]
         n = view.num_states
         new_state = _identity_chain(body.outputs[i])
         computed_inside = {id(t) for step in inside + late for t in step[0].outputs} | {id(t) for t in new_state}
         read = {id(t): t for step in inside + late for t in step[0].inputs if t.name}
         read.update((id(t), t) for term in (update.a, update.b) for t in term.leaves())
-        per_step = {key: by_position(e, mapping[key], chunk, count, plan.value(t, ctx.shapes.shape).rank + 1,
-                                     ctx.shapes.shape(t))
+        per_step = {key: by_position(e, mapping[key], at, plan.value(t, ctx.shapes.shape).rank + 1, ctx.shapes.shape(t))
                     for key, t in read.items()
                     if key in mapping and key not in computed_inside and plan.value(t, ctx.shapes.shape).per_step}
-        if count * chunk != steps:
-            per_step["real steps"] = padding_mask(e, rank, chunk, count, steps)
 
         def coefficients(inner: Emitter, gathered: dict):
-            """a and b at the position ([K, ...] or broadcasting to it), padding steps (1, 0)."""
+            """a and b at the position ([K, ...] or broadcasting to it). Padding steps come after
+            the last chunk's real steps, so they reach no output and no other chunk; the final
+            state is read at the last real step (:func:`_at_last_step`)."""
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: None)
             scope = {**mapping, **gathered}
             emit_nodes(inside, le, scope)
@@ -438,26 +431,22 @@ class Linrec(ScanPass):
             for term in (update.a, update.b):
                 value, varies, r = _evaluate(le, term, scope, plan, dtype, ctx)
                 pair.append(le.pad(value, rank - r) if varies else value)
-            if "real steps" in gathered:
-                real = gathered["real steps"]
-                pair = [inner.op("Where", [real, x, inner.const("fill", fill)])
-                        for x, fill in zip(pair, (np.ones([], dtype), np.zeros([], dtype)))]
             return pair, scope
 
-        state_shape = e.op("Concat", [e.ints("count", [count]), e.op("Shape", [h0])], axis=0)
+        count = e.ints("count", [at.count]) if at.static else at.count
+        state_shape = e.op("Concat", [count, e.op("Shape", [h0])], axis=0)
         outs = [k for k, t in enumerate(body.outputs[n:]) if id(t) in computed_inside]
         linear = linear_part(late, {id(t) for t in new_state}, ctx.shapes.shape) \
-            if count > 1 and len(late) <= CORRECTED_MAX_LATE else None
+            if (not at.static or at.count > 1) and len(late) <= CORRECTED_MAX_LATE else None
         if linear is not None:
             final, stacked, loops = self._first_pass_and_correction(
-                e, match, body, h0, mapping, per_step, coefficients, inside, late, linear, outs, chunk, count,
-                state_shape, ctx)
+                e, match, body, h0, mapping, per_step, coefficients, inside, late, linear, outs, at, state_shape, ctx)
             form = "the outputs read in the chunk pass plus a decay correction"
         else:
             final, stacked, loops = self._chunk_ends_then_outputs(
-                e, match, body, h0, per_step, coefficients, late, outs, chunk, count, state_shape)
+                e, match, body, h0, per_step, coefficients, late, outs, at, state_shape)
             form = "chunk ends, then the outputs read per position"
-        ctx.memo.setdefault(OWN_LOOPS, set()).update(t.inputs[0].name for t in loops)
+        ctx.chosen.update((t.inputs[0].name, self.name) for t in loops)
         computed = dict(zip(outs, stacked))
         results = []
         for k, t in enumerate(body.outputs[n:]):
@@ -469,14 +458,15 @@ class Linrec(ScanPass):
                 value = mapping.get(id(t), t)
                 if not plan.value(t, ctx.shapes.shape).per_step:
                     value = e.over_steps(value, r)
-            results.append(from_processing_order(e, unpermute_steps(e, value, r + 1, chunk, count, steps), view, k, r))
+            results.append(from_processing_order(e, unpermute_steps(e, value, r + 1, at), view, k, r))
         states = [final if k == i else node.inputs[k] for k in range(n)]
         rebind_outputs(node, states + results, graph)
         added = place_appended(graph, position, start - 1)
-        return f"linear recurrence -> chunked scan (C={chunk}, {TWO_PASS}: {form}) ({added} nodes, no Scan left)"
+        length = "" if at.static else ", symbolic length"
+        return f"linear recurrence -> chunked scan (C={at.chunk}, {TWO_PASS}{length}: {form}) ({added} nodes, no Scan left)"
 
-    def _chunk_ends_then_outputs(self, e, match: LinrecMatch, body, h0, per_step, coefficients, late, outs, chunk,
-                                 count, state_shape):
+    def _chunk_ends_then_outputs(self, e, match: LinrecMatch, body, h0, per_step, coefficients, late, outs,
+                                 at: Chunking, state_shape):
         """(final state, stacked outputs, the Loops' results): pass 1 carries each chunk's local
         state from zero and its running product of a; pass 2 runs again from the chunk starts
         and reads the outputs (any function of the state)."""
@@ -484,7 +474,7 @@ class Linrec(ScanPass):
         n, rank, dtype = match.view.num_states, match.ranks[i], match.dtypes[i]
         new_state = _identity_chain(body.outputs[i])
         loops = []
-        if count == 1:
+        if at.static and at.count == 1:
             starts = e.unsqueeze(h0, [0])
         else:
             def ends(inner, _, carried, gathered):
@@ -494,9 +484,14 @@ class Linrec(ScanPass):
 
             fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
             zeros, ones = (e.op("ConstantOfShape", [state_shape], value=f) for f in fills)
-            (local, product), _ = position_loop(e, [zeros, ones], per_step, chunk, rank + 1, dtype, ends)
-            starts, _ = chunk_starts(e, product, local, h0, count, rank, dtype)
+            (local, product), _ = position_loop(e, [zeros, ones], per_step, at.chunk, rank + 1, dtype, ends)
             loops.append(product)
+            if at.static:  # doubling across the chunks
+                starts, _ = chunk_starts(e, product, local, h0, at.count, rank, dtype)
+            else:
+                (across,), (starts,) = carry_loop(e, product, local, h0, None, rank, dtype, at.chunks(e), False,
+                                                  before=True)
+                loops.append(across)
 
         def outputs(inner, _, carried, gathered):
             (a, b), scope = coefficients(inner, gathered)
@@ -504,21 +499,24 @@ class Linrec(ScanPass):
             scope.update((id(t), h) for t in new_state)
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
             _emit_aliasing_identities(late, le, scope)
-            return [h], [scope[id(body.outputs[n + k])] for k in outs]
+            last = [inner.slice(h, [-1], [INT64_MAX], [0])] if at.padded else []
+            return [h], [scope[id(body.outputs[n + k])] for k in outs] + last
 
-        (finals,), stacked = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, outputs)
+        (finals,), stacked = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, outputs)
         loops.append(finals)
-        return e.squeeze(e.slice(finals, [count - 1], [count], [0]), [0]), stacked, loops
+        if at.padded:
+            return _at_last_step(e, stacked[-1], at), stacked[:-1], loops
+        return e.squeeze(e.slice(finals, [-1], [INT64_MAX], [0]), [0]), stacked, loops
 
     def _first_pass_and_correction(self, e, match: LinrecMatch, body, h0, mapping, per_step, coefficients, inside,
-                                   late, linear, outs, chunk, count, state_shape, ctx):
+                                   late, linear, outs, at: Chunking, state_shape, ctx):
         """(final state, stacked outputs, the Loops' results) by the module decay_correction's
         form: pass 1 from zero reads the outputs on the local state (and carries Π a unless a is
         Exp of a value linear in a per-step one: then Exp(f(Σ x)) per chunk); the correction
         Loop carries G = a ⊙ G from the chunk starts and adds the outputs' linear part of G."""
         (i, update), = match.updates.items()
         plan, n = match.plan, match.view.num_states
-        rank, dtype, steps = match.ranks[i], match.dtypes[i], match.view.trip_count
+        rank, dtype = match.ranks[i], match.dtypes[i]
         new_state = _identity_chain(body.outputs[i])
         per_step_value = lambda t: plan.value(t, ctx.shapes.shape).per_step  # noqa: E731
         available = {key for key in mapping if key not in {id(t) for step in inside for t in step[0].outputs}}
@@ -532,22 +530,22 @@ class Linrec(ScanPass):
             scope.update((id(t), h) for t in new_state)
             _emit_aliasing_identities(late, le, scope)
             new = [h] if chain is not None else [h, inner.op("Mul", [a, carried[1]])]
-            return new, [scope[id(body.outputs[n + k])] for k in outs]
+            last = [inner.slice(h, [-1], [INT64_MAX], [0])] if at.padded else []
+            return new, [scope[id(body.outputs[n + k])] for k in outs] + last
 
         fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
         carried = [e.op("ConstantOfShape", [state_shape], value=fills[0])]
         if chain is None:
             carried.append(e.op("ConstantOfShape", [state_shape], value=fills[1]))
-        ends, local_ys = position_loop(e, carried, per_step, chunk, rank + 1, dtype, first)
+        ends, local_ys = position_loop(e, carried, per_step, at.chunk, rank + 1, dtype, first)
         if chain is None:
             decay = ends[1]
         else:
-            decay = _chunk_decay(e, chain, mapping, per_step, plan, chunk, count, steps, rank, ctx)
+            decay = _chunk_decay(e, chain, mapping, per_step, plan, at, rank, ctx)
         for value in (decay, ends[0]):  # [K, ...]: declared, so loop_to_scan reads them as they are
-            if value.shape is None:
-                value.shape = [count] + [None] * rank
-        (final,), (starts,) = carry_loop(e, decay, ends[0], h0, None, rank, dtype, e.const("chunks", np.int64(count)),
-                                         False, before=True)
+            if value.shape is None and at.static:
+                value.shape = [at.count] + [None] * rank
+        (final,), (starts,) = carry_loop(e, decay, ends[0], h0, None, rank, dtype, at.chunks(e), False, before=True)
 
         def correction(inner, _, carried, gathered):
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: None)
@@ -559,11 +557,14 @@ class Linrec(ScanPass):
             scope.update((id(t), g) for t in new_state)
             le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(g))
             _emit_aliasing_identities(linear, le, scope)
-            return [g], [scope[id(body.outputs[n + k])] for k in outs]
+            last = [inner.slice(g, [-1], [INT64_MAX], [0])] if at.padded else []
+            return [g], [scope[id(body.outputs[n + k])] for k in outs] + last
 
-        (corrected,), corrections = position_loop(e, [starts], per_step, chunk, rank + 1, dtype, correction)
+        (corrected,), corrections = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, correction)
+        if at.padded:  # the state at the last real step: local + the start's decay there
+            final = _at_last_step(e, e.op("Add", [local_ys.pop(), corrections.pop()]), at)
         stacked = [e.op("Add", [y, c]) for y, c in zip(local_ys, corrections)]
-        return final, stacked, [ends[-1], final, corrected]
+        return final, stacked, [ends[-1], starts, corrected]
 
 
 def _steps_needed(steps: list, wanted) -> list:
@@ -577,23 +578,31 @@ def _steps_needed(steps: list, wanted) -> list:
     return kept[::-1]
 
 
-def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, per_step: dict, plan: LiftPlan, chunk: int, count: int,
-                 steps: int, rank: int, ctx) -> gs.Tensor:
+def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, per_step: dict, plan: LiftPlan, at: Chunking,
+                 rank: int, ctx) -> gs.Tensor:
     """Π a over each chunk, [K, ...] (rank ``rank`` + 1), for a = Exp(f(x)), f linear in x:
-    Exp(f(Σ x)) with x summed over the chunk's real steps (padding rows zeroed); x by position
-    [C, K, ...] as the Loops read it where they do."""
+    Exp(f(Σ x)) with x summed over the chunk (the last chunk's padding included: its decay
+    reaches nothing); x by position [C, K, ...] as the Loops read it where they do."""
     x_rank = plan.value(chain.x, ctx.shapes.shape).rank
     x = per_step.get(id(chain.x))
     if x is None:
-        x = by_position(e, mapping[id(chain.x)], chunk, count, x_rank + 1, ctx.shapes.shape(chain.x))
-    if count * chunk != steps:
-        zero = e.const("zero", np.zeros([], ctx.shapes.dtype(chain.x) or np.float32))
-        x = e.op("Where", [padding_mask(e, x_rank, chunk, count, steps), x, zero])
+        x = by_position(e, mapping[id(chain.x)], at, x_rank + 1, ctx.shapes.shape(chain.x))
     total = e.op("ReduceSum", [x, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
         e.op("ReduceSum", [x], axes=[0], keepdims=0)
     scope = {**mapping, id(chain.x): total}
     emit_nodes(chain.steps, e, scope)
     return e.pad(e.op("Exp", [scope[id(chain.u)]]), rank - plan.value(chain.u, ctx.shapes.shape).rank)
+
+
+def _at_last_step(e: LiftEmitter, rows: gs.Tensor, at: Chunking) -> gs.Tensor:
+    """The state at step T - 1 from ``rows`` [C, 1, ...], the last chunk's state at each
+    position: position T - 1 - (K - 1)·C."""
+    if at.static:
+        c = at.steps - 1 - (at.count - 1) * at.chunk
+        return e.squeeze(e.slice(rows, [c], [c + 1], [0]), [0, 1])
+    c = e.op("Sub", [at.steps, e.op("Mul", [e.op("Sub", [at.count, e.ints("one", [1])]), e.ints("chunk", [at.chunk])])])
+    c = e.op("Sub", [c, e.ints("one", [1])])
+    return e.squeeze(e.op("Gather", [rows, c], axis=0), [0, 1])
 
 
 def _split_by_width(early: list, late: list, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:
@@ -643,10 +652,8 @@ def _element_shape(x: gs.Tensor, axis: int, ctx) -> list | None:
     return [d for k, d in enumerate(shape) if k != (axis % len(shape))]
 
 
-def _two_pass_fits(view: ScanView, general: list[int], changing: list[int], trip: int | None, updates) -> str | None:
+def _two_pass_fits(view: ScanView, general: list[int], changing: list[int], updates) -> str | None:
     """Why the two-pass positions form does not apply, or None."""
-    if trip is None:
-        return "the two-pass form needs a static length"
     if len(changing) != 1 or len(general) != 1 or updates[general[0]].b is None:
         return "the two-pass form takes one state with a general update (a and b both present)"
     if any(r is None for r in view.input_ranks):

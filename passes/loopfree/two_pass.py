@@ -16,12 +16,14 @@ copies and the products tracked per position cost as much as the loop saves. Her
   (outputs linear in the state: module decay_correction) or a second pass from the starts
   reading the outputs: h over all steps is never materialized.
 
-Padding steps (T not a multiple of C) are made the identity pair (a, b) = (1, 0) with a mask,
-so the last chunk's end is the final state. Numerics: the products and sums the loop forms,
+Padding steps (T not a multiple of C) come after the last chunk's real steps: they reach no
+output and no other chunk, and the final state is read at the last real step. Numerics: the products and sums the loop forms,
 in another association (chunk-local, then across chunks): no log, no division.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -30,21 +32,69 @@ from scanopt.emit import INT64_MAX, Emitter
 from scanopt.rewrite import Builder, new_graph
 
 
-def permute_steps(e: Emitter, x: gs.Tensor, rank: int, chunk: int, count: int, padding: int,
-                  tail_shape=None) -> gs.Tensor:
+@dataclass
+class Chunking:
+    """T steps laid out as C positions of K chunks: K and T static ints, or (a symbolic length)
+    int64 [1] tensors computed at run time, K = ceil(T / C)."""
+
+    chunk: int
+    count: int | gs.Tensor
+    steps: int | gs.Tensor
+
+    @staticmethod
+    def of(e: Emitter, chunk: int, steps: int | None, scanned: gs.Tensor) -> "Chunking":
+        """For ``steps`` static; else from ``scanned``'s length on axis 0 (a scan input in
+        processing order)."""
+        if steps is not None:
+            chunk = max(1, min(chunk, steps))
+            return Chunking(chunk, -(-steps // chunk), steps)
+        length = e.slice(e.op("Shape", [scanned]), [0], [1], [0])
+        count = e.op("Div", [e.op("Add", [length, e.ints("chunk_less_one", [chunk - 1])]), e.ints("chunk", [chunk])])
+        return Chunking(chunk, count, length)
+
+    @property
+    def static(self) -> bool:
+        return isinstance(self.count, int)
+
+    @property
+    def padded(self) -> bool:
+        """Whether padding steps may exist (always, for a symbolic length)."""
+        return not self.static or self.count * self.chunk != self.steps
+
+    def chunks(self, e: Emitter) -> gs.Tensor:
+        """K as the int64 scalar a Loop's trip count takes."""
+        if self.static:
+            return e.const("chunks", np.int64(self.count))
+        return e.op("Reshape", [self.count, e.ints("scalar", [])])
+
+    def padding(self, e: Emitter) -> int | gs.Tensor:
+        if self.static:
+            return self.count * self.chunk - self.steps
+        return e.op("Sub", [e.op("Mul", [self.count, e.ints("chunk", [self.chunk])]), self.steps])
+
+    def count_dim(self):
+        """K for a declared shape: the int, or None."""
+        return self.count if self.static else None
+
+
+def permute_steps(e: Emitter, x: gs.Tensor, rank: int, at: Chunking, tail_shape=None) -> gs.Tensor:
     """[T, ...] (rank ``rank``) in position-major order [C·K, ...]: row c·K + k is step k·C + c
     (zero rows pad T to K·C). ``tail_shape``: the per-step dims where all are static, written
     as constants so shape inference carries them through the lifted body (see by_position)."""
-    if padding:
-        pads = [0] * rank + [padding] + [0] * (rank - 1)
-        x = e.op("Pad", [x, e.ints("pads", pads)])
-    if _static(tail_shape):
+    if at.padded:
+        padding = at.padding(e)
+        if at.static:
+            pads = e.ints("pads", [0] * rank + [padding] + [0] * (rank - 1))
+        else:
+            pads = e.op("Concat", [e.ints("before", [0] * rank), padding, e.ints("after", [0] * (rank - 1))], axis=0)
+        x = e.op("Pad", [x, pads])
+    if _static(tail_shape) and at.static:
         tail = [int(d) for d in tail_shape]
-        x = e.op("Reshape", [x, e.ints("chunks", [count, chunk] + tail)])
+        x = e.op("Reshape", [x, e.ints("chunks", [at.count, at.chunk] + tail)])
         x = e.op("Transpose", [x], perm=[1, 0] + list(range(2, rank + 1)))
-        return e.op("Reshape", [x, e.ints("rows", [count * chunk] + tail)])
+        return e.op("Reshape", [x, e.ints("rows", [at.count * at.chunk] + tail)])
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
-    x = e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [count, chunk]), tail], axis=0)])
+    x = e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [-1, at.chunk]), tail], axis=0)])
     x = e.op("Transpose", [x], perm=[1, 0] + list(range(2, rank + 1)))
     return e.op("Reshape", [x, e.op("Concat", [e.ints("rows", [-1]), tail], axis=0)])
 
@@ -53,32 +103,31 @@ def _static(shape) -> bool:
     return shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape)
 
 
-def unpermute_steps(e: Emitter, y: gs.Tensor, rank: int, chunk: int, count: int, steps: int) -> gs.Tensor:
+def unpermute_steps(e: Emitter, y: gs.Tensor, rank: int, at: Chunking) -> gs.Tensor:
     """The inverse of :func:`permute_steps` for ``y`` [C·K, ...] of rank ``rank``, cut to T rows."""
     tail = e.slice(e.op("Shape", [y]), [1], [INT64_MAX], [0])
-    y = e.op("Reshape", [y, e.op("Concat", [e.ints("positions", [chunk, count]), tail], axis=0)])
+    y = e.op("Reshape", [y, e.op("Concat", [e.ints("positions", [at.chunk, -1]), tail], axis=0)])
     y = e.op("Transpose", [y], perm=[1, 0] + list(range(2, rank + 1)))
     y = e.op("Reshape", [y, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
-    return e.slice(y, [0], [steps], [0]) if count * chunk != steps else y
+    if not at.padded:
+        return y
+    if at.static:
+        return e.slice(y, [0], [at.steps], [0])
+    return e.op("Slice", [y, e.ints("zero", [0]), at.steps, e.ints("axis", [0])])
 
 
-def by_position(e: Emitter, x: gs.Tensor, chunk: int, count: int, rank: int, per_step_shape=None) -> gs.Tensor:
+def by_position(e: Emitter, x: gs.Tensor, at: Chunking, rank: int, per_step_shape=None) -> gs.Tensor:
     """[C·K, ...] (rank ``rank``) -> [C, K, ...] (a Reshape; the rows are already
-    position-major), to a constant target where the per-step shape is static. Its shape says
-    [C, K, ...]: the Loops read it C long, so loop_to_scan, turning them into Scans, cuts none
-    of their inputs to the trip count (a copy each)."""
-    if _static(per_step_shape):
-        dims = [chunk, count] + [int(d) for d in per_step_shape]
+    position-major), to a constant target where the shape is static. Its shape says [C, K, ...]:
+    the Loops read it C long, so loop_to_scan, turning them into Scans, cuts none of their
+    inputs to the trip count (a copy each)."""
+    if _static(per_step_shape) and at.static:
+        dims = [at.chunk, at.count] + [int(d) for d in per_step_shape]
         return e.op("Reshape", [x, e.ints("split", dims)], shape=dims)
     tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
-    return e.op("Reshape", [x, e.op("Concat", [e.ints("split", [chunk, count]), tail], axis=0)],
-                shape=[chunk, count] + [None] * (rank - 1))
-
-
-def padding_mask(e: Emitter, rank: int, chunk: int, count: int, steps: int) -> gs.Constant:
-    """[C, K, 1, ...] (``rank`` unit axes): True at the real steps (k·C + c < T)."""
-    real = (np.arange(count)[None, :] * chunk + np.arange(chunk)[:, None]) < steps
-    return e.const("real_steps", real.reshape([chunk, count] + [1] * rank))
+    known = [int(d) for d in per_step_shape] if _static(per_step_shape) else [None] * (rank - 1)
+    return e.op("Reshape", [x, e.op("Concat", [e.ints("split", [at.chunk, -1]), tail], axis=0)],
+                shape=[at.chunk, at.count_dim()] + known)
 
 
 def position_loop(e: Emitter, starts: list[gs.Tensor], per_step: dict, chunk: int, width: int, dtype,
