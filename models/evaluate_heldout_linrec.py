@@ -1,11 +1,13 @@
 """Print what scanopt does with each model of models/heldout_linrec/ (issue 21's held-out set).
 
-    python models/evaluate_heldout_linrec.py             # both modes, 2 seeds
+    python models/evaluate_heldout_linrec.py             # every mode, 2 seeds
     python models/evaluate_heldout_linrec.py --only dyn_gla
     python models/evaluate_heldout_linrec.py --mode declared --declared-t 256   # where the forms pay
 
-Two modes per model: *default* (``scanopt optimize in out``: no shapes, the cost policy over
-the unknown dims) and *declared* (``--input-shape``: every symbolic T made 16 and B made 4, one
+Three modes per model: *default* (``scanopt optimize in out``: no shapes, the cost policy over
+the unknown dims: a chunked form on a symbolic length keeps the loop, as it measured slower
+below 64 steps), *portable* (``--target portable``: every form applied whatever its speed; the
+matchers' reach) and *declared* (``--input-shape``: every symbolic T made 16 and B made 4, one
 intra-op thread; at T=16 the cost policy may keep a loop it measured faster than every
 loop-free form: counted as *matched*, not as loop-free). Per model and mode: the loop ops before and after, which of the model's own
 loops no longer run, whether onnxruntime on the result reproduces the source's stored outputs,
@@ -63,8 +65,8 @@ def optimize(held: HeldOutSet, name: str, mode: str, seeds: int = 2):
     """The model, its stored outputs, and ``scanopt.optimize``'s (result, report) in ``mode``."""
     model = onnx.load(os.path.join(held.out, f"{name}.onnx"))
     stored = np.load(os.path.join(held.out, f"{name}.expected.npz"))
-    if mode == "default":
-        out, report = scanopt.optimize(model, seeds=seeds)
+    if mode in ("default", "portable"):
+        out, report = scanopt.optimize(model, seeds=seeds, options={"target": "onnxruntime" if mode == "default" else mode})
     else:
         out, report = scanopt.optimize(model, input_shapes=held.declared(model, stored, name), seeds=seeds,
                                        options={"threads": 1})
@@ -111,13 +113,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--only", action="append", help="evaluate only these models")
-    p.add_argument("--mode", action="append", choices=("default", "declared"))
+    p.add_argument("--mode", action="append", choices=("default", "portable", "declared"))
     p.add_argument("--declared-t", type=int, default=producers.DECLARED_T,
                    help=f"the symbolic T declared mode makes static (default {producers.DECLARED_T})")
     args = p.parse_args()
     producers.DECLARED_T = args.declared_t  # read by HeldOutSet.declared
     held = HeldOutSet("heldout_linrec")
-    rows = {mode: {} for mode in args.mode or ("default", "declared")}
+    rows = {mode: {} for mode in args.mode or ("default", "portable", "declared")}
     for name in args.only or held.names():
         for mode in rows:
             rows[mode][name] = evaluate(held, name, mode, args.seeds)

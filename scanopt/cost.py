@@ -123,6 +123,16 @@ class CostPolicy:
             return _measured_verdict(pass_name, self.measured[origin])
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
+        below = getattr(match, "slower_below", None)
+        if below is not None and getattr(view, "trip_count", None) is None:
+            steps = scan_shape(node, view, match, ctx, self.deployment).T if self.deployment is not None else None
+            if steps is None:
+                return Estimate(False, None, f"the length is symbolic and unmeasured: this form measured slower than the "
+                                             f"loop below {below} steps; declare it (--input-shape) to have it measured, "
+                                             "or --target portable")
+            if steps < below:
+                return Estimate(False, None, f"declared {steps} steps, unmeasured: this form measured slower than the "
+                                             f"loop below {below}")
         if pass_name == "upgrade":
             return _upgrade(view, match, scan_shape(node, view, match, ctx, self.deployment))
         if pass_name == "unroll" and "unroll_max" in ctx.options:  # the user chose the threshold

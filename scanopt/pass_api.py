@@ -108,6 +108,10 @@ class Skip:
 class Match:
     """Base for what a pass's ``match`` hands to its ``rewrite``; passes subclass it."""
 
+    # a length below which the matched form measured slower than the loop, for a Scan whose
+    # length is symbolic: unmeasured, the cost policy keeps the loop (it may run that short)
+    slower_below: int | None = None
+
 
 class Pass:
     """A named rewrite over the whole model."""

@@ -14,6 +14,7 @@ from onnx import helper as h
 import builders as b
 import linrec_builders as lb
 from equivalence import assert_equivalent
+from scanopt.engines import run
 from test_linrec import linrec
 
 CORRECTED = "the outputs read in the chunk pass plus a decay correction"
@@ -97,8 +98,6 @@ def test_long_sequence_with_the_correction_stays_within_tolerance():
     rng = np.random.default_rng(7)
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in m.graph.input}
-    from scanopt.engines import run
-
     want, got = run(m, feeds), run(out, feeds)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
@@ -107,24 +106,32 @@ def test_long_sequence_with_the_correction_stays_within_tolerance():
 @pytest.mark.parametrize("read", ["y + D*x", "tanh(y)"])
 @pytest.mark.parametrize("decay", ["exp", "sigmoid"])
 def test_a_symbolic_length_pads_and_counts_chunks_at_run_time(read, decay):
-    """T a name: the chunk count, the padding and its mask are computed at run time (a carry
-    Loop across the chunks in both forms); equal to the loop at lengths below, at, one past and
-    several times the chunk, with and without padding."""
+    """T a name: the chunk count and the padding are computed at run time (a carry Loop across
+    the chunks in both forms, the final state read at the last real step); equal to the loop
+    at lengths below, at, one past and several times the chunk, with and without padding; zero
+    steps give h0."""
     m = selective(read, decay, T="T")
-    out, outcomes = linrec(m, linrec_form="two-pass", linrec_chunk=8, tune=False)
+    out, outcomes = linrec(m, linrec_form="two-pass", linrec_chunk=8, tune=False, target="portable")
     assert outcomes[0][0] and "symbolic length" in outcomes[0][1], outcomes
     assert (CORRECTED if read != "tanh(y)" else FALLBACK) in outcomes[0][1]
     rng = np.random.default_rng(3)
     feeds = []
+    empty = {k: np.zeros([0] + d, np.float32) for k, d in (("X", [2, 4]), ("DL", [2, 4]), ("BT", [2, 3]), ("CT", [2, 3]))}
+    empty["h0"] = rng.standard_normal([2, 4, 3]).astype(np.float32)
+    got = run(out, empty)  # onnxruntime cannot run the zero-length Scan itself: the loop's meaning
+    np.testing.assert_array_equal(got["hT"], empty["h0"])
+    assert got["Y"].shape[0] == 0
     for steps in (1, 5, 8, 9, 16, 37):
         dims = {"h0": [2, 4, 3], "X": [steps, 2, 4], "DL": [steps, 2, 4], "BT": [steps, 2, 3], "CT": [steps, 2, 3]}
         feeds.append({k: rng.standard_normal(v).astype(np.float32) for k, v in dims.items()})
     assert_equivalent(m, out, inputs=feeds)
 
 
-def test_a_symbolic_length_at_mambas_width_takes_the_two_pass_form_by_default():
+def test_a_symbolic_length_at_mambas_width_takes_the_two_pass_form_where_it_is_not_slower():
     """The PyTorch export at Mamba's width with its length made a name: over linrec_max_state
-    the default picks the two-pass form (it needed a static length before), equal to torch."""
+    linrec picks the two-pass form (it needed a static length before), equal to torch; applied
+    under --target portable, measured where the length is declared, not applied unmeasured by
+    default (at 16 steps it measured 0.58x the loop)."""
     import onnx
 
     from test_linrec import LINREC, assert_matches_torch
@@ -132,6 +139,17 @@ def test_a_symbolic_length_at_mambas_width_takes_the_two_pass_form_by_default():
     m = onnx.load(LINREC / "torch_mamba_wide.onnx")
     for value in (m.graph.input[0], m.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_param = "T"
-    out, outcomes = linrec(m, tune=False)
+    out, outcomes = linrec(m, tune=False, target="portable")
     assert outcomes[0][0] and "two-pass, symbolic length" in outcomes[0][1], outcomes
     assert_matches_torch(m, out, dict(np.load(LINREC / "torch_mamba_wide.expected.npz")))
+    _, outcomes = linrec(m)
+    assert not outcomes[0][0] and "the length is symbolic and unmeasured" in outcomes[0][1], outcomes
+    import scanopt
+
+    def declared(steps):  # tuning is off in the suite: the declared length decides
+        _, report = scanopt.optimize(m, passes=["linrec"], verify=False,
+                                     input_shapes={"x": [steps, 1, 64], "h0": [1, 64, 16]})
+        return [o for o in report.outcomes if o.pass_name == "linrec"][0]
+
+    assert declared(256).applied
+    assert not declared(16).applied and "declared 16 steps" in declared(16).detail

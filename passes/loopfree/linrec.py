@@ -79,6 +79,7 @@ TWO_PASS = "two-pass"
 # (bench_linrec, Mamba D=64 N=16: in the Loops T=1024 3.62 ms against 3.89; T=16 loses to the
 # per-position node overhead).
 IN_LOOPS_FROM = 1 << 18
+SYMBOLIC_SLOWER_BELOW = 64
 STATE_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 # Two-pass: the outputs are read in the chunk pass plus a correction (module decay_correction)
 # when they are linear in the state and take at most this many plan steps, since the correction
@@ -100,6 +101,7 @@ class LinrecMatch(Match):
     chunk: int
     form: str
     attention: AttentionForm | None = None  # the matmul form of decayed linear attention
+    slower_below: int | None = None  # see Match; set for the chunked forms on a symbolic length
 
 
 @register_pass
@@ -192,7 +194,11 @@ class Linrec(ScanPass):
         chunk = int(ctx.options.get("linrec_chunk", AUTO_CHUNK))
         if chunk <= 0:  # two-pass: sqrt(T) too (bench_linrec --only mamba --chunks 16,32,64: T=1024 best at 32)
             chunk = DEFAULT_CHUNK if form == "doubling" else 1 << max(3, int(math.isqrt(trip or 1024)).bit_length() - 1)
-        return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form)
+        # a symbolic length runs the chunked forms with C fixed (padding, run-time counts): at T = 16
+        # they measured 0.4-0.7x the loop (Mamba's two-pass 0.41-0.58x), at 64 1.1-1.6x
+        slower = SYMBOLIC_SLOWER_BELOW if general and trip is None else None
+        return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form,
+                           slower_below=slower)
 
     def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):
         """A LinrecMatch in the matmul form (module linear_attention) where it applies, else None."""
@@ -505,7 +511,7 @@ class Linrec(ScanPass):
         (finals,), stacked = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, outputs)
         loops.append(finals)
         if at.padded:
-            return _at_last_step(e, stacked[-1], at), stacked[:-1], loops
+            return _at_last_step(e, stacked[-1], at, h0), stacked[:-1], loops
         return e.squeeze(e.slice(finals, [-1], [INT64_MAX], [0]), [0]), stacked, loops
 
     def _first_pass_and_correction(self, e, match: LinrecMatch, body, h0, mapping, per_step, coefficients, inside,
@@ -562,7 +568,7 @@ class Linrec(ScanPass):
 
         (corrected,), corrections = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, correction)
         if at.padded:  # the state at the last real step: local + the start's decay there
-            final = _at_last_step(e, e.op("Add", [local_ys.pop(), corrections.pop()]), at)
+            final = _at_last_step(e, e.op("Add", [local_ys.pop(), corrections.pop()]), at, h0)
         stacked = [e.op("Add", [y, c]) for y, c in zip(local_ys, corrections)]
         return final, stacked, [ends[-1], starts, corrected]
 
@@ -594,15 +600,16 @@ def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, per_step: dict, 
     return e.pad(e.op("Exp", [scope[id(chain.u)]]), rank - plan.value(chain.u, ctx.shapes.shape).rank)
 
 
-def _at_last_step(e: LiftEmitter, rows: gs.Tensor, at: Chunking) -> gs.Tensor:
+def _at_last_step(e: LiftEmitter, rows: gs.Tensor, at: Chunking, h0: gs.Tensor) -> gs.Tensor:
     """The state at step T - 1 from ``rows`` [C, 1, ...], the last chunk's state at each
-    position: position T - 1 - (K - 1)·C."""
+    position: position T - 1 - (K - 1)·C; h0 for zero steps (a symbolic length)."""
     if at.static:
         c = at.steps - 1 - (at.count - 1) * at.chunk
         return e.squeeze(e.slice(rows, [c], [c + 1], [0]), [0, 1])
     c = e.op("Sub", [at.steps, e.op("Mul", [e.op("Sub", [at.count, e.ints("one", [1])]), e.ints("chunk", [at.chunk])])])
-    c = e.op("Sub", [c, e.ints("one", [1])])
-    return e.squeeze(e.op("Gather", [rows, c], axis=0), [0, 1])
+    c = e.op("Max", [e.op("Sub", [c, e.ints("one", [1])]), e.ints("zero", [0])])
+    last = e.squeeze(e.op("Gather", [rows, c], axis=0), [0, 1])
+    return e.op("Where", [e.op("Greater", [at.steps, e.ints("zero", [0])]), last, h0])
 
 
 def _split_by_width(early: list, late: list, match: LinrecMatch, body: gs.Graph, ctx) -> tuple[list, list]:

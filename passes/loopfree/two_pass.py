@@ -35,7 +35,7 @@ from scanopt.rewrite import Builder, new_graph
 @dataclass
 class Chunking:
     """T steps laid out as C positions of K chunks: K and T static ints, or (a symbolic length)
-    int64 [1] tensors computed at run time, K = ceil(T / C)."""
+    int64 [1] tensors computed at run time, K = max(ceil(T / C), 1)."""
 
     chunk: int
     count: int | gs.Tensor
@@ -50,7 +50,8 @@ class Chunking:
             return Chunking(chunk, -(-steps // chunk), steps)
         length = e.slice(e.op("Shape", [scanned]), [0], [1], [0])
         count = e.op("Div", [e.op("Add", [length, e.ints("chunk_less_one", [chunk - 1])]), e.ints("chunk", [chunk])])
-        return Chunking(chunk, count, length)
+        # one chunk at least: zero steps run one of padding, whose final state is not read
+        return Chunking(chunk, e.op("Max", [count, e.ints("one", [1])]), length)
 
     @property
     def static(self) -> bool:
