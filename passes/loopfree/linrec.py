@@ -502,11 +502,7 @@ class Linrec(ScanPass):
         def outputs(inner, _, carried, gathered):
             (a, b), scope = coefficients(inner, gathered)
             h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
-            scope.update((id(t), h) for t in new_state)
-            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
-            _emit_aliasing_identities(late, le, scope)
-            last = [inner.slice(h, [-1], [INT64_MAX], [0])] if at.padded else []
-            return [h], [scope[id(body.outputs[n + k])] for k in outs] + last
+            return [h], _read_per_position(inner, scope, h, new_state, late, [body.outputs[n + k] for k in outs], at)
 
         (finals,), stacked = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, outputs)
         loops.append(finals)
@@ -532,12 +528,8 @@ class Linrec(ScanPass):
         def first(inner, _, carried, gathered):
             (a, b), scope = coefficients(inner, gathered)
             h = inner.op("Add", [inner.op("Mul", [a, carried[0]]), b], dtype=dtype, shape=[None] * (rank + 1))
-            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(h))
-            scope.update((id(t), h) for t in new_state)
-            _emit_aliasing_identities(late, le, scope)
             new = [h] if chain is not None else [h, inner.op("Mul", [a, carried[1]])]
-            last = [inner.slice(h, [-1], [INT64_MAX], [0])] if at.padded else []
-            return new, [scope[id(body.outputs[n + k])] for k in outs] + last
+            return new, _read_per_position(inner, scope, h, new_state, late, [body.outputs[n + k] for k in outs], at)
 
         fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
         carried = [e.op("ConstantOfShape", [state_shape], value=fills[0])]
@@ -560,11 +552,7 @@ class Linrec(ScanPass):
             a, varies, r = _evaluate(le, update.a, scope, plan, dtype, ctx)
             g = inner.op("Mul", [le.pad(a, rank - r) if varies else a, carried[0]], dtype=dtype,
                          shape=[None] * (rank + 1))
-            scope.update((id(t), g) for t in new_state)
-            le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(g))
-            _emit_aliasing_identities(linear, le, scope)
-            last = [inner.slice(g, [-1], [INT64_MAX], [0])] if at.padded else []
-            return [g], [scope[id(body.outputs[n + k])] for k in outs] + last
+            return [g], _read_per_position(inner, scope, g, new_state, linear, [body.outputs[n + k] for k in outs], at)
 
         (corrected,), corrections = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, correction)
         if at.padded:  # the state at the last real step: local + the start's decay there
@@ -598,6 +586,16 @@ def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, per_step: dict, 
     scope = {**mapping, id(chain.x): total}
     emit_nodes(chain.steps, e, scope)
     return e.pad(e.op("Exp", [scope[id(chain.u)]]), rank - plan.value(chain.u, ctx.shapes.shape).rank)
+
+
+def _read_per_position(inner: Emitter, scope: dict, state: gs.Tensor, new_state, steps, outputs, at: Chunking) -> list:
+    """The body ``outputs`` read from ``state`` (the new state at a position, [K, ...]) by the
+    plan ``steps``, then the last chunk's row of it where padding may exist (_at_last_step)."""
+    scope.update((id(t), state) for t in new_state)
+    le = LiftEmitter(inner.b, inner.opset, steps=lambda: le.length(state))
+    _emit_aliasing_identities(steps, le, scope)
+    last = [inner.slice(state, [-1], [INT64_MAX], [0])] if at.padded else []
+    return [scope[id(t)] for t in outputs] + last
 
 
 def _at_last_step(e: LiftEmitter, rows: gs.Tensor, at: Chunking, h0: gs.Tensor) -> gs.Tensor:
