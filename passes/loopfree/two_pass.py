@@ -17,8 +17,9 @@ copies and the products tracked per position cost as much as the loop saves. Her
   reading the outputs: h over all steps is never materialized.
 
 Padding steps (T not a multiple of C) come after the last chunk's real steps: they reach no
-output and no other chunk, and the final state is read at the last real step. Numerics: the products and sums the loop forms,
-in another association (chunk-local, then across chunks): no log, no division.
+output and no other chunk, and the final state is read at the last real step. Numerics: the
+products and sums the loop forms, in another association (chunk-local, then across chunks):
+no log, no division.
 """
 
 from __future__ import annotations
