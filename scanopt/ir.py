@@ -163,6 +163,7 @@ def _scoped_tensor_maps():
 def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
     _restore_external_values(graph)
+    _type_untyped_values(graph)
     model = gs.export_onnx(graph, do_type_check=False)
     _place_initializers(model.graph, graph)
     # vars(): gs.Graph.__getattr__ logs every missing attribute as an error.
@@ -229,6 +230,24 @@ def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProt
     restored = [current.get(v.name, v) for v in original.input if v.name in present or v.name in weights]
     restored += [v for v in proto.input if v.name not in {r.name for r in restored}]
     _replace_repeated(proto.input, restored, force=True)
+
+
+def _type_untyped_values(graph: gs.Graph) -> None:
+    """A value the model declares with an empty type (no tensor, sequence or map kind: gs
+    imports ``type`` None) is exported as a tensor of the dtype a pass has since given it, or
+    with no type at all (gs's exporter has no case for a dtype without a kind: a traceback
+    found by the fuzzer on a body output whose type was cut)."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for tensor in current.tensors().values():
+            if isinstance(tensor, gs.Variable) and getattr(tensor, "type", "tensor_type") is None:
+                if tensor.dtype is None or tensor.dtype == "":
+                    tensor.dtype = None
+                else:
+                    tensor.type = "tensor_type"
+        for node in current.nodes:
+            stack.extend(value for value in node.attrs.values() if isinstance(value, gs.Graph))
 
 
 def _restore_non_tensor_types(proto: onnx.GraphProto, original: onnx.GraphProto) -> None:

@@ -143,6 +143,24 @@ def test_a_body_value_whose_type_leaves_the_dtype_open_is_accepted(cli, tmp_path
         assert result.code == 0, (command, result)
 
 
+def test_a_body_output_whose_type_has_no_kind_is_written(cli, tmp_path):
+    """Fuzz seed 13, mutant 854: the outer body's output of models/scan_nested.onnx, its type
+    message flipped into fields onnx does not know (no tensor, sequence or map kind left). gs
+    imports it with no kind; a pass gave it a dtype, and gs's exporter, which has no case for a
+    dtype without a kind, raised UnboundLocalError."""
+    m = onnx.load(os.path.join(fuzz_models.ROOT, "models", "scan_nested.onnx"))
+    (value,) = [v for v in m.graph.node[0].attribute[0].g.output if v.name == "total_out"]
+    value.type.ParseFromString(b"\x08\x04\x08\x01\x12\x00")  # the mutant's bytes: varints, an unknown field 2
+    assert value.type.WhichOneof("value") is None
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    for command in ("optimize", "inspect", "run", "verify"):
+        result = cli(*fuzz_models.command_line(command, str(path), str(tmp_path)))
+        assert result.code == 0, (command, result)
+    written = onnx.load(tmp_path / "out.onnx")
+    onnx.checker.check_model(written, full_check=True)
+
+
 @pytest.mark.parametrize("form", ["raw_data", "float_data"])
 def test_a_tensor_whose_data_does_not_fill_its_dims(cli, tmp_path, form):
     """In a body's Constant, which onnx.checker does not size-check (numpy_helper then failed
