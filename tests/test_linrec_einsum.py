@@ -1,0 +1,149 @@
+"""linrec's two-pass form with an Einsum reading the state (issue #21, mamba-minimal's
+``einsum("bdn,bn->bd", state, C_i)``): a batched matrix-vector or matrix-matrix product is
+emitted as a MatMul (passes/loopfree/einsum_products.py), any other equation kept an Einsum;
+each checked against the loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import helper as h
+
+import builders as b
+import linrec_builders as lb
+from equivalence import assert_equivalent, ops
+from scanopt.passes.loopfree.einsum_products import MatMulForm, matmul_form
+from test_linrec import assert_matches_torch
+from test_linrec_two_pass import placement, two_pass  # noqa: F401 - placement: a fixture
+
+LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
+B, D, N, M = 2, 4, 3, 5
+
+
+def einsum_read(equation: str, state: list[int], operand: list[int], *, state_first=True, invariant=False, T=12):
+    """h' = Sigmoid(u_t) ⊙ h + b_t (state ``state``), y = Einsum(equation) of h' and w (``operand``
+    per step, or an initializer with ``invariant``), h' the first operand with ``state_first``."""
+    pair = ["h_new", "w"] if state_first else ["w", "h_new"]
+    nodes = [h.make_node("Sigmoid", ["u"], ["a"]), h.make_node("Mul", ["a", "h"], ["ah"]),
+             h.make_node("Add", ["ah", "bt"], ["h_new"]), h.make_node("Einsum", pair, ["y"], equation=equation)]
+    body_in = [b.vi("h", state), b.vi("u", state), b.vi("bt", state)]
+    outer_in = [b.vi("h0", state), b.vi("U", [T] + state), b.vi("BT", [T] + state)]
+    scanned, inits = ["h0", "U", "BT"], []
+    if invariant:
+        inits = [b.init("w", np.random.default_rng(0).normal(size=operand).astype(np.float32))]
+    else:
+        body_in.append(b.vi("w", operand))
+        outer_in.append(b.vi("W", [T] + operand))
+        scanned.append("W")
+    return lb._scan_model(nodes, body_in, [b.vi("h_new", state), b.vi("y", None)], outer_in,
+                          [b.vi("hT", state), b.vi("Y", None)], inits, num_scan_inputs=len(scanned) - 1,
+                          scan_inputs=scanned)
+
+
+# equation, state shape, the other operand's shape, h' first
+PRODUCTS = {
+    "matrix_vector": ("bdn,bn->bd", [B, D, N], [B, N], True),  # mamba-minimal's read of y
+    "vector_first": ("bn,bdn->bd", [B, D, N], [B, N], False),
+    "state_laid_nd": ("bnd,bn->bd", [B, N, D], [B, N], True),  # a row vector times the state
+    "query_times_state": ("bk,bkv->bv", [B, D, N], [B, D], False),  # linear attention's q·S
+    "matrix_matrix": ("bdn,bnm->bdm", [B, D, N], [B, N, M], True),
+    "no_batch": ("dn,n->d", [D, N], [N], True),
+    "spaced": ("b d n , b n -> b d", [B, D, N], [B, N], True),
+}
+KEPT = {
+    "dot_products": ("bdn,bdn->bd", [B, D, N], [B, D, N], True),  # elementwise, then a sum
+    "contracted_broadcast": ("bdn,bn->bd", [B, D, N], [B, 1], True),  # Einsum broadcasts n, MatMul would not
+    "transposed": ("bnd,bnm->bdm", [B, N, D], [B, N, M], True),  # hᵀ w: a Transpose first
+}
+
+
+def _einsums_in_loops(model: onnx.ModelProto) -> int:
+    """Einsums left in subgraphs (the two-pass Loops; the body's Einsum read of y)."""
+    return ops(model)["Einsum"] - sum(n.op_type == "Einsum" for n in model.graph.node)
+
+
+@pytest.mark.parametrize("case", list(PRODUCTS))
+def test_products_are_matmuls_equal_to_the_loop(case, placement):
+    equation, state, operand, state_first = PRODUCTS[case]
+    m = einsum_read(equation, state, operand, state_first=state_first)
+    out = two_pass(m, linrec_chunk=4)
+    assert ops(out)["Einsum"] == 0 and ops(out)["MatMul"] >= 1, ops(out)
+    assert_equivalent(m, out)
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_other_equations_stay_einsums_equal_to_the_loop(case, placement):
+    equation, state, operand, state_first = KEPT[case]
+    m = einsum_read(equation, state, operand, state_first=state_first)
+    out = two_pass(m, linrec_chunk=4)
+    # the chunk pass and (the read being linear in h') the decay correction each keep it
+    assert ops(out)["Einsum"] == 2, ops(out)
+    assert_equivalent(m, out)
+
+
+def test_an_invariant_operand_broadcasts_over_the_steps(placement):
+    """C an initializer: the lifted Einsum has no step letter on it; the MatMul broadcasts it alike."""
+    m = einsum_read("bdn,bn->bd", [B, D, N], [B, N], invariant=True)
+    out = two_pass(m, linrec_chunk=4)
+    assert ops(out)["Einsum"] == 0
+    assert_equivalent(m, out)
+
+
+@pytest.mark.parametrize("equation, form", [
+    ("bdn,bn->bd", MatMulForm(swap=False, row=False, column=True, k_axis=(-1, -1))),
+    ("bn,bdn->bd", MatMulForm(swap=True, row=False, column=True, k_axis=(-1, -1))),
+    ("bk,bkv->bv", MatMulForm(swap=False, row=True, column=False, k_axis=(-1, -2))),
+    ("bkv,bk->bv", MatMulForm(swap=True, row=True, column=False, k_axis=(-2, -1))),
+    ("zbij,zbjk->zbik", MatMulForm(swap=False, row=False, column=False, k_axis=(-1, -2))),
+])
+def test_the_equation_alone_proves_the_matmul(equation, form):
+    assert matmul_form(equation) == form
+
+
+@pytest.mark.parametrize("equation", [
+    "bdn,bdn->bd",  # dot products
+    "...dn,...n->...d", "bdn,bn",  # ellipsis, implicit output
+    "bii,bi->bi", "bdn,bn->bdd",  # a letter repeated within a term
+    "bdn,bn,bn->bd", "bdn->bd",  # not two operands
+    "bdn,bn->db", "bdn,nb->bd",  # batch letters not leading all three in one order
+    "bnd,bnm->bdm", "bdn,bmn->bdm",  # a transposed operand
+    "bd,bn->bdn", "bn,bn->b",  # no contracted letter; no free letter
+    "bcdn,bn->bcd",  # two row letters: MatMul would align b against c
+    "bdn,bn->bdx",  # a result letter in no operand
+])
+def test_other_equations_are_not_proven(equation):
+    assert matmul_form(equation) is None
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(sorted(PRODUCTS)), T=st.integers(1, 20), chunk=st.sampled_from([1, 2, 4, 8]),
+       in_loops=st.booleans())
+def test_random_products_match_the_loop(case, T, chunk, in_loops):
+    import scanopt.passes.loopfree.linrec as linrec_module
+
+    equation, state, operand, state_first = PRODUCTS[case]
+    m = einsum_read(equation, state, operand, state_first=state_first, T=T)
+    kept = linrec_module.IN_LOOPS_FROM
+    linrec_module.IN_LOOPS_FROM = 0 if in_loops else 1 << 62
+    try:
+        out = two_pass(m, linrec_chunk=chunk)
+    finally:
+        linrec_module.IN_LOOPS_FROM = kept
+    assert ops(out)["Einsum"] == 0
+    assert_equivalent(m, out, seeds=1)
+
+
+def test_mamba_minimal_export_reads_y_with_matmuls():
+    """mamba-minimal's selective_scan exported by PyTorch's dynamo exporter at Mamba's width
+    (T=40, B=1, D=64, N=16; models/generate_linrec.py): its body's Einsum is gone from both
+    Loops, the two Einsums before the Scan (Δ⊗A, Δ·x⊗B) stay, and torch's outputs hold."""
+    m = onnx.load(LINREC / "torch_mamba_minimal_wide.onnx")
+    assert _einsums_in_loops(m) == 1  # the sample is what the test is about: y read by an Einsum
+    out = two_pass(m)
+    assert _einsums_in_loops(out) == 0 and ops(out)["Einsum"] == ops(m)["Einsum"] - 1, ops(out)
+    assert_matches_torch(m, out, dict(np.load(LINREC / "torch_mamba_minimal_wide.expected.npz")))
