@@ -62,9 +62,9 @@ KEPT = {
 }
 
 
-def _einsums_in_loops(model: onnx.ModelProto) -> int:
-    """Einsums left in subgraphs (the two-pass Loops; the body's Einsum read of y)."""
-    return ops(model)["Einsum"] - sum(n.op_type == "Einsum" for n in model.graph.node)
+def _in_loops(model: onnx.ModelProto, op: str) -> int:
+    """``op`` nodes in subgraphs (the two-pass Loops; the Scan's body)."""
+    return ops(model)[op] - sum(n.op_type == op for n in model.graph.node)
 
 
 @pytest.mark.parametrize("case", list(PRODUCTS))
@@ -95,11 +95,11 @@ def test_an_invariant_operand_broadcasts_over_the_steps(placement):
 
 
 @pytest.mark.parametrize("equation, form", [
-    ("bdn,bn->bd", MatMulForm(swap=False, row=False, column=True, k_axis=(-1, -1))),
-    ("bn,bdn->bd", MatMulForm(swap=True, row=False, column=True, k_axis=(-1, -1))),
-    ("bk,bkv->bv", MatMulForm(swap=False, row=True, column=False, k_axis=(-1, -2))),
-    ("bkv,bk->bv", MatMulForm(swap=True, row=True, column=False, k_axis=(-2, -1))),
-    ("zbij,zbjk->zbik", MatMulForm(swap=False, row=False, column=False, k_axis=(-1, -2))),
+    ("bdn,bn->bd", MatMulForm(swap=False, row=False, column=True, k_axis=(-1, -1), ranks=(3, 2))),
+    ("bn,bdn->bd", MatMulForm(swap=True, row=False, column=True, k_axis=(-1, -1), ranks=(2, 3))),
+    ("bk,bkv->bv", MatMulForm(swap=False, row=True, column=False, k_axis=(-1, -2), ranks=(2, 3))),
+    ("bkv,bk->bv", MatMulForm(swap=True, row=True, column=False, k_axis=(-2, -1), ranks=(3, 2))),
+    ("zbij,zbjk->zbik", MatMulForm(swap=False, row=False, column=False, k_axis=(-1, -2), ranks=(4, 4))),
 ])
 def test_the_equation_alone_proves_the_matmul(equation, form):
     assert matmul_form(equation) == form
@@ -141,9 +141,11 @@ def test_random_products_match_the_loop(case, T, chunk, in_loops):
 def test_mamba_minimal_export_reads_y_with_matmuls():
     """mamba-minimal's selective_scan exported by PyTorch's dynamo exporter at Mamba's width
     (T=40, B=1, D=64, N=16; models/generate_linrec.py): its body's Einsum is gone from both
-    Loops, the two Einsums before the Scan (Δ⊗A, Δ·x⊗B) stay, and torch's outputs hold."""
+    Loops, the two Einsums before the Scan (Δ⊗A, Δ·x⊗B) stay, C_t's column is reshaped once before
+    the Loops (no Reshape or Unsqueeze per position), and torch's outputs hold."""
     m = onnx.load(LINREC / "torch_mamba_minimal_wide.onnx")
-    assert _einsums_in_loops(m) == 1  # the sample is what the test is about: y read by an Einsum
+    assert _in_loops(m, "Einsum") == 1  # the sample is what the test is about: y read by an Einsum
     out = two_pass(m)
-    assert _einsums_in_loops(out) == 0 and ops(out)["Einsum"] == ops(m)["Einsum"] - 1, ops(out)
+    assert _in_loops(out, "Einsum") == 0 and ops(out)["Einsum"] == ops(m)["Einsum"] - 1, ops(out)
+    assert _in_loops(out, "MatMul") == 2 and _in_loops(out, "Reshape") == _in_loops(out, "Unsqueeze") == 0, ops(out)
     assert_matches_torch(m, out, dict(np.load(LINREC / "torch_mamba_minimal_wide.expected.npz")))

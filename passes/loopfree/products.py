@@ -54,9 +54,11 @@ def as_matmuls(steps, rank_of, last_dim_of, keep: set[int], dtype) -> list:
             swap = _outer(node, rank_of)
             out.append((node, lambda e, ins, swap=swap: [e.op("MatMul", ins[::-1] if swap else ins)]))
             continue
-        form = einsum_matmul(node, lambda t, axis: _dim_of(t, axis, last_dim_of)) if _is(node, "Einsum") else None
-        if form is not None:
-            out.append((node, lambda e, ins, form=form: emit_matmul(e, ins, form)))
+        found = einsum_matmul(node, lambda t, axis: _dim_of(t, axis, last_dim_of),
+                              lambda t: rank_of(t)[0]) if _is(node, "Einsum") else None
+        if found is not None:
+            ranks = [_lifted_rank(t, rank_of) for t in node.inputs]
+            out.append((node, lambda e, ins, found=found, ranks=ranks: emit_matmul(e, ins, *found, ranks)))
             continue
         widened = _widened(node, rank_of)
         if widened is not None:
@@ -68,13 +70,18 @@ def as_matmuls(steps, rank_of, last_dim_of, keep: set[int], dtype) -> list:
         if fused is not None:
             mul, p, q, keepdims = fused
             dropped.add(id(mul))
-            q_rank, q_per_step = rank_of(q)
-            lifted_rank = q_rank + (1 if q_per_step else 0)  # the step axis (a Loop's chunk axis) in front
             out.append((Fused("MatMul", [p, q], list(node.outputs)),
-                        lambda e, ins, keepdims=keepdims, n=last_dim_of(q), r=lifted_rank: _read(e, ins, keepdims, n, r)))
+                        lambda e, ins, keepdims=keepdims, n=last_dim_of(q), r=_lifted_rank(q, rank_of):
+                        _read(e, ins, keepdims, n, r)))
             continue
         out.append((node, emit))
     return [(node, emit) for node, emit in out if id(node) not in dropped]
+
+
+def _lifted_rank(t: gs.Tensor, rank_of) -> int | None:
+    """t's rank as emitted: a per-step value's with the step axis (a Loop's chunk axis) in front."""
+    rank, per_step = rank_of(t)
+    return None if rank is None else rank + (1 if per_step else 0)
 
 
 def _dim_of(t: gs.Tensor, axis: int, last_dim_of) -> int | None:
