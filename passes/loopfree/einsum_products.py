@@ -4,7 +4,7 @@ onnxruntime runs Einsum through a general contraction (operand transposes, a bat
 the result's reshape) at a fixed cost per call: mamba-minimal's ``einsum("bdn,bn->bd", h, C_t)``
 measured ~16 µs per call on [32, 1, 64] results inside linrec's two-pass Loops, the MatMul ~11
 µs (its column reshaped once before the Loops): mamba-minimal's Scan alone, T = 1024, D = 64,
-N = 16, 3.1-3.4 ms with the Einsum, 2.7-3.1 ms so (benchmarks/bench_linrec.py). linrec's
+N = 16, 1.08-1.17x faster so (benchmarks/bench_linrec.py; README, the loop-free family). linrec's
 one-pass forms (narrow states, one Einsum call over all steps) measured no difference (0.98-1.01x)
 and keep it.
 
