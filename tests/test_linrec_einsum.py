@@ -94,6 +94,32 @@ def test_an_invariant_operand_broadcasts_over_the_steps(placement):
     assert_equivalent(m, out)
 
 
+def einsum_input(equation: str, T=12):
+    """h' = Sigmoid(u_t) ⊙ h + Einsum(equation) of x_t [B, D] and a weight W [D, N] (in the
+    equation's order: x first when its term starts with b): a per-step projection in the
+    update, state [B, N]."""
+    pair = ["x", "W"] if equation.startswith("b") else ["W", "x"]
+    nodes = [h.make_node("Sigmoid", ["u"], ["a"]), h.make_node("Mul", ["a", "h"], ["ah"]),
+             h.make_node("Einsum", pair, ["bx"], equation=equation), h.make_node("Add", ["ah", "bx"], ["h_new"]),
+             h.make_node("Identity", ["h_new"], ["y"])]
+    weight = b.init("W", np.random.default_rng(1).normal(size=[D, N]).astype(np.float32))
+    return lb._scan_model(nodes, [b.vi("h", [B, N]), b.vi("u", [B, N]), b.vi("x", [B, D])],
+                          [b.vi("h_new", [B, N]), b.vi("y", [B, N])],
+                          [b.vi("h0", [B, N]), b.vi("U", [T, B, N]), b.vi("X", [T, B, D])],
+                          [b.vi("hT", [B, N]), b.vi("Y", [T, B, N])], [weight], num_scan_inputs=2,
+                          scan_inputs=["h0", "U", "X"])
+
+
+@pytest.mark.parametrize("equation", ["bd,dn->bn", "dn,bd->bn"])
+def test_a_projection_in_the_update_is_a_matmul_equal_to_the_loop(equation, placement):
+    """b_t = x_t W by an Einsum: x's extra letter b is MatMul's row, the weight (no step axis)
+    broadcast over the steps."""
+    m = einsum_input(equation)
+    out = two_pass(m, linrec_chunk=4)
+    assert ops(out)["Einsum"] == 0 and ops(out)["MatMul"] >= 1, ops(out)
+    assert_equivalent(m, out)
+
+
 @pytest.mark.parametrize("equation, form", [
     ("bdn,bn->bd", MatMulForm(swap=False, row=False, column=True, k_axis=(-1, -1), ranks=(3, 2))),
     ("bn,bdn->bd", MatMulForm(swap=True, row=False, column=True, k_axis=(-1, -1), ranks=(2, 3))),
