@@ -52,6 +52,7 @@ PRODUCTS = {
     "state_laid_nd": ("bnd,bn->bd", [B, N, D], [B, N], True),  # a row vector times the state
     "query_times_state": ("bk,bkv->bv", [B, D, N], [B, D], False),  # linear attention's q·S
     "matrix_matrix": ("bdn,bnm->bdm", [B, D, N], [B, N, M], True),
+    "heads": ("bhkv,bhk->bhv", [B, 2, D, N], [B, 2, D], True),  # RetNet / GLA per-head reads
     "no_batch": ("dn,n->d", [D, N], [N], True),
     "spaced": ("b d n , b n -> b d", [B, D, N], [B, N], True),
 }
