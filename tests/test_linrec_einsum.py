@@ -17,7 +17,8 @@ from onnx import helper as h
 import builders as b
 import linrec_builders as lb
 from equivalence import assert_equivalent, ops
-from scanopt.passes.loopfree.einsum_products import MatMulForm, matmul_form
+from scanopt.engines import run
+from scanopt.passes.loopfree.einsum_products import MatMulForm, emit_matmul, matmul_form
 from test_linrec import assert_matches_torch
 from test_linrec_two_pass import placement, two_pass  # noqa: F401 - placement: a fixture
 
@@ -145,6 +146,44 @@ def test_the_equation_alone_proves_the_matmul(equation, form):
 ])
 def test_other_equations_are_not_proven(equation):
     assert matmul_form(equation) is None
+
+
+def _emitted(equation: str, shapes: list[list[int]], ranks_known: bool) -> onnx.ModelProto:
+    """A graph of emit_matmul's nodes for ``equation`` on inputs of ``shapes``."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.emit import Emitter
+    from scanopt.graph import NameAllocator
+    from scanopt.rewrite import Builder
+
+    graph = gs.Graph(opset=17)
+    graph.inputs = [gs.Variable(name, np.float32, shape) for name, shape in zip("xy", shapes)]
+    form = matmul_form(equation)
+    ranks = [len(shape) if ranks_known else None for shape in shapes]
+    length = shapes[0][form.k_axis[0]]  # k's length (the step axis, if any, leads)
+    y, = emit_matmul(Emitter(Builder(graph, NameAllocator(graph)), 17), graph.inputs, form, length, ranks)
+    y.dtype = np.float32
+    graph.outputs = [y]
+    return gs.export_onnx(graph)
+
+
+@pytest.mark.parametrize("ranks_known", [True, False], ids=["reshaped", "unsqueezed"])
+@pytest.mark.parametrize("equation, lifted, shapes", [
+    ("bdn,bn->bd", None, [[2, 4, 3], [2, 3]]), ("bn,bdn->bd", None, [[2, 3], [2, 4, 3]]),
+    ("bk,bkv->bv", None, [[2, 4], [2, 4, 3]]), ("bkv,bk->bv", None, [[2, 4, 3], [2, 4]]),
+    ("bij,bjk->bik", None, [[2, 4, 5], [2, 5, 6]]), ("bd,dn->bn", None, [[7, 4], [4, 3]]),
+    ("bdn,bn->bd", "zbdn,bn->zbd", [[5, 2, 4, 3], [2, 3]]),  # lifted: the step axis on h' only
+    ("bdn,bn->bd", "zbdn,zbn->zbd", [[5, 2, 4, 3], [5, 2, 3]]),  # lifted: on both
+    ("bk,bkv->bv", "bk,zbkv->zbv", [[2, 4], [5, 2, 4, 3]]),
+    ("bdn,bn->bd", None, [[1, 4, 3], [2, 3]]),  # a batch axis of length 1 broadcasts, as in Einsum
+])
+def test_the_emitted_matmul_is_the_einsum(equation, lifted, shapes, ranks_known):
+    """emit_matmul's nodes run by onnxruntime against numpy's einsum, on the body's operands
+    or on lifted ones (``lifted``: the equation with the step axis z)."""
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.normal(size=shape).astype(np.float32) for name, shape in zip("xy", shapes)}
+    got, = run(_emitted(equation, shapes, ranks_known), feeds).values()
+    np.testing.assert_allclose(got, np.einsum(lifted or equation, feeds["x"], feeds["y"]), rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
