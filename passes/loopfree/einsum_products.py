@@ -31,7 +31,7 @@ import onnx_graphsurgeon as gs
 @dataclass(frozen=True)
 class MatMulForm:
     """How x @ y computes the Einsum: ``swap`` when x is its second operand; ``row`` / ``column``
-    when x / y is a vector (no free letter) to unsqueeze; ``k_axis``: k's axis in each term of
+    when x / y is a vector (no free letter) to make a row / column; ``k_axis``: k's axis in each term of
     (first operand, second operand), counted from the end; ``ranks``: the terms' lengths."""
 
     swap: bool
@@ -110,6 +110,7 @@ def emit_matmul(e, ins: list[gs.Tensor], form: MatMulForm, k: int, ranks: list[i
 
 
 def _as_matrix(e, vector: gs.Tensor, rank: int | None, tail: list[int], axis: int) -> gs.Tensor:
+    """``vector`` [..., k] as [..., 1, k] or [..., k, 1] (``tail``; ``axis``: the new one)."""
     if rank is None:
         return e.unsqueeze(vector, [axis])
     return e.op("Reshape", [vector, e.ints("matrix", [0] * (rank - 1) + tail)])
