@@ -5,7 +5,9 @@
 Models are the hand-written forms of tests/linrec_builders.py at the issue's sizes (B=1):
 cumulative sum H=128; EMA with learned decay H=128; minGRU I=H=64; Mamba-style selective scan
 D=64, N=16, and ``mamba_torch``, PyTorch's dynamo export of a selective scan with its projections in
-the step (models/linrec/torch_mamba_wide.onnx, length re-declared); decayed linear attention DK=DV=64
+the step (models/linrec/torch_mamba_wide.onnx, length re-declared), and ``mamba_minimal``, the Scan alone
+of mamba-minimal's selective_scan as PyTorch exports it (models/linrec/torch_mamba_minimal_wide.onnx: a, b
+and C computed before it, y read by an Einsum); decayed linear attention DK=DV=64
 (also with the state stored transposed); each also
 at T=16 and 64 (the "never slower at T <= 64" rows). Timing: scanopt.timing.measure, the
 one timer tune and every benchmark use (thread CPU time of ``session.run`` with one intra-op
@@ -28,6 +30,7 @@ import sys
 
 import numpy as np
 import onnx
+import onnx.utils
 import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,6 +47,7 @@ CASES = {
     "mingru": (lambda T: lb.mingru(T=T, I=64, H=64, B=1), (16, 64, 1024), "3x at T=1024"),
     "mamba": (lambda T: lb.mamba(T=T, B=1, D=64, N=16), (16, 64, 1024), "3x at T=1024"),
     "mamba_torch": (lambda T: torch_export_at("torch_mamba_wide", T), (16, 64, 1024), "3x at T=1024"),
+    "mamba_minimal": (lambda T: scan_alone_at("torch_mamba_minimal_wide", T), (16, 64, 1024), "3x at T=1024"),
     "linear_attention": (lambda T: lb.linear_attention(T=T, DK=64, DV=64), (16, 64, 1024), "2x at T=1024"),
     "linear_attention_transposed": (lambda T: lb.linear_attention_transposed(T=T, DK=64, DV=64), (16, 64, 1024),
                                     "2x at T=1024"),
@@ -57,6 +61,22 @@ def torch_export_at(name: str, steps: int):
     for value in (model.graph.input[0], model.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_value = steps
     return model
+
+
+def scan_alone_at(name: str, steps: int):
+    """The one Scan of a committed PyTorch export (models/linrec) cut out with its own inputs, the
+    scanned ones (and the stacked outputs) re-declared ``steps`` long: what linrec rewrites, without
+    the projections around it."""
+    model = onnx.load(os.path.join(os.path.dirname(HERE), "models", "linrec", f"{name}.onnx"))
+    scan = next(node for node in model.graph.node if node.op_type == "Scan")
+    alone = onnx.utils.Extractor(onnx.shape_inference.infer_shapes(model)).extract_model(
+        [name for name in scan.input if name], list(scan.output))
+    states = len(scan.input) - next(a.i for a in scan.attribute if a.name == "num_scan_inputs")
+    stacked = list(alone.graph.input)[states:] + list(alone.graph.output)[states:]
+    for value in stacked:
+        value.type.tensor_type.shape.dim[0].dim_value = steps
+    del alone.graph.value_info[:]  # the extractor's copies of the inputs' and outputs' old shapes
+    return alone
 
 
 def feeds_for(model) -> dict:

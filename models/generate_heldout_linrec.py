@@ -77,8 +77,10 @@ HEADS, DK, DV = 2, 3, 5  # RetNet / GLA
 
 
 # ---------------------------------------------------------------- PyTorch
-def _mamba_module(scripted: bool):
-    """mamba-minimal's selective_scan (github.com/johnma2006/mamba-minimal, model.py), projections included."""
+def _mamba_module(scripted: bool, d_model: int | None = None, d_state: int | None = None, dt_rank: int | None = None):
+    """mamba-minimal's selective_scan (github.com/johnma2006/mamba-minimal, model.py), projections included
+    (sizes: this module's unless given; models/generate_linrec.py exports it at Mamba's width)."""
+    d_model, d_state, dt_rank = d_model or D_MODEL, d_state or D_STATE, dt_rank or DT_RANK
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -86,11 +88,11 @@ def _mamba_module(scripted: bool):
     class SelectiveScan(nn.Module):
         def __init__(self):
             super().__init__()
-            self.A_log = nn.Parameter(torch.log(torch.arange(1, D_STATE + 1, dtype=torch.float32)).repeat(D_MODEL, 1))
-            self.D = nn.Parameter(torch.ones(D_MODEL) * 0.5)
-            self.x_proj = nn.Linear(D_MODEL, DT_RANK + 2 * D_STATE, bias=False)
-            self.dt_proj = nn.Linear(DT_RANK, D_MODEL)
-            self.d_model, self.d_state, self.dt_rank = D_MODEL, D_STATE, DT_RANK  # TorchScript reads no globals
+            self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d_model, 1))
+            self.D = nn.Parameter(torch.ones(d_model) * 0.5)
+            self.x_proj = nn.Linear(d_model, dt_rank + 2 * d_state, bias=False)
+            self.dt_proj = nn.Linear(dt_rank, d_model)
+            self.d_model, self.d_state, self.dt_rank = d_model, d_state, dt_rank  # TorchScript reads no globals
 
         def forward(self, x):
             A = -torch.exp(self.A_log.float())

@@ -14,6 +14,9 @@ unless named ``_dyn`` (symbolic ``seq``):
 - torch_mamba:             selective scan, state [B, D=8, N=4]: Δ = softplus(Linear(x)),
                            a = exp(Δ ⊗ A) with A = -exp(A_log), b = (Δ x) ⊗ B_t, y = Σ_n h' C_t
 - torch_mamba_wide:        the same at Mamba's width, T=64, B=1, D=64, N=16 (linrec's two-pass form)
+- torch_mamba_minimal_wide: mamba-minimal's selective_scan as models/generate_heldout_linrec.py
+                           writes it (y read by ``einsum("bdn,bn->bd", state, C_i)``: an Einsum in
+                           the body), T=40, B=1, D=64, N=16, dt_rank 4, static shapes
 - torch_linear_attention:  matrix state S [8, 8]: S' = γ S + kᵀv (γ = sigmoid of a learned
                            scalar), y = q S'
 - torch_cumprod:           h' = h * x_t
@@ -130,6 +133,17 @@ def torch_mamba(steps=T, batch=B, D=H, N=4):
     return _export(module, (torch.randn(steps, batch, D), torch.zeros(batch, D, N)), ["x", "h0"], ["y", "h_n"])
 
 
+def torch_mamba_minimal_wide(steps=40):
+    import torch
+
+    from generate_heldout_linrec import _mamba_module
+
+    torch.manual_seed(1)
+    module = _mamba_module(False, d_model=64, d_state=16, dt_rank=4)().eval()
+    module.__module__ = "scanopt_samples"
+    return _export(module, (torch.randn(1, steps, 64),), ["x"], ["y", "h_n"])
+
+
 def torch_linear_attention():
     import torch
 
@@ -171,6 +185,7 @@ EXPORTED = {
     "torch_mingru_dyn": lambda: torch_mingru(dynamic=True),
     "torch_mamba": torch_mamba,
     "torch_mamba_wide": lambda: torch_mamba(steps=64, batch=1, D=64, N=16),
+    "torch_mamba_minimal_wide": torch_mamba_minimal_wide,
     "torch_linear_attention": torch_linear_attention,
     "torch_cumprod": torch_cumprod,
 }

@@ -309,6 +309,7 @@ LINREC = Path(__file__).resolve().parent.parent / "models" / "linrec"
 EXPORTS = {
     "torch_cumsum": "CumSum", "torch_cumsum_dyn": "CumSum", "torch_ema": "chunked scan",
     "torch_mingru": "chunked scan", "torch_mingru_dyn": "symbolic length", "torch_mamba": "chunked scan", "torch_mamba_wide": "two-pass",
+    "torch_mamba_minimal_wide": "two-pass",
     "torch_linear_attention": "chunked matmul form",
     "torch_cumprod": "chunked product",
 }

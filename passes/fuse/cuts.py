@@ -80,7 +80,10 @@ def _split_sizes(alg, node: gs.Node, width: int | None) -> list[int]:
         if sizes is None:
             raise NoMatch(f"Split '{node.name}' sizes are not constant")
     if sizes is not None:
-        return [int(s) for s in np.asarray(sizes).reshape(-1)]
+        sizes = [int(s) for s in np.asarray(sizes).reshape(-1)]
+        if len(sizes) != len(node.outputs):  # an invalid model: the node fails where it runs
+            raise NoMatch(f"Split '{node.name}' has {len(sizes)} sizes for {len(node.outputs)} outputs")
+        return sizes
     n = len(node.outputs)
     if width is None:
         raise NoMatch(f"the size cut by Split '{node.name}' is unknown")

@@ -15,6 +15,8 @@ lifted plan steps of linrec's two-pass form:
 - any other Mul with a per-step operand unsqueezed on its last axis, x [..., M, 1] (Δ ⊗ A):
   x is first repeated to the other operand's last dim N as x @ ones [1, N] (exact: x·1), so the
   Mul no longer broadcasts innermost ([T, D, 1]·[D, N]: 0.72 ms; 0.08 + 0.17 ms so).
+- a two-operand Einsum that is a batched matrix-vector or matrix-matrix product (mamba-minimal's
+  ``bdn,bn->bd``): one MatMul (module :mod:`einsum_products`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX
+from scanopt.passes.loopfree.einsum_products import einsum_matmul, emit_matmul
 from scanopt.graph import constant_value
 from scanopt.protos import in_default_domain
 
@@ -51,6 +54,12 @@ def as_matmuls(steps, rank_of, last_dim_of, keep: set[int], dtype) -> list:
             swap = _outer(node, rank_of)
             out.append((node, lambda e, ins, swap=swap: [e.op("MatMul", ins[::-1] if swap else ins)]))
             continue
+        found = einsum_matmul(node, lambda t, axis: _dim_of(t, axis, last_dim_of),
+                              lambda t: rank_of(t)[0]) if _is(node, "Einsum") else None
+        if found is not None:
+            ranks = [_lifted_rank(t, rank_of) for t in node.inputs]
+            out.append((node, lambda e, ins, found=found, ranks=ranks: emit_matmul(e, ins, *found, ranks)))
+            continue
         widened = _widened(node, rank_of)
         if widened is not None:
             width = last_dim_of(node.inputs[1 - widened])
@@ -61,13 +70,28 @@ def as_matmuls(steps, rank_of, last_dim_of, keep: set[int], dtype) -> list:
         if fused is not None:
             mul, p, q, keepdims = fused
             dropped.add(id(mul))
-            q_rank, q_per_step = rank_of(q)
-            lifted_rank = q_rank + (1 if q_per_step else 0)  # the step axis (a Loop's chunk axis) in front
             out.append((Fused("MatMul", [p, q], list(node.outputs)),
-                        lambda e, ins, keepdims=keepdims, n=last_dim_of(q), r=lifted_rank: _read(e, ins, keepdims, n, r)))
+                        lambda e, ins, keepdims=keepdims, n=last_dim_of(q), r=_lifted_rank(q, rank_of):
+                        _read(e, ins, keepdims, n, r)))
             continue
         out.append((node, emit))
     return [(node, emit) for node, emit in out if id(node) not in dropped]
+
+
+def _lifted_rank(t: gs.Tensor, rank_of) -> int | None:
+    """t's rank as emitted: a per-step value's with the step axis (a Loop's chunk axis) in front."""
+    rank, per_step = rank_of(t)
+    return None if rank is None else rank + (1 if per_step else 0)
+
+
+def _dim_of(t: gs.Tensor, axis: int, last_dim_of) -> int | None:
+    """t's static length on a negative ``axis``: the caller's for the last, t's declared shape
+    for the others (None when not known)."""
+    if axis == -1:
+        return last_dim_of(t)
+    shape = t.shape
+    dim = shape[axis] if shape is not None and len(shape) >= -axis else None
+    return int(dim) if isinstance(dim, (int, np.integer)) else None
 
 
 def _read(e, ins, keepdims: bool, n: int | None, rank: int) -> list[gs.Tensor]:
