@@ -23,20 +23,30 @@ FALLBACK = "chunk ends, then the outputs read per position"
 
 def selective(read: str, decay: str = "exp", T: int = 21, B: int = 2, D: int = 4, N: int = 3):
     """Mamba's selective scan (lb.mamba) with the output written ``read`` and the decay
-    ``decay``: "exp" a = Exp(Δ ⊗ A), "sigmoid" a = Sigmoid(Δ ⊗ W) (no closed-form product)."""
+    ``decay``: "exp" a = Exp(Δ ⊗ A), "exp(-Δ·A)" Exp(Neg(Δ ⊗ Exp(A_log))) as torch authors write
+    it, "A·Δ" the Mul's operands swapped, "sigmoid" a = Sigmoid(Δ ⊗ A) (no closed-form product)."""
     a_log = np.log(np.arange(1, N + 1, dtype=np.float32))[None, :].repeat(D, 0)
     nodes = [h.make_node("Exp", ["A_log"], ["A_pos"]), h.make_node("Neg", ["A_pos"], ["A"]),
-             h.make_node("Softplus", ["dl"], ["delta"]), h.make_node("Unsqueeze", ["delta", "ax_last"], ["delta3"]),
-             h.make_node("Mul", ["delta3", "A"], ["dA"]),
-             h.make_node("Exp" if decay == "exp" else "Sigmoid", ["dA"], ["a"]),
+             h.make_node("Softplus", ["dl"], ["delta"]), h.make_node("Unsqueeze", ["delta", "ax_last"], ["delta3"])]
+    if decay == "exp(-Δ·A)":
+        nodes += [h.make_node("Mul", ["delta3", "A_pos"], ["dA_pos"]), h.make_node("Neg", ["dA_pos"], ["dA"])]
+    else:
+        nodes.append(h.make_node("Mul", ["A", "delta3"] if decay == "A·Δ" else ["delta3", "A"], ["dA"]))
+    nodes += [h.make_node("Sigmoid" if decay == "sigmoid" else "Exp", ["dA"], ["a"]),
              h.make_node("Mul", ["delta", "x"], ["dx"]), h.make_node("Unsqueeze", ["dx", "ax_last"], ["dx3"]),
              h.make_node("Unsqueeze", ["bt", "ax_mid"], ["bt3"]), h.make_node("Mul", ["dx3", "bt3"], ["bx"]),
              h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bx"], ["h_new"]),
-             h.make_node("Unsqueeze", ["ct", "ax_mid"], ["ct3"]), h.make_node("Mul", ["h_new", "ct3"], ["hc"]),
-             h.make_node("ReduceSum", ["hc", "ax_last"], ["read"], keepdims=0)]
+             h.make_node("Unsqueeze", ["ct", "ax_mid"], ["ct3"]), h.make_node("Mul", ["h_new", "ct3"], ["hc"])]
+    if read == "einsum":  # mamba-minimal's read
+        nodes.append(h.make_node("Einsum", ["h_new", "ct"], ["read"], equation="bdn,bn->bd"))
+    elif read == "keepdims, squeezed":
+        nodes += [h.make_node("ReduceSum", ["hc", "ax_last"], ["read1"], keepdims=1),
+                  h.make_node("Squeeze", ["read1", "ax_last"], ["read"])]
+    else:
+        nodes.append(h.make_node("ReduceSum", ["hc", "ax_last"], ["read"], keepdims=0))
     inits = [b.init("A_log", a_log), b.init("ax_last", np.array([-1], np.int64)),
              b.init("ax_mid", np.array([1], np.int64)), b.init("skip", np.linspace(0.5, 1.5, D).astype(np.float32))]
-    if read == "y":
+    if read in ("y", "einsum", "keepdims, squeezed"):
         nodes.append(h.make_node("Identity", ["read"], ["y"]))
     elif read == "y + D*x":  # Mamba's skip connection: a state-free addend
         nodes += [h.make_node("Mul", ["x", "skip"], ["dskip"]), h.make_node("Add", ["read", "dskip"], ["y"])]
@@ -69,6 +79,27 @@ def test_outputs_linear_in_the_state_take_the_correction(read, decay):
     correction; the skip connection's D⊙x counted once (it does not read the state); an addend
     wider than the read ([B, D, N] against [B, D, 1]) leaves the correction expanded to it."""
     assert CORRECTED in two_pass_detail(selective(read, decay))
+
+
+@pytest.mark.parametrize("decay", ["exp(-Δ·A)", "A·Δ"])
+@pytest.mark.parametrize("read", ["einsum", "keepdims, squeezed"])
+@pytest.mark.parametrize("T", [24, "T"])
+def test_other_ways_of_writing_it_take_the_closed_form_decay(decay, read, T):
+    """torch's exp(-Δ·A), the Mul's operands swapped, y read by an Einsum or a keepdims
+    ReduceSum then Squeeze, at a static and a symbolic length: the correction form, each
+    chunk's decay from Σ Δ (no running product: every Loop carries one state), equal to the loop."""
+    import onnx
+
+    m = selective(read, decay, T=T, B=3)
+    out, outcomes = linrec(m, linrec_form="two-pass", linrec_chunk=8, tune=False, target="portable")
+    assert CORRECTED in outcomes[0][1], outcomes
+    loops = [n for n in out.graph.node if n.op_type == "Loop"]
+    assert loops and all(len(n.input) == 3 for n in loops), [list(n.input) for n in loops]  # M, cond, one state
+    rng = np.random.default_rng(5)
+    steps = 21 if T == "T" else T
+    dims = {"h0": [3, 4, 3], "X": [steps, 3, 4], "DL": [steps, 3, 4], "BT": [steps, 3, 3], "CT": [steps, 3, 3]}
+    assert_equivalent(m, out, inputs=[{k: rng.standard_normal(v).astype(np.float32) for k, v in dims.items()}])
+    onnx.checker.check_model(out)
 
 
 def test_an_output_not_linear_in_the_state_is_read_in_a_second_pass():

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
+from scanopt.passes.loopfree.linear_form import VIEWS
 from scanopt.protos import in_default_domain
 
 # Ops linear in their one state-dependent data input (the others, if any, state-free).
 _LINEAR_IN_ONE = {"Mul", "MatMul", "Einsum"}
-_LINEAR_VIEWS = {"Identity", "Neg", "Unsqueeze", "Squeeze", "Reshape", "Transpose", "Flatten", "ReduceSum",
-                 "Slice", "Gather", "Expand"}
+_LINEAR_VIEWS = {"Identity", "Neg", *VIEWS, "Transpose", "ReduceSum", "Slice", "Gather", "Expand"}
 
 
 def linear_part(steps, new_state: set[int], shape_of) -> list | None:
@@ -100,8 +100,8 @@ def exponent_chain(a: gs.Tensor, steps, available: set[int], per_step) -> Expone
         if len(varying) != 1:
             return None
         k = varying[0]
-        if not (node.op in ("Mul", "MatMul", "Einsum") or (node.op == "Div" and k == 0)
-                or (node.op in ("Neg", "Identity", "Unsqueeze", "Squeeze", "Reshape") and k == 0)):
+        if not (node.op in _LINEAR_IN_ONE or (node.op == "Div" and k == 0)
+                or (node.op in ("Neg", "Identity", *VIEWS) and k == 0)):
             return None
         chain.append((node, emit))
         t = node.inputs[k]
