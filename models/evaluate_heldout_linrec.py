@@ -25,40 +25,12 @@ import os
 import numpy as np
 import onnx
 
-import onnxruntime as ort
-
 import evaluate_heldout_producers as producers
 import scanopt
-from evaluate_heldout_producers import HeldOutSet, as_array, feeds_of, loop_names, loop_ops
-from scanopt.verify import TOLERANCES
+from evaluate_heldout_producers import HeldOutSet, loop_names, loop_ops, outputs_equal
 
 PASSES = ("loop_to_scan", "linrec", "distances", "vectorize")
 REWRITES = ("linrec", "distances", "vectorize")
-
-
-def tolerance(dtype) -> tuple[float, float]:
-    """(rtol, atol) of a comparison with the source: the held-out sets' 1e-4 / 1e-5, widened to
-    the verifier's table for a coarser dtype (float16 rounds at 1e-3: a loop in numpy and one in
-    onnxruntime differ by an ulp)."""
-    rtol, atol = TOLERANCES.get(np.dtype(dtype).name, (0.0, 0.0))
-    return max(rtol, 1e-4), max(atol, 1e-5)
-
-
-def assert_equal_to_source(model, out, stored) -> None:
-    """onnxruntime on ``out`` at the stored inputs gives the source's stored outputs."""
-    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
-    for got, o in zip(session.run(None, feeds_of(model, stored)), model.graph.output):
-        want = stored[o.name]
-        rtol, atol = tolerance(want.dtype)
-        np.testing.assert_allclose(as_array(got).astype(want.dtype), want, rtol=rtol, atol=atol, err_msg=o.name)
-
-
-def outputs_equal(model, out, stored) -> bool:
-    try:
-        assert_equal_to_source(model, out, stored)
-    except AssertionError:
-        return False
-    return True
 
 
 def optimize(held: HeldOutSet, name: str, mode: str, seeds: int = 2):

@@ -162,7 +162,7 @@ class ScanPass(Pass):
             if owner is not None:
                 result.outcomes.append(NodeOutcome(
                     self.name, label, level.path, False,
-                    f"one of {owner}'s own chunk loops, the form it chose (loop_to_scan made it a Scan): not rewritten again"))
+                    f"a loop {owner} emitted as the form it chose: not rewritten again"))
                 continue
             view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
             found = self.match(node, view, level, ctx)

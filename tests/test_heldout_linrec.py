@@ -29,7 +29,7 @@ from scanopt.pipeline import optimize
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "models"))  # the evaluator's layout facts and comparison
 
-from evaluate_heldout_linrec import HeldOutSet, assert_equal_to_source, feeds_of, loop_names, loop_ops  # noqa: E402
+from evaluate_heldout_producers import HeldOutSet, assert_equal_to_source, feeds_of, loop_names, loop_ops  # noqa: E402
 
 HELD = HeldOutSet("heldout_linrec")
 POSITIONS = {"Scan": 2}  # linrec's positions form at a symbolic length: two chunk loops of T/C steps
@@ -82,9 +82,9 @@ def test_optimized_model_reproduces_the_source(name):
     if name in ("skl_knn_manhattan", "skl_knn_minkowski_p3"):  # named, not "not ReduceSumSquare(...)"
         metric = name.split("_")[2]
         assert any(o.pass_name == "distances" and o.detail.startswith(f"a {metric} distance") for o in report.outcomes)
-    if name in LOOP_FREE and loop_ops(out):  # linrec's own chunk loops are named as such, not matched again
+    if name in LOOP_FREE and loop_ops(out):  # the loops linrec emitted are named as such, not matched again
         own = [o.detail for o in report.outcomes if o.pass_name == "linrec" and not o.applied]
-        assert own and all(d.startswith("one of linrec's own chunk loops") for d in own), own
+        assert own and all(d.startswith("a loop linrec emitted as the form it chose") for d in own), own
     assert_equal_to_source(model, out, stored)
 
 

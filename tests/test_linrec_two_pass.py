@@ -184,7 +184,7 @@ def test_products_are_matmuls_and_the_pipeline_rewrites_once():
     out, report = optimize(m, verify=False)
     done = [o for o in report.outcomes if o.pass_name == "linrec" and o.applied]
     assert len(done) == 1 and TWO_PASS in done[0].detail, report.format()
-    own = [o for o in report.outcomes if o.pass_name == "linrec" and "own chunk loops" in o.detail]
+    own = [o for o in report.outcomes if o.pass_name == "linrec" and "a loop linrec emitted" in o.detail]
     scans = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan" and o.applied]
     # the chunk pass, the correction over the positions and the carry across the chunks
     assert len(own) == 3 and len(scans) == 3, report.format()

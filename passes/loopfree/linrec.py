@@ -46,7 +46,7 @@ from scanopt.passes.loopfree.products import as_matmuls, unsqueezed_axes
 from scanopt.passes.loopfree.decay_correction import ExponentChain, exponent_chain, linear_part
 from scanopt.passes.loopfree.softplus import fast_softplus
 from scanopt.passes.loopfree.prefix_scan import (
-    carry_loop, chunk_loop_scan, chunk_loop_scan_symbolic, chunk_starts, chunked_scan, cumulative_product,
+    carry_loop, chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product,
     cumulative_sum,
 )
 from scanopt.passes.loopfree.two_pass import (
@@ -488,16 +488,11 @@ class Linrec(ScanPass):
                 h, p = carried
                 return [inner.op("Add", [inner.op("Mul", [a, h]), b]), inner.op("Mul", [a, p])], []
 
-            fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
-            zeros, ones = (e.op("ConstantOfShape", [state_shape], value=f) for f in fills)
+            zeros, ones = (_filled(e, state_shape, v, dtype) for v in (0, 1))
             (local, product), _ = position_loop(e, [zeros, ones], per_step, at.chunk, rank + 1, dtype, ends)
-            loops.append(product)
-            if at.static:  # doubling across the chunks
-                starts, _ = chunk_starts(e, product, local, h0, at.count, rank, dtype)
-            else:
-                (across,), (starts,) = carry_loop(e, product, local, h0, None, rank, dtype, at.chunks(e), False,
-                                                  before=True)
-                loops.append(across)
+            (across,), (starts,) = carry_loop(e, product, local, h0, None, rank, dtype, at.chunks(e), False,
+                                              before=True)
+            loops += [product, across]
 
         def outputs(inner, _, carried, gathered):
             (a, b), scope = coefficients(inner, gathered)
@@ -531,10 +526,7 @@ class Linrec(ScanPass):
             new = [h] if chain is not None else [h, inner.op("Mul", [a, carried[1]])]
             return new, _read_per_position(inner, scope, h, new_state, late, [body.outputs[n + k] for k in outs], at)
 
-        fills = [gs.Constant(e.b.names.fresh("fill"), np.full([1], v, dtype)) for v in (0, 1)]
-        carried = [e.op("ConstantOfShape", [state_shape], value=fills[0])]
-        if chain is None:
-            carried.append(e.op("ConstantOfShape", [state_shape], value=fills[1]))
+        carried = [_filled(e, state_shape, 0, dtype)] + ([] if chain is not None else [_filled(e, state_shape, 1, dtype)])
         ends, local_ys = position_loop(e, carried, per_step, at.chunk, rank + 1, dtype, first)
         if chain is None:
             decay = ends[1]
@@ -586,6 +578,11 @@ def _chunk_decay(e: LiftEmitter, chain: ExponentChain, mapping, per_step: dict, 
     scope = {**mapping, id(chain.x): total}
     emit_nodes(chain.steps, e, scope)
     return e.pad(e.op("Exp", [scope[id(chain.u)]]), rank - plan.value(chain.u, ctx.shapes.shape).rank)
+
+
+def _filled(e: Emitter, shape: gs.Tensor, value, dtype) -> gs.Tensor:
+    """A tensor of ``shape`` (int64 [rank]) holding ``value`` (the Loops' zero start, ones)."""
+    return e.op("ConstantOfShape", [shape], value=gs.Constant(e.b.names.fresh("fill"), np.full([1], value, dtype)))
 
 
 def _read_per_position(inner: Emitter, scope: dict, state: gs.Tensor, new_state, steps, outputs, at: Chunking) -> list:
