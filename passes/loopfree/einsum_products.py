@@ -114,3 +114,43 @@ def _as_matrix(e, vector: gs.Tensor, rank: int | None, tail: list[int], axis: in
     if rank is None:
         return e.unsqueeze(vector, [axis])
     return e.op("Reshape", [vector, e.ints("matrix", [0] * (rank - 1) + tail)])
+
+
+@dataclass(frozen=True)
+class ProductTerm:
+    """One operand of an Einsum that sums nothing, laid out for a broadcasting Mul: transposed by
+    ``perm`` (None: as it is) into the result's letter order, then unsqueezed at ``axes``."""
+
+    perm: tuple[int, ...] | None
+    axes: tuple[int, ...]
+
+
+def product_terms(equation: str) -> list[list[tuple[int, ProductTerm]]] | None:
+    """An Einsum that sums no letter (every operand letter is in the result: an outer or
+    elementwise product, Mamba's ``bd,dn->bdn`` and ``bd,bn,bd->bdn``) as broadcasting Muls:
+    groups of (operand index, its layout), the operands of one group sharing their letters
+    (multiplied first, elementwise, on the smaller tensors), the groups then multiplied in
+    order. Each operand is unsqueezed at the result's letters it lacks after its first one (a
+    lacking leading letter broadcasts as it is), so a per-step ``bd`` against ``bn`` becomes
+    [b, d, 1]·[b, 1, n]: the outer product linrec's two-pass form emits as a K = 1 MatMul, and
+    ``bd`` against ``dn`` [b, d, 1]·[d, n]: a widening (module products). None when the
+    equation is implicit, has an ellipsis, repeats a letter in a term, sums one, or the result
+    is not every operand letter once. The values are the Einsum's exactly: one product per
+    element, no sum."""
+    equation = equation.replace(" ", "")
+    if equation.count("->") != 1 or "." in equation:
+        return None
+    operands, result = equation.split("->")
+    terms = operands.split(",")
+    if not all(_letters(t) and t for t in terms) or not _letters(result):
+        return None
+    if set(result) != set("".join(terms)):
+        return None
+    groups: dict[frozenset, list[tuple[int, ProductTerm]]] = {}
+    for k, term in enumerate(terms):
+        ordered = sorted(term, key=result.index)
+        perm = None if ordered == list(term) else tuple(term.index(c) for c in ordered)
+        first = result.index(ordered[0])
+        axes = tuple(a - first for a in range(first, len(result)) if result[a] not in term)
+        groups.setdefault(frozenset(term), []).append((k, ProductTerm(perm, axes)))
+    return list(groups.values())

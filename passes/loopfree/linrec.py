@@ -39,6 +39,7 @@ from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
     changing_states, to_processing_order,
 )
+from scanopt.passes.loopfree.absorb import Absorption, absorption, build, discard, install
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import INT64_MAX, Emitter, supports
@@ -102,6 +103,10 @@ class LinrecMatch(Match):
     form: str
     attention: AttentionForm | None = None  # the matmul form of decayed linear attention
     slower_below: int | None = None  # see Match; set for the chunked forms on a symbolic length
+    # widening producers of the scan inputs to take into the body first (module absorb); the
+    # match then describes the Scan they make, and ``plain`` is the Scan's own
+    absorb: Absorption | None = None
+    plain: "LinrecMatch | Skip | None" = None
 
 
 @register_pass
@@ -125,6 +130,31 @@ class Linrec(ScanPass):
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        plain = self._match(node, view, level, ctx)
+        found = absorption(node, view, level, ctx.shapes, ctx.opset)
+        if found is None:
+            return plain
+        wider = self._with_absorbed(node, view, found, level, ctx)
+        if not isinstance(wider, LinrecMatch):
+            return plain
+        wider.absorb, wider.plain = found, plain
+        return wider
+
+    def _with_absorbed(self, node, view, found: Absorption, level, ctx, keep: bool = False):
+        """The match of the Scan ``found``'s producers make; the Scan is built apart from the
+        graph and unhooked again unless ``keep`` (then it is returned with its match)."""
+        scan = build(node, view, found, ctx.shapes, ctx.names, ctx.opset)
+        try:
+            wider = self._match(scan, ScanView.from_gs(scan, ctx.opset, ctx.shapes), level, ctx)
+        except Exception:
+            discard(scan)
+            raise
+        if not keep or not isinstance(wider, LinrecMatch):
+            discard(scan)
+            return wider
+        return scan, wider
+
+    def _match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
         if view.batched:
             return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
         if ctx.opset < 11:
@@ -286,6 +316,17 @@ class Linrec(ScanPass):
 
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
         assert isinstance(match, LinrecMatch)
+        if match.absorb is not None:
+            built = self._with_absorbed(node, ScanView.from_gs(node, ctx.opset, ctx.shapes), match.absorb, level, ctx,
+                                        keep=True)
+            if isinstance(built, tuple):
+                scan, wider = built
+                install(scan, node, match.absorb, level.graph)
+                taken = len(match.absorb.moved)
+                return f"{self.rewrite(scan, wider, level, ctx)}; {taken} producer{'s' * (taken > 1)} of its inputs " \
+                       "taken into the steps (module absorb)"
+            assert isinstance(match.plain, LinrecMatch), "the Scan with its producers no longer matches"
+            match = match.plain
         graph, view, plan = level.graph, match.view, match.plan
         position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]

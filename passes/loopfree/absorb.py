@@ -1,0 +1,361 @@
+"""A Scan's widening per-step producers taken into its body, for linrec's selective scans.
+
+Real selective scans (mamba-minimal's ``selective_scan``, Hugging Face's ``slow_forward``,
+mamba.py) compute deltaA = exp(Δ ⊗ A) and deltaB_u = Δ ⊙ x ⊗ B for every step before the
+loop, [B, L, D, N] tensors N times the data of Δ and x, and the loop reads them a step at a
+time. Moved into the body, the widening happens per step, and linrec's two-pass form computes
+it inside its chunk Loops on [K, ...] slices: the wide tensors are never written or permuted
+(bench_linrec ``mamba_minimal_model``).
+
+What moves: the ops that widen per step (the output holds more elements per step than the
+inputs that vary with it, like Einsum 'bld,dn->bldn') and the view and elementwise ops between
+them and the Scan, each only where the Scan (or another moved op) is its sole reader. Each op
+is moved with its step axis taken out: Transpose's perm, Einsum's letter, Unsqueeze/Squeeze
+axes, broadcasting operands aligned (one broadcast along the steps is squeezed). What feeds
+them from outside becomes a scan input on its own step axis, or an outer value when it does not
+vary with the step. Nothing here touches the graph until :func:`install`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.clone import clone_graph
+from scanopt.passes.loopfree.einsum_products import product_terms
+from scanopt.graph import GraphLevel, constant_axes, node_position, remove_node, walk_graphs
+from scanopt.rewrite import is_graph_output, rebind_outputs, replace_all_uses
+from scanopt.scan_view import ScanView
+
+UNARY = frozenset(
+    "Abs Cast Ceil Cos Elu Erf Exp Floor HardSigmoid Identity LeakyRelu Log Neg Not Reciprocal Relu Round Selu "
+    "Sigmoid Sign Sin Softplus Softsign Sqrt Tanh".split())
+BROADCASTING = frozenset(
+    "Add And Div Equal Greater GreaterOrEqual Less LessOrEqual Max Mean Min Mul Or Pow Sub Sum Where Xor".split())
+
+
+@dataclass
+class Moved:
+    """One producer taken into the body: the per-step axis of each input (None: read whole,
+    from the outer scope), the attributes it takes there, and inputs it reads instead."""
+    node: gs.Node
+    axes: list  # per input: its step axis, or None
+    attrs: dict
+    squeeze: dict = field(default_factory=dict)  # input index -> axis to squeeze (broadcast along the steps)
+    axes_input: list | None = None  # Unsqueeze/Squeeze-13: the body's axes, as a new constant input
+    out_axis: int = 0  # the output's step axis
+
+
+@dataclass
+class Absorption:
+    """What :func:`build` takes into a Scan: ``moved`` in graph order, the scan input slots they
+    replace, and the outer values that become scan inputs (tensor, step axis)."""
+    moved: list[Moved]
+    slots: list[int]
+    leaves: list[tuple[gs.Tensor, int]]
+
+
+def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: int) -> Absorption | None:
+    """The widening producers of ``node``'s scan inputs that can move into its body, or None."""
+    graph, n = level.graph, view.num_states
+    if view.batched:
+        return None
+    axis_of: dict[int, int] = {}
+    slots: dict[int, int] = {}
+    for j in range(view.num_scan_inputs):
+        t = node.inputs[n + j]
+        axis = view.input_axes[j]
+        if view.input_directions[j] or axis < 0 or not t.name or sum(x is t for x in node.inputs) != 1:
+            continue
+        axis_of[id(t)], slots[id(t)] = axis, j
+    if not axis_of:
+        return None
+    position = {id(nd): i for i, nd in enumerate(graph.nodes)}
+    scan_position = position.get(id(node))
+    moved: dict[int, Moved] = {}
+    tensors = {id(node.inputs[n + j]): node.inputs[n + j] for j in slots.values()}
+    heap = [(-position.get(id(t.inputs[0]), -1) if t.inputs else 1, key) for key, t in tensors.items()]
+    heapq.heapify(heap)
+    while heap:
+        _, key = heapq.heappop(heap)
+        t = tensors[key]
+        producer = t.inputs[0] if len(t.inputs) == 1 else None
+        if producer is None or id(producer) not in position or position[id(producer)] > (scan_position or 0):
+            continue
+        if is_graph_output(t, graph) or any(c is not node and id(c) not in moved for c in t.outputs):
+            continue  # read elsewhere: it stays and is scanned as it is
+        rule = _step_rule(producer, axis_of[key], shapes, opset)
+        if rule is None:
+            continue
+        rule.out_axis = axis_of[key]
+        moved[id(producer)] = rule
+        for x, axis in zip(producer.inputs, rule.axes):
+            if axis is None:
+                continue
+            if axis_of.setdefault(id(x), axis) != axis:
+                return None  # one value on two step axes
+            if id(x) not in tensors:
+                tensors[id(x)] = x
+                heapq.heappush(heap, (-position.get(id(x.inputs[0]), -1) if x.inputs else 1, id(x)))
+    order = sorted(moved.values(), key=lambda m: position[id(m.node)])
+    kept = _widening_paths(order, shapes)
+    if not kept:
+        return None
+    kept_ids = {id(m.node) for m in kept}
+    for m in kept:  # a moved value must be read per step by every moved reader
+        for x, axis in zip(m.node.inputs, m.axes):
+            if x.inputs and id(x.inputs[0]) in kept_ids and axis is None:
+                return None
+    replaced = [j for key, j in slots.items() if tensors[key].inputs and id(tensors[key].inputs[0]) in kept_ids]
+    leaves: dict[tuple[int, int], tuple[gs.Tensor, int]] = {}
+    for m in kept:
+        for x, axis in zip(m.node.inputs, m.axes):
+            if axis is not None and not (x.inputs and id(x.inputs[0]) in kept_ids):
+                leaves.setdefault((id(x), axis), (x, axis))
+    return Absorption(kept, sorted(replaced), list(leaves.values()))
+
+
+def _widening_paths(order: list[Moved], shapes) -> list[Moved]:
+    """The moved ops worth moving: those that widen per step and those reading what they make
+    (views and elementwise ops down to the Scan). An op that neither widens nor reads a widened
+    value stays outside, where it runs once over all steps."""
+    useful: set[int] = set()
+    for m in order:
+        ins = [x for x, axis in zip(m.node.inputs, m.axes) if axis is not None]
+        if any(x.inputs and id(x.inputs[0]) in useful for x in ins) or _widens(m, shapes):
+            useful.add(id(m.node))
+    return [m for m in order if id(m.node) in useful]
+
+
+def _widens(m: Moved, shapes) -> bool:
+    out = m.node.outputs[0]
+    out_elements = _per_step_elements(shapes.shape(out), m.out_axis)
+    in_elements = [_per_step_elements(shapes.shape(x), axis) for x, axis in zip(m.node.inputs, m.axes)
+                   if axis is not None]
+    if out_elements is None or any(e is None for e in in_elements):
+        return False
+    return out_elements > sum(in_elements)
+
+
+def _per_step_elements(shape, axis) -> int | None:
+    """Elements per step (symbolic dims counted as 1), None when the rank is unknown."""
+    if shape is None or axis is None or axis >= len(shape):
+        return None
+    return int(np.prod([d if isinstance(d, (int, np.integer)) and d > 0 else 1
+                        for k, d in enumerate(shape) if k != axis], dtype=np.int64))
+
+
+def _step_rule(p: gs.Node, axis: int, shapes, opset: int) -> Moved | None:
+    """How ``p`` runs on one step when its output's step axis is ``axis``, or None."""
+    if p.domain not in ("", "ai.onnx", None) or len(p.outputs) != 1:
+        return None
+    out_shape = shapes.shape(p.outputs[0])
+    if out_shape is None or axis >= len(out_shape):
+        return None
+    rank = len(out_shape)
+    attrs = dict(p.attrs)
+    if p.op in UNARY:
+        return Moved(p, [axis], attrs)
+    if p.op in BROADCASTING:
+        return _broadcasting(p, axis, out_shape, attrs, shapes)
+    if p.op == "Transpose":
+        perm = [int(a) for a in attrs.get("perm", range(rank - 1, -1, -1))]
+        source = perm[axis]
+        attrs["perm"] = [a - (a > source) for k, a in enumerate(perm) if k != axis]
+        return Moved(p, [source], attrs)
+    if p.op == "Einsum":
+        return _einsum(p, axis, attrs)
+    if p.op in ("Unsqueeze", "Squeeze"):
+        return _unsqueeze_squeeze(p, axis, rank, attrs, shapes, opset)
+    return None
+
+
+def _broadcasting(p: gs.Node, axis: int, out_shape, attrs, shapes) -> Moved | None:
+    """Inputs aligned from the right: one covering the step axis with the output's length varies
+    per step there; one with length 1 there broadcasts along the steps (squeezed in the body);
+    one not reaching it is read whole."""
+    rank, steps = len(out_shape), out_shape[axis]
+    axes, squeeze = [], {}
+    for k, x in enumerate(p.inputs):
+        shape = shapes.shape(x)
+        if shape is None:
+            return None
+        at = axis - (rank - len(shape))
+        if at < 0:
+            axes.append(None)
+            continue
+        dim = shape[at]
+        if dim == steps and (isinstance(dim, str) or (isinstance(dim, (int, np.integer)) and dim > 0)):
+            axes.append(at)
+        elif isinstance(dim, (int, np.integer)) and dim == 1:
+            axes.append(None)
+            squeeze[k] = at
+        else:
+            return None  # unknown: per step or broadcast along the steps
+    if all(a is None for a in axes):
+        return None
+    return Moved(p, axes, attrs, squeeze=squeeze)
+
+
+def _einsum(p: gs.Node, axis: int, attrs) -> Moved | None:
+    equation = attrs.get("equation")
+    equation = equation.decode() if isinstance(equation, bytes) else equation
+    if not isinstance(equation, str):
+        return None
+    equation = equation.replace(" ", "")
+    if "->" not in equation or "." in equation:
+        return None
+    left, out = equation.split("->")
+    terms = left.split(",")
+    if len(terms) != len(p.inputs) or axis >= len(out):
+        return None
+    letter = out[axis]
+    axes = []
+    for term in terms:
+        if term.count(letter) > 1:
+            return None
+        axes.append(term.index(letter) if letter in term else None)
+    attrs["equation"] = ",".join(term.replace(letter, "") for term in terms) + "->" + out.replace(letter, "")
+    return Moved(p, axes, attrs)
+
+
+def _unsqueeze_squeeze(p: gs.Node, axis: int, rank: int, attrs, shapes, opset: int) -> Moved | None:
+    given = constant_axes(p)
+    if given is None:
+        return None
+    if p.op == "Unsqueeze":
+        added = sorted(a + rank if a < 0 else a for a in given)
+        if axis in added:
+            return None
+        source = axis - sum(a < axis for a in added)
+        body_axes = [a - (a > axis) for a in added]
+    else:
+        in_rank = shapes.rank(p.inputs[0])
+        if in_rank is None:
+            return None
+        removed = sorted(a + in_rank if a < 0 else a for a in given)
+        source = [a for a in range(in_rank) if a not in removed][axis]
+        body_axes = [a - (a > source) for a in removed]
+    axes = [source] + [None] * (len(p.inputs) - 1)
+    if "axes" in attrs:
+        attrs["axes"] = body_axes
+        return Moved(p, axes, attrs)
+    return Moved(p, axes[:1], attrs, axes_input=body_axes)
+
+
+def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset: int) -> gs.Node:
+    """A new Scan (not in any graph) computing what ``node`` does with ``found`` moved into its
+    body. Until :func:`install`, its nodes still read outer values: :func:`discard` it if unused."""
+    n = view.num_states
+    body = clone_graph(node.attrs["body"], names)
+    moved_ids = {id(m.node) for m in found.moved}
+    step_inputs = {}
+    for x, axis in found.leaves:
+        shape = shapes.shape(x)
+        step_inputs[(id(x), axis)] = gs.Variable(names.fresh(f"{x.name}_step"), dtype=shapes.dtype(x),
+                                                 shape=None if shape is None else _without(shape, axis))
+    made: dict[int, gs.Tensor] = {}
+    nodes = []
+    for m in found.moved:
+        inputs = []
+        for k, (x, axis) in enumerate(zip(m.node.inputs, m.axes)):
+            if axis is None:
+                value = x
+                if k in m.squeeze and opset >= 13:
+                    value = _node(nodes, names, "Squeeze", [value, _ints(names, [m.squeeze[k]])], shapes.dtype(x))
+                elif k in m.squeeze:
+                    value = _node(nodes, names, "Squeeze", [value], shapes.dtype(x), {"axes": [m.squeeze[k]]})
+                inputs.append(value)
+            elif x.inputs and id(x.inputs[0]) in moved_ids:
+                inputs.append(made[id(x)])
+            else:
+                inputs.append(step_inputs[(id(x), axis)])
+        if m.axes_input is not None:
+            inputs = inputs[:1] + [_ints(names, m.axes_input)]
+        out = m.node.outputs[0]
+        shape = shapes.shape(out)
+        shape = None if shape is None else _without(shape, m.out_axis)
+        groups = product_terms(m.attrs["equation"]) if m.node.op == "Einsum" else None
+        if m.node.op == "Transpose" and m.attrs["perm"] == sorted(m.attrs["perm"]):
+            made[id(out)] = inputs[0]  # the step axis was the one moved (exporters' permute to the front)
+        elif groups is not None:
+            made[id(out)] = _products(nodes, names, groups, inputs, shapes.dtype(out), shape, opset)
+        else:
+            made[id(out)] = _node(nodes, names, m.node.op, inputs, shapes.dtype(out), m.attrs, shape)
+    body.nodes[:0] = nodes
+    kept = [j for j in range(view.num_scan_inputs) if j not in found.slots]
+    for j in found.slots:
+        replace_all_uses(body.inputs[n + j], made[id(node.inputs[n + j])], body)
+    body.inputs = body.inputs[:n] + [body.inputs[n + j] for j in kept] + list(step_inputs.values())
+    attrs = dict(node.attrs)
+    attrs["body"] = body
+    attrs["num_scan_inputs"] = len(kept) + len(found.leaves)
+    attrs["scan_input_axes"] = [view.input_axes[j] for j in kept] + [axis for _, axis in found.leaves]
+    attrs["scan_input_directions"] = [view.input_directions[j] for j in kept] + [0] * len(found.leaves)
+    outputs = [gs.Variable(names.fresh(f"{t.name}_absorbed"), dtype=shapes.dtype(t), shape=shapes.shape(t))
+               for t in node.outputs]
+    return gs.Node("Scan", name=names.fresh(f"{node.name or 'scan'}_absorbed"), attrs=attrs,
+                   inputs=list(node.inputs[:n]) + [node.inputs[n + j] for j in kept] + [x for x, _ in found.leaves],
+                   outputs=outputs)
+
+
+def _products(nodes: list, names, groups, inputs, dtype, shape, opset: int) -> gs.Variable:
+    """An Einsum that sums nothing as broadcasting Muls (einsum_products.product_terms): the
+    forms linrec's two-pass steps emit as MatMuls, where onnxruntime's Einsum runs a general
+    contraction per call (mamba-minimal's 'bd,bn,bd->bdn' in the chunk Loops: ~340 µs a call)."""
+    factors = []
+    for group in groups:
+        value = None
+        for k, term in group:
+            x = inputs[k] if term.perm is None else _node(nodes, names, "Transpose", [inputs[k]], dtype,
+                                                           {"perm": list(term.perm)})
+            value = x if value is None else _node(nodes, names, "Mul", [value, x], dtype)
+        axes = group[0][1].axes
+        if axes and opset >= 13:
+            value = _node(nodes, names, "Unsqueeze", [value, _ints(names, list(axes))], dtype)
+        elif axes:
+            value = _node(nodes, names, "Unsqueeze", [value], dtype, {"axes": list(axes)})
+        factors.append(value)
+    product = factors[0]
+    for k, factor in enumerate(factors[1:], 2):
+        product = _node(nodes, names, "Mul", [product, factor], dtype, shape=shape if k == len(factors) else None)
+    if len(factors) == 1:  # one group: an elementwise product or a view; keep the declared shape
+        product = _node(nodes, names, "Identity", [product], dtype, shape=shape)
+    return product
+
+
+def _without(shape, axis: int) -> list:
+    return [d for k, d in enumerate(shape) if k != axis]
+
+
+def _ints(names, values) -> gs.Constant:
+    return gs.Constant(names.fresh("axes"), np.asarray(values, dtype=np.int64))
+
+
+def _node(nodes: list, names, op: str, inputs, dtype, attrs=None, shape=None) -> gs.Variable:
+    out = gs.Variable(names.fresh(f"{op.lower()}_step"), dtype=dtype, shape=shape)
+    nodes.append(gs.Node(op, name=names.fresh(op.lower()), attrs=dict(attrs or {}), inputs=list(inputs), outputs=[out]))
+    return out
+
+
+def discard(scan: gs.Node) -> None:
+    """Unhook an uninstalled :func:`build` result from the tensors it reads (gs records readers)."""
+    for level in walk_graphs(scan.attrs["body"]):
+        for nd in level.graph.nodes:
+            nd.inputs.clear()
+            nd.outputs.clear()
+    scan.inputs.clear()
+    scan.outputs.clear()
+
+
+def install(scan: gs.Node, node: gs.Node, found: Absorption, graph: gs.Graph) -> None:
+    """Put ``scan`` where ``node`` stands, writing its outputs, and drop the producers it took in."""
+    graph.nodes.insert(node_position(graph, node), scan)
+    rebind_outputs(node, list(scan.outputs), graph)
+    for m in reversed(found.moved):
+        m.node.inputs.clear()
+        m.node.outputs.clear()
+        remove_node(graph, m.node)
