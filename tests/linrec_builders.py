@@ -182,3 +182,63 @@ def linear_attention_transposed(T=24, DK=4, DV=4, gamma=0.9, opset=17, einsum=Tr
                        [b.init("gamma", np.array(gamma, np.float32)), b.init("ax0", np.array([0], np.int64)),
                         b.init("ax1", np.array([1], np.int64))],
                        opset=opset, num_scan_inputs=3, scan_inputs=["S0", "Q", "K", "V"])
+
+
+def mamba_precomputed(T=12, B=1, D=4, N=3, wide="bldn", seed=0, opset=17, read_a=False):
+    """mamba-minimal's ``selective_scan`` as PyTorch exports it: deltaA = Exp(Einsum('bld,dn->W'))
+    and deltaB_u = Einsum('bld,bln,bld->W') of Δ = Softplus(Δ raw), x [B, T, D], B_t [B, T, N] computed for every
+    step before the Scan (``wide`` = W, their [B, L, D, N] layout), each permuted steps first; the
+    body h' = a ⊙ h + b, y = Einsum('bdn,bn->bd', h', C_t). ``read_a``: deltaA is also a model
+    output (read outside the Scan). ``T`` may be a symbolic name."""
+    a_neg = -np.exp(np.log(np.arange(1, N + 1, dtype=np.float32)))[None, :].repeat(D, 0)
+    steps_first = [wide.index(c) for c in "lbdn"]
+    nodes = [
+        h.make_node("Softplus", ["dl"], ["delta"]),
+        h.make_node("Einsum", ["delta", "A"], ["dA"], equation=f"bld,dn->{wide}"), h.make_node("Exp", ["dA"], ["a_w"]),
+        h.make_node("Einsum", ["delta", "Bm", "x"], ["b_w"], equation=f"bld,bln,bld->{wide}"),
+        h.make_node("Transpose", ["a_w"], ["a_s"], perm=steps_first),
+        h.make_node("Transpose", ["b_w"], ["b_s"], perm=steps_first),
+        h.make_node("Transpose", ["Cm"], ["c_s"], perm=[1, 0, 2]),
+    ]
+    body = h.make_graph([h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bt"], ["h_new"]),
+                         h.make_node("Einsum", ["h_new", "ct"], ["y"], equation="bdn,bn->bd")], "body",
+                        [b.vi("h", [B, D, N]), b.vi("a", [B, D, N]), b.vi("bt", [B, D, N]), b.vi("ct", [B, N])],
+                        [b.vi("h_new", [B, D, N]), b.vi("y", [B, D])])
+    nodes.append(h.make_node("Scan", ["h0", "a_s", "b_s", "c_s"], ["hT", "Y"], body=body, num_scan_inputs=3))
+    outputs = [b.vi("hT", [B, D, N]), b.vi("Y", [T, B, D])]
+    if read_a:
+        outputs.append(b.vi("a_w", [{"b": B, "l": T, "d": D, "n": N}[c] for c in wide]))
+    graph = h.make_graph(nodes, "g", [b.vi("h0", [B, D, N]), b.vi("dl", [B, T, D]), b.vi("x", [B, T, D]),
+                                      b.vi("Bm", [B, T, N]), b.vi("Cm", [B, T, N])], outputs,
+                         initializer=[b.init("A", a_neg)])
+    return b.model(graph, opset=opset)
+
+
+def mamba_hf(T=12, B=1, D=4, N=3, opset=17):
+    """Hugging Face's ``MambaMixer.slow_forward`` layout: Δ = Softplus(Δ raw), x [B, D, T]; deltaA = Exp(A[None, :, None, :]
+    * Δ[..., None]) and deltaB_u = Δ[..., None] * B_t[:, None] * x[..., None], [B, D, T, N], built
+    with Unsqueeze and broadcast Muls before a Scan that reads them on axis 2 (and C [B, T, N] on
+    axis 1); y_t = (h' @ C_t[..., None]) squeezed, stacked on axis 2 ([B, D, T])."""
+    a_neg = -np.exp(np.log(np.arange(1, N + 1, dtype=np.float32)))[None, :].repeat(D, 0)
+    nodes = [
+        h.make_node("Softplus", ["dl"], ["dt"]),
+        h.make_node("Unsqueeze", ["A", "ax02"], ["A4"]), h.make_node("Unsqueeze", ["dt", "ax3"], ["dt4"]),
+        h.make_node("Mul", ["A4", "dt4"], ["dA"]), h.make_node("Exp", ["dA"], ["a_w"]),
+        h.make_node("Unsqueeze", ["Bm", "ax1"], ["B4"]), h.make_node("Unsqueeze", ["x", "ax3"], ["x4"]),
+        h.make_node("Mul", ["dt4", "B4"], ["dtB"]), h.make_node("Mul", ["dtB", "x4"], ["b_w"]),
+    ]
+    body = h.make_graph([h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bt"], ["h_new"]),
+                         h.make_node("Unsqueeze", ["ct", "ax_last"], ["c_col"]),
+                         h.make_node("MatMul", ["h_new", "c_col"], ["hc"]),
+                         h.make_node("Squeeze", ["hc", "ax_last"], ["y"])], "body",
+                        [b.vi("h", [B, D, N]), b.vi("a", [B, D, N]), b.vi("bt", [B, D, N]), b.vi("ct", [B, N])],
+                        [b.vi("h_new", [B, D, N]), b.vi("y", [B, D])])
+    nodes.append(h.make_node("Scan", ["h0", "a_w", "b_w", "Cm"], ["hT", "Y"], body=body, num_scan_inputs=3,
+                             scan_input_axes=[2, 2, 1], scan_output_axes=[2]))
+    graph = h.make_graph(nodes, "g", [b.vi("h0", [B, D, N]), b.vi("dl", [B, D, T]), b.vi("x", [B, D, T]),
+                                      b.vi("Bm", [B, T, N]), b.vi("Cm", [B, T, N])],
+                         [b.vi("hT", [B, D, N]), b.vi("Y", [B, D, T])],
+                         initializer=[b.init("A", a_neg), b.init("ax02", np.array([0, 2], np.int64)),
+                                      b.init("ax3", np.array([3], np.int64)), b.init("ax1", np.array([1], np.int64)),
+                                      b.init("ax_last", np.array([-1], np.int64))])
+    return b.model(graph, opset=opset)

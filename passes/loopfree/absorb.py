@@ -18,7 +18,6 @@ vary with the step. Nothing here touches the graph until :func:`install`.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,34 +72,37 @@ def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: 
         axis_of[id(t)], slots[id(t)] = axis, j
     if not axis_of:
         return None
-    position = {id(nd): i for i, nd in enumerate(graph.nodes)}
-    scan_position = position.get(id(node))
+    present = {id(nd) for nd in graph.nodes}
     moved: dict[int, Moved] = {}
-    tensors = {id(node.inputs[n + j]): node.inputs[n + j] for j in slots.values()}
-    heap = [(-position.get(id(t.inputs[0]), -1) if t.inputs else 1, key) for key, t in tensors.items()]
-    heapq.heapify(heap)
-    while heap:
-        _, key = heapq.heappop(heap)
-        t = tensors[key]
-        producer = t.inputs[0] if len(t.inputs) == 1 else None
-        if producer is None or id(producer) not in position or position[id(producer)] > (scan_position or 0):
-            continue
-        if is_graph_output(t, graph) or any(c is not node and id(c) not in moved for c in t.outputs):
-            continue  # read elsewhere: it stays and is scanned as it is
-        rule = _step_rule(producer, axis_of[key], shapes, opset)
-        if rule is None:
-            continue
-        rule.out_axis = axis_of[key]
-        moved[id(producer)] = rule
-        for x, axis in zip(producer.inputs, rule.axes):
-            if axis is None:
+    pending = [node.inputs[n + j] for j in slots.values()]
+    decided: set[int] = set()
+    changed = True
+    while changed:  # a value moves once every reader of it has (the graph's order is not relied on)
+        changed = False
+        for t in list(pending):
+            if id(t) in decided:
                 continue
-            if axis_of.setdefault(id(x), axis) != axis:
-                return None  # one value on two step axes
-            if id(x) not in tensors:
-                tensors[id(x)] = x
-                heapq.heappush(heap, (-position.get(id(x.inputs[0]), -1) if x.inputs else 1, id(x)))
-    order = sorted(moved.values(), key=lambda m: position[id(m.node)])
+            producer = t.inputs[0] if len(t.inputs) == 1 else None
+            rule = None
+            if producer is not None and id(producer) in present and not is_graph_output(t, graph):
+                rule = _step_rule(producer, axis_of[id(t)], shapes, opset)
+            if rule is None:
+                decided.add(id(t))  # scanned as it is
+                continue
+            if any(c is not node and id(c) not in moved for c in t.outputs):
+                continue  # read elsewhere (for now: a reader may still move)
+            decided.add(id(t))
+            changed = True
+            rule.out_axis = axis_of[id(t)]
+            moved[id(producer)] = rule
+            for x, axis in zip(producer.inputs, rule.axes):
+                if axis is None:
+                    continue
+                if axis_of.setdefault(id(x), axis) != axis:
+                    return None  # one value on two step axes
+                if all(x is not y for y in pending):
+                    pending.append(x)
+    order = _producers_first(moved)
     kept = _widening_paths(order, shapes)
     if not kept:
         return None
@@ -109,13 +111,32 @@ def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: 
         for x, axis in zip(m.node.inputs, m.axes):
             if x.inputs and id(x.inputs[0]) in kept_ids and axis is None:
                 return None
-    replaced = [j for key, j in slots.items() if tensors[key].inputs and id(tensors[key].inputs[0]) in kept_ids]
+    replaced = [j for j in slots.values() if node.inputs[n + j].inputs and id(node.inputs[n + j].inputs[0]) in kept_ids]
     leaves: dict[tuple[int, int], tuple[gs.Tensor, int]] = {}
     for m in kept:
         for x, axis in zip(m.node.inputs, m.axes):
             if axis is not None and not (x.inputs and id(x.inputs[0]) in kept_ids):
                 leaves.setdefault((id(x), axis), (x, axis))
     return Absorption(kept, sorted(replaced), list(leaves.values()))
+
+
+def _producers_first(moved: dict[int, Moved]) -> list[Moved]:
+    """The moved ops in an order where each comes after the moved ops it reads."""
+    order: list[Moved] = []
+    placed: set[int] = set()
+
+    def place(m: Moved) -> None:
+        if id(m.node) in placed:
+            return
+        placed.add(id(m.node))
+        for x in m.node.inputs:
+            if x.inputs and id(x.inputs[0]) in moved:
+                place(moved[id(x.inputs[0])])
+        order.append(m)
+
+    for m in moved.values():
+        place(m)
+    return order
 
 
 def _widening_paths(order: list[Moved], shapes) -> list[Moved]:
@@ -264,10 +285,13 @@ def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset
         for k, (x, axis) in enumerate(zip(m.node.inputs, m.axes)):
             if axis is None:
                 value = x
-                if k in m.squeeze and opset >= 13:
-                    value = _node(nodes, names, "Squeeze", [value, _ints(names, [m.squeeze[k]])], shapes.dtype(x))
-                elif k in m.squeeze:
-                    value = _node(nodes, names, "Squeeze", [value], shapes.dtype(x), {"axes": [m.squeeze[k]]})
+                if k in m.squeeze:
+                    shape = _without(shapes.shape(x), m.squeeze[k])
+                    if opset >= 13:
+                        value = _node(nodes, names, "Squeeze", [value, _ints(names, [m.squeeze[k]])], shapes.dtype(x),
+                                      shape=shape)
+                    else:
+                        value = _node(nodes, names, "Squeeze", [value], shapes.dtype(x), {"axes": [m.squeeze[k]]}, shape)
                 inputs.append(value)
             elif x.inputs and id(x.inputs[0]) in moved_ids:
                 inputs.append(made[id(x)])
@@ -282,7 +306,9 @@ def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset
         if m.node.op == "Transpose" and m.attrs["perm"] == sorted(m.attrs["perm"]):
             made[id(out)] = inputs[0]  # the step axis was the one moved (exporters' permute to the front)
         elif groups is not None:
-            made[id(out)] = _products(nodes, names, groups, inputs, shapes.dtype(out), shape, opset)
+            operand_shapes = [x.shape if x.shape is not None else shapes.shape(x) for x in inputs]
+            made[id(out)] = _products(nodes, names, groups, inputs, operand_shapes, m.attrs["equation"],
+                                      shapes.dtype(out), opset)
         else:
             made[id(out)] = _node(nodes, names, m.node.op, inputs, shapes.dtype(out), m.attrs, shape)
     body.nodes[:0] = nodes
@@ -302,28 +328,38 @@ def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset
                    outputs=outputs)
 
 
-def _products(nodes: list, names, groups, inputs, dtype, shape, opset: int) -> gs.Variable:
+def _products(nodes: list, names, groups, inputs, operand_shapes, equation: str, dtype, opset: int) -> gs.Variable:
     """An Einsum that sums nothing as broadcasting Muls (einsum_products.product_terms): the
     forms linrec's two-pass steps emit as MatMuls, where onnxruntime's Einsum runs a general
-    contraction per call (mamba-minimal's 'bd,bn,bd->bdn' in the chunk Loops: ~340 µs a call)."""
+    contraction per call (mamba-minimal's 'bd,bn,bd->bdn' in the chunk Loops: ~340 µs a call).
+    Every value made is declared with the dims the operands give (linrec plans by rank)."""
+    terms, result = equation.replace(" ", "").split("->")
+    dims: dict[str, object] = {}
+    for term, shape in zip(terms.split(","), operand_shapes):
+        for c, d in zip(term, shape or [None] * len(term)):
+            if isinstance(d, (int, np.integer)) and d != 1 or dims.get(c) is None:
+                dims[c] = d
     factors = []
     for group in groups:
         value = None
+        letters = sorted(terms.split(",")[group[0][0]], key=result.index)
         for k, term in group:
             x = inputs[k] if term.perm is None else _node(nodes, names, "Transpose", [inputs[k]], dtype,
-                                                           {"perm": list(term.perm)})
-            value = x if value is None else _node(nodes, names, "Mul", [value, x], dtype)
-        axes = group[0][1].axes
+                                                           {"perm": list(term.perm)}, [dims[c] for c in letters])
+            value = x if value is None else _node(nodes, names, "Mul", [value, x], dtype,
+                                                  shape=[dims[c] for c in letters])
+        laid = [dims[c] if c in letters else 1 for c in result]
+        axes = list(group[0][1].axes)
         if axes and opset >= 13:
-            value = _node(nodes, names, "Unsqueeze", [value, _ints(names, list(axes))], dtype)
+            value = _node(nodes, names, "Unsqueeze", [value, _ints(names, axes)], dtype, shape=laid)
         elif axes:
-            value = _node(nodes, names, "Unsqueeze", [value], dtype, {"axes": list(axes)})
+            value = _node(nodes, names, "Unsqueeze", [value], dtype, {"axes": axes}, laid)
         factors.append(value)
     product = factors[0]
-    for k, factor in enumerate(factors[1:], 2):
-        product = _node(nodes, names, "Mul", [product, factor], dtype, shape=shape if k == len(factors) else None)
-    if len(factors) == 1:  # one group: an elementwise product or a view; keep the declared shape
-        product = _node(nodes, names, "Identity", [product], dtype, shape=shape)
+    for value in factors[1:]:
+        product = _node(nodes, names, "Mul", [product, value], dtype, shape=[dims[c] for c in result])
+    if len(factors) == 1:  # one group: an elementwise product or a view; declared as the result
+        product = _node(nodes, names, "Identity", [product], dtype, shape=[dims[c] for c in result])
     return product
 
 

@@ -130,10 +130,11 @@ def product_terms(equation: str) -> list[list[tuple[int, ProductTerm]]] | None:
     elementwise product, Mamba's ``bd,dn->bdn`` and ``bd,bn,bd->bdn``) as broadcasting Muls:
     groups of (operand index, its layout), the operands of one group sharing their letters
     (multiplied first, elementwise, on the smaller tensors), the groups then multiplied in
-    order. Each operand is unsqueezed at the result's letters it lacks after its first one (a
-    lacking leading letter broadcasts as it is), so a per-step ``bd`` against ``bn`` becomes
-    [b, d, 1]·[b, 1, n]: the outer product linrec's two-pass form emits as a K = 1 MatMul, and
-    ``bd`` against ``dn`` [b, d, 1]·[d, n]: a widening (module products). None when the
+    order. Each operand is unsqueezed at every result letter it lacks, so all have the result's
+    rank (a lifted per-step operand then broadcasts against the others with its step axis in
+    front): a per-step ``bd`` against ``bn`` becomes [b, d, 1]·[b, 1, n], the outer product
+    linrec's two-pass form emits as a K = 1 MatMul, and ``bd`` against ``dn`` [b, d, 1]·[1, d, n],
+    a widening (module products). None when the
     equation is implicit, has an ellipsis, repeats a letter in a term, sums one, or the result
     is not every operand letter once. The values are the Einsum's exactly: one product per
     element, no sum."""
@@ -150,7 +151,6 @@ def product_terms(equation: str) -> list[list[tuple[int, ProductTerm]]] | None:
     for k, term in enumerate(terms):
         ordered = sorted(term, key=result.index)
         perm = None if ordered == list(term) else tuple(term.index(c) for c in ordered)
-        first = result.index(ordered[0])
-        axes = tuple(a - first for a in range(first, len(result)) if result[a] not in term)
+        axes = tuple(a for a in range(len(result)) if result[a] not in term)
         groups.setdefault(frozenset(term), []).append((k, ProductTerm(perm, axes)))
     return list(groups.values())
