@@ -139,14 +139,23 @@ def _producers_first(moved: dict[int, Moved]) -> list[Moved]:
     return order
 
 
+VIEWS = frozenset(("Identity", "Squeeze", "Transpose", "Unsqueeze"))
+
+
 def _widening_paths(order: list[Moved], shapes) -> list[Moved]:
-    """The moved ops worth moving: those that widen per step and those reading what they make
-    (views and elementwise ops down to the Scan). An op that neither widens nor reads a widened
-    value stays outside, where it runs once over all steps."""
+    """The moved ops worth moving: those that widen per step, those reading what they make
+    (views and elementwise ops down to the Scan), and the views and unary ops feeding only those
+    (an operand unsqueezed outside is unsqueezed in the steps, where linrec reads the product it
+    forms; a Softplus of Δ is lifted over all steps by linrec, in its faster form). Any other op
+    stays outside."""
     useful: set[int] = set()
     for m in order:
         ins = [x for x, axis in zip(m.node.inputs, m.axes) if axis is not None]
         if any(x.inputs and id(x.inputs[0]) in useful for x in ins) or _widens(m, shapes):
+            useful.add(id(m.node))
+    for m in reversed(order):
+        readers = m.node.outputs[0].outputs
+        if (m.node.op in VIEWS or m.node.op in UNARY) and readers and all(id(r) in useful for r in readers):
             useful.add(id(m.node))
     return [m for m in order if id(m.node) in useful]
 
