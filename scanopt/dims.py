@@ -245,6 +245,15 @@ class DimClasses:
         elif op == "Gather" and len(ins) == 2:
             self._gather(ins[0], ins[1], out, attrs["axis"].i if "axis" in attrs else 0)
             self._shape_provenance(op, ins, out, attrs)
+        elif op == "Einsum" and "equation" in attrs:
+            self._einsum(ins, out, attrs["equation"].s.decode(errors="replace"))
+        elif op == "Split" and ins:
+            axis = attrs["axis"].i if "axis" in attrs else 0
+            for name in outs:
+                self._same_shape_but(ins[0], name, axis)
+        elif op in ("Unsqueeze", "Squeeze") and ins:
+            self._unsqueeze(op, ins, out, attrs)
+            self._shape_provenance(op, ins, out, attrs)
         elif op == "If":
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
@@ -265,6 +274,60 @@ class DimClasses:
         unify = self._equal if exact else self._maybe_equal
         for axis in range(rank):
             unify(("v", a, axis), ("v", b, axis))
+
+    def _same_shape_but(self, a: str, b: str, axis: int) -> None:
+        rank = self._rank.get(a)
+        if rank is None or self._rank.get(b, rank) != rank:
+            return
+        self._rank.setdefault(b, rank)
+        for other in range(rank):
+            if other != (axis + rank if axis < 0 else axis):
+                self._equal(("v", a, other), ("v", b, other))
+
+    def _einsum(self, ins: list[str], out: str, equation: str) -> None:
+        """One letter is one dim in every term (explicit form, no ellipsis). Likely only: a
+        letter's dim of 1 may broadcast in some implementations."""
+        equation = equation.replace(" ", "")
+        if equation.count("->") != 1 or "." in equation:
+            return
+        left, result = equation.split("->")
+        terms = left.split(",")
+        if len(terms) != len(ins):
+            return
+        seen: dict[str, Key] = {}
+        for name, term in list(zip(ins, terms)) + [(out, result)]:
+            if not name or self._rank.get(name, len(term)) != len(term):
+                continue
+            self._rank.setdefault(name, len(term))
+            for axis, letter in enumerate(term):
+                key = ("v", name, axis)
+                if letter in seen:
+                    self._maybe_equal(seen[letter], key)
+                else:
+                    seen[letter] = key
+
+    def _unsqueeze(self, op: str, ins: list[str], out: str, attrs: dict) -> None:
+        """The data axes an Unsqueeze or Squeeze keeps, by its constant axes."""
+        if "axes" in attrs:
+            axes = list(attrs["axes"].ints)
+        elif len(ins) > 1 and all(isinstance(e, int) for e in self._elements.get(ins[1], [None])):
+            axes = self._elements[ins[1]]
+        else:
+            return
+        rank = self._rank.get(ins[0])
+        if rank is None:
+            return
+        wide = rank + len(axes) if op == "Unsqueeze" else rank
+        marked = {a + wide if a < 0 else a for a in axes}
+        kept = [a for a in range(wide) if a not in marked]
+        if len(kept) != (rank if op == "Unsqueeze" else wide - len(marked)):
+            return
+        self._rank.setdefault(out, wide - len(marked) if op == "Squeeze" else wide)
+        for narrow, axis in enumerate(kept):
+            if op == "Unsqueeze":
+                self._equal(("v", ins[0], narrow), ("v", out, axis))
+            else:
+                self._equal(("v", ins[0], axis), ("v", out, narrow))
 
     def _concat(self, ins: list[str], out: str, axis: int) -> None:
         rank = self._rank.get(out) or next((self._rank[n] for n in ins if n in self._rank), None)

@@ -31,12 +31,15 @@ import onnx
 from scanopt import timing, tune_cache
 from scanopt.cost import NEUTRAL_PASSES, form_name
 from scanopt.protos import attribute_graphs, outer_names, proto_node_label
-from scanopt.shapes import ShapeTable
+from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, ShapeTable
 from scanopt.validate import default_opset
 
 MODEL_SECONDS = 30.0
 SCAN_SECONDS = 2.0
 NOT_CANDIDATES = NEUTRAL_PASSES + ("upgrade",)  # upgrade is what a migration needs, never a speed choice
+# What a Scan's measured subgraph takes along when only the Scan reads it (see producers)
+PRODUCER_OPS = SHAPE_PRESERVING | ELEMENTWISE | frozenset(("Einsum", "Transpose", "Unsqueeze", "Squeeze"))
+MAX_PRODUCERS = 16
 
 # The measuring function (tests inject timings through it): (forms, feeds, threads, seconds) -> Timings | str
 measure = timing.measure
@@ -216,11 +219,14 @@ def _read_values(model: onnx.ModelProto) -> set[str]:
 
 
 def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto, read: set[str]):
-    """A model computing just ``node`` (its reads as inputs, weights or Constant nodes, its outputs the
-    model reads as outputs: a final value nobody reads stays dead, as it is in the model,
-    so canonicalize drops it here too), or why not."""
+    """A model computing just ``node`` and the per-step producers only it reads (:func:`producers`;
+    their reads and the Scan's as inputs, weights or Constant nodes, its outputs the model reads
+    as outputs: a final value nobody reads stays dead, as it is in the model, so canonicalize
+    drops it here too), or why not."""
     inputs, initializers, constants = [], [], []
-    for name in node_reads(node):
+    taken = producers(node, model)
+    made = {name for p in taken for name in p.output}
+    for name in dict.fromkeys(name for nd in taken + [node] for name in node_reads(nd) if name not in made):
         if name in inits:  # an initializer, or a Constant node (a Slice's axes, a shape) copied along
             (constants if isinstance(inits[name], onnx.NodeProto) else initializers).append(inits[name])
             continue
@@ -237,8 +243,40 @@ def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.
             outputs.append(value)
     if not outputs:
         return "no output of it is read"
-    graph = onnx.helper.make_graph([*constants, node], "tune", inputs, outputs, initializer=initializers)
+    graph = onnx.helper.make_graph([*constants, *taken, node], "tune", inputs, outputs, initializer=initializers)
     return onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+
+
+def producers(node: onnx.NodeProto, model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes computing ``node``'s scan inputs that nothing else reads (up to
+    :data:`MAX_PRODUCERS`, ops of :data:`PRODUCER_OPS`, in the model's order): a pass may take them
+    into the steps (linrec's module absorb: mamba-minimal's deltaA and deltaB_u), so every form
+    is measured with them and the choice is the model's, not the Scan's alone."""
+    graph = model.graph
+    written = {name: nd for nd in graph.node for name in nd.output}
+    readers: dict[str, list] = {}
+    for nd in graph.node:
+        for name in node_reads(nd):
+            readers.setdefault(name, []).append(nd)
+    outputs = {v.name for v in graph.output}
+    m = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+    pending = [name for name in node.input[len(node.input) - m:] if name]
+    taken: dict[int, onnx.NodeProto] = {}
+    changed = True
+    while changed and len(taken) < MAX_PRODUCERS:
+        changed = False
+        for name in list(pending):
+            nd = written.get(name)
+            if nd is None or id(nd) in taken or nd.op_type not in PRODUCER_OPS or nd.domain not in ("", "ai.onnx"):
+                continue
+            if any(o in outputs or any(r is not node and id(r) not in taken for r in readers.get(o, [])) for o in nd.output):
+                continue
+            taken[id(nd)] = nd
+            pending += [i for i in nd.input if i and i not in pending]
+            changed = True
+            if len(taken) == MAX_PRODUCERS:
+                break
+    return [nd for nd in graph.node if id(nd) in taken]
 
 
 def _typed(name: str, shapes: ShapeTable) -> onnx.ValueInfoProto | None:

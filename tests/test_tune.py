@@ -265,3 +265,28 @@ def test_the_report_reads_a_scan8s_length_from_axis_1_and_a_scan9s_from_its_scan
     node = scan9.graph.node[0]
     x = node.input[-1]
     assert _where(node, 11, {x: (1, (2, 7))}) == "T=7 B=1"
+
+
+def test_per_step_producers_only_the_scan_reads_are_measured_with_it(timer):
+    """mamba-minimal's export computes deltaA and deltaB_u for every step before its Scan (Einsums,
+    Exp, the exporter's Softplus threshold, the permutes): linrec takes them into its steps, so
+    each form is timed with them, fed from the projections they read, and the measured choice
+    rewrites the model with them taken in."""
+    timer.factors = {"linrec": 0.4}
+    model = onnx.load(os.path.join(MODELS, "linrec", "torch_mamba_minimal_wide.onnx"))
+    out, report = run(model, input_shapes={"x": [1, 40, 64]}, threads=1)
+    (forms, feeds, _), = timer.calls
+    assert "linrec" in forms and "x" in feeds and not {"permute", "permute_1", "exp_1"} & set(feeds), feeds
+    assert set(feeds) >= {"split_with_sizes_split_1", "split_with_sizes_split_2"}  # B's and C's projections
+    linrec = next(o for o in report.outcomes if o.pass_name == "linrec" and o.applied)
+    assert "taken into the steps" in linrec.detail and linrec.expected.startswith("linrec applied: 0.4 ms")
+    assert "Einsum" not in ops(out)
+
+
+def test_a_producer_read_elsewhere_is_not_taken_along():
+    import linrec_builders as lb
+
+    model = lb.mamba_precomputed(T=12, read_a=True)
+    scan = next(n for n in model.graph.node if n.op_type == "Scan")
+    taken = [n.op_type for n in scanopt.tune.producers(scan, model)]
+    assert taken == ["Einsum", "Transpose", "Transpose", "Transpose"], taken  # deltaB_u's Einsum, the permutes

@@ -28,13 +28,7 @@ from scanopt.passes.loopfree.einsum_products import product_terms
 from scanopt.graph import GraphLevel, constant_axes, node_position, remove_node, walk_graphs
 from scanopt.rewrite import is_graph_output, rebind_outputs, replace_all_uses
 from scanopt.scan_view import ScanView
-
-UNARY = frozenset(
-    "Abs Cast Ceil Cos Elu Erf Exp Floor HardSigmoid Identity LeakyRelu Log Neg Not Reciprocal Relu Round Selu "
-    "Sigmoid Sign Sin Softplus Softsign Sqrt Tanh".split())
-BROADCASTING = frozenset(
-    "Add And Div Equal Greater GreaterOrEqual Less LessOrEqual Max Mean Min Mul Or Pow Sub Sum Where Xor".split())
-
+from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING
 
 @dataclass
 class Moved:
@@ -155,7 +149,7 @@ def _widening_paths(order: list[Moved], shapes) -> list[Moved]:
             useful.add(id(m.node))
     for m in reversed(order):
         readers = m.node.outputs[0].outputs
-        if (m.node.op in VIEWS or m.node.op in UNARY) and readers and all(id(r) in useful for r in readers):
+        if (m.node.op in VIEWS or m.node.op in SHAPE_PRESERVING) and readers and all(id(r) in useful for r in readers):
             useful.add(id(m.node))
     return [m for m in order if id(m.node) in useful]
 
@@ -187,9 +181,9 @@ def _step_rule(p: gs.Node, axis: int, shapes, opset: int) -> Moved | None:
         return None
     rank = len(out_shape)
     attrs = dict(p.attrs)
-    if p.op in UNARY:
-        return Moved(p, [axis], attrs)
-    if p.op in BROADCASTING:
+    if p.op in SHAPE_PRESERVING:  # Clip's bounds, CastLike's target: read whole
+        return Moved(p, [axis] + [None] * (len(p.inputs) - 1), attrs)
+    if p.op in ELEMENTWISE:
         return _broadcasting(p, axis, out_shape, attrs, shapes)
     if p.op == "Transpose":
         perm = [int(a) for a in attrs.get("perm", range(rank - 1, -1, -1))]
