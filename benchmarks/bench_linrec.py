@@ -5,9 +5,12 @@
 Models are the hand-written forms of tests/linrec_builders.py at the issue's sizes (B=1):
 cumulative sum H=128; EMA with learned decay H=128; minGRU I=H=64; Mamba-style selective scan
 D=64, N=16, and ``mamba_torch``, PyTorch's dynamo export of a selective scan with its projections in
-the step (models/linrec/torch_mamba_wide.onnx, length re-declared), and ``mamba_minimal``, the Scan alone
-of mamba-minimal's selective_scan as PyTorch exports it (models/linrec/torch_mamba_minimal_wide.onnx: a, b
-and C computed before it, y read by an Einsum); decayed linear attention DK=DV=64
+the step (models/linrec/torch_mamba_wide.onnx, length re-declared); ``mamba_minimal``, mamba-minimal's
+selective_scan as PyTorch exports it, the whole model (models/linrec/torch_mamba_minimal_wide.onnx: its
+projections, deltaA and deltaB_u computed for all steps before the Scan by two Einsums, y read by an
+Einsum; linrec takes the Einsums into its steps), and ``mamba_minimal_scan``, its Scan alone (a, b and C
+as inputs); ``mamba_hf``, Hugging Face's slow-path layout (tests/linrec_builders.mamba_hf: deltaA and
+deltaB_u by broadcast Muls on [B, D, T, N] before a Scan on axis 2); decayed linear attention DK=DV=64
 (also with the state stored transposed); each also
 at T=16 and 64 (the "never slower at T <= 64" rows). Timing: scanopt.timing.measure, the
 one timer tune and every benchmark use (thread CPU time of ``session.run`` with one intra-op
@@ -47,7 +50,9 @@ CASES = {
     "mingru": (lambda T: lb.mingru(T=T, I=64, H=64, B=1), (16, 64, 1024), "3x at T=1024"),
     "mamba": (lambda T: lb.mamba(T=T, B=1, D=64, N=16), (16, 64, 1024), "3x at T=1024"),
     "mamba_torch": (lambda T: torch_export_at("torch_mamba_wide", T), (16, 64, 1024), "3x at T=1024"),
-    "mamba_minimal": (lambda T: scan_alone_at("torch_mamba_minimal_wide", T), (16, 64, 1024), "3x at T=1024"),
+    "mamba_minimal": (lambda T: model_at("torch_mamba_minimal_wide", 1, T), (16, 64, 1024), "3x at T=1024"),
+    "mamba_minimal_scan": (lambda T: scan_alone_at("torch_mamba_minimal_wide", T), (16, 64, 1024), "3x at T=1024"),
+    "mamba_hf": (lambda T: lb.mamba_hf(T=T, B=1, D=64, N=16), (16, 64, 1024), "3x at T=1024"),
     "linear_attention": (lambda T: lb.linear_attention(T=T, DK=64, DV=64), (16, 64, 1024), "2x at T=1024"),
     "linear_attention_transposed": (lambda T: lb.linear_attention_transposed(T=T, DK=64, DV=64), (16, 64, 1024),
                                     "2x at T=1024"),
@@ -60,6 +65,18 @@ def torch_export_at(name: str, steps: int):
     model = onnx.load(os.path.join(os.path.dirname(HERE), "models", "linrec", f"{name}.onnx"))
     for value in (model.graph.input[0], model.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_value = steps
+    return model
+
+
+def model_at(name: str, axis: int, steps: int):
+    """A committed PyTorch export (models/linrec), the whole model, with the length on ``axis`` of
+    its inputs and outputs re-declared (the graph does not depend on it; inferred shapes dropped)."""
+    model = onnx.load(os.path.join(os.path.dirname(HERE), "models", "linrec", f"{name}.onnx"))
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > axis:
+            dims[axis].dim_value = steps
+    del model.graph.value_info[:]
     return model
 
 
