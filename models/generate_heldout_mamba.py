@@ -299,9 +299,9 @@ def _feeds(name: str, b: int, l: int, d: int, n: int):
     g = torch.Generator().manual_seed(NAMES.index(name))
     randn = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     dt = lambda *shape: F.softplus(randn(*shape) - 3.0)  # Mamba's dt range: about 1e-3 .. 0.1 after softplus  # noqa: E731
-    # a symbolic batch fails these dynamo exports (SymInt has no unsqueeze); torch.export.Dim needs >= 2
-    static_batch = name in ("minimal_skip_b2_dyn", "hf_mixer_dyn", "mambapy_seq_dyn", "mamba2_heads_dyn") or \
-        (b < 2 and name.endswith("_dyn"))
+    # a symbolic batch fails these two dynamo exports ('SymInt' object has no attribute 'unsqueeze');
+    # torch.export.Dim needs a size >= 2, so a dynamo export at B=1 has a static batch
+    static_batch = name in ("minimal_skip_b2_dyn", "hf_mixer_dyn") or (b < 2 and name.endswith("_dyn"))
     batch = {} if static_batch else {0: "batch"}
     if name.startswith("hf_mixer"):  # [B, D, L] channels first, B and C [B, L, N]
         feeds = {"hidden_states": randn(b, d, l), "discrete_time_step": dt(b, d, l), "B": randn(b, l, n),
