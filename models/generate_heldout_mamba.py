@@ -37,6 +37,13 @@ TorchScript (``torch.jit.script``, ``dynamo=False``, opset 17; B and L symbolic 
 - mambapy_seq_ts:       mamba.py's selective_scan_seq as its Python loop (hs.append(h))
 - block_minimal_ts:     a whole mamba-minimal MambaBlock: in_proj, causal depthwise conv1d, SiLU,
                         x_proj, dt_proj + softplus, the selective scan, the SiLU(res) gate, out_proj
+mamba_ssm's own reference, ``selective_scan_ref`` (state-spaces/mamba, ops/selective_scan_interface.py),
+added to the blind set after the first run (no pass changed in between):
+- ssm_ref_ts:           u, delta, z [B, D, L], B and C variable [B, N, L]: delta + delta_bias, softplus,
+                        deltaA = exp(einsum('bdl,dn->bdln')), deltaB_u = einsum('bdl,bnl,bdl->bdln'); per
+                        step x = deltaA[:, :, i] * x + deltaB_u[:, :, i], y = einsum('bdn,bn->bd', x,
+                        C[:, :, i]); torch.stack(ys, dim=2) + u * D[:, None], times SiLU(z); the last state
+- ssm_ref_dyn:          the same as a scan combine fn over dim=2
 onnxscript (models/heldout_mamba_onnxscript.py):
 - einsum_outside_os:    a Scan over axis 1 whose inputs Exp(Einsum('bld,dn->bldn')) and the Mul
                         broadcasts of delta * u and B are computed outside it; per step ReduceSum of
@@ -54,8 +61,8 @@ import onnx
 from generate import HERE, IR_VERSION, export_torch_sample, run_generator, save_npz
 
 OUT = os.path.join(HERE, "heldout_mamba")
-DYNAMO = ["minimal_skip_b2_dyn", "hf_mixer_dyn", "mambapy_seq_dyn", "mamba2_heads_dyn", "s4d_zoh_dyn"]
-SCRIPTED = ["minimal_skip_b2_ts", "minimal_static_ts", "hf_mixer_ts", "mambapy_seq_ts", "block_minimal_ts"]
+DYNAMO = ["minimal_skip_b2_dyn", "hf_mixer_dyn", "mambapy_seq_dyn", "mamba2_heads_dyn", "s4d_zoh_dyn", "ssm_ref_dyn"]
+SCRIPTED = ["minimal_skip_b2_ts", "minimal_static_ts", "hf_mixer_ts", "mambapy_seq_ts", "block_minimal_ts", "ssm_ref_ts"]
 ONNXSCRIPT = ["einsum_outside_os"]
 NAMES = DYNAMO + SCRIPTED + ONNXSCRIPT
 # committed sizes: batch, length, channels (d_inner / ED / heads * P), state size; no two equal
@@ -71,6 +78,8 @@ SIZES = {
     "s4d_zoh_dyn": dict(b=2, l=40, d=24, n=8),
     "block_minimal_ts": dict(b=1, l=30, d=32, n=16),  # d = d_inner = 2 * d_model
     "einsum_outside_os": dict(b=2, l=28, d=20, n=10),
+    "ssm_ref_ts": dict(b=2, l=19, d=12, n=5),
+    "ssm_ref_dyn": dict(b=2, l=21, d=10, n=6),
 }
 ISSUE_SIZE = dict(b=1, l=1024, d=64, n=16)  # issue 21's row: T=1024, D=64, N=16
 STATIC = {"minimal_static_ts"}  # exported without dynamic axes (its sizes are baked in)
@@ -285,7 +294,45 @@ def _modules():
             y = torch.stack(ys, dim=1)
             return y + x * self.D
 
-    return dict(minimal_skip_b2_dyn=MinimalSkipHop, minimal_skip_b2_ts=MinimalSkipLoop,
+    class SsmRef(nn.Module):
+        """mamba_ssm's selective_scan_ref with variable B and C, D, z, delta_bias, delta_softplus=True
+        and return_last_state=True."""
+
+        def __init__(self, d: int, n: int):
+            super().__init__()
+            self.A_log, self.D = nn.Parameter(_a_log(d, n)), nn.Parameter(torch.ones(d))
+            self.delta_bias = nn.Parameter(torch.linspace(-4.0, -2.0, d))
+
+        def forward(self, u, delta, B, C, z):
+            A = -torch.exp(self.A_log.float())
+            delta = F.softplus(delta.float() + self.delta_bias[..., None].float())
+            deltaA = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
+            deltaB_u = torch.einsum("bdl,bnl,bdl->bdln", delta, B, u)
+            x = A.new_zeros((u.size(0), A.size(0), A.size(1)))
+            y, last_state = self.scan(deltaA, deltaB_u, C, x)
+            out = y + u * self.D[:, None]
+            return out * F.silu(z), last_state
+
+    class SsmRefLoop(SsmRef):
+        def scan(self, deltaA, deltaB_u, C, x):
+            ys = []
+            for i in range(deltaA.size(2)):
+                x = deltaA[:, :, i] * x + deltaB_u[:, :, i]
+                ys.append(torch.einsum("bdn,bn->bd", x, C[:, :, i]))
+            return torch.stack(ys, dim=2), x
+
+    class SsmRefHop(SsmRef):
+        def scan(self, deltaA, deltaB_u, C, x):
+            from torch._higher_order_ops import scan
+
+            def step(x, xs):
+                dA, dBu, c = xs
+                x = dA * x + dBu
+                return x, torch.einsum("bdn,bn->bd", x, c)
+            last_state, y = scan(step, x, (deltaA, deltaB_u, C), dim=2)
+            return y, last_state
+
+    return dict(ssm_ref_ts=SsmRefLoop, ssm_ref_dyn=SsmRefHop, minimal_skip_b2_dyn=MinimalSkipHop, minimal_skip_b2_ts=MinimalSkipLoop,
                 minimal_static_ts=MinimalSkipLoop, hf_mixer_dyn=HFMixerHop, hf_mixer_ts=HFMixerLoop,
                 mambapy_seq_dyn=MambaPySeqHop, mambapy_seq_ts=MambaPySeqLoop, mamba2_heads_dyn=Mamba2Heads,
                 s4d_zoh_dyn=S4DZoh, block_minimal_ts=BlockMinimal)
@@ -299,9 +346,9 @@ def _feeds(name: str, b: int, l: int, d: int, n: int):
     g = torch.Generator().manual_seed(NAMES.index(name))
     randn = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     dt = lambda *shape: F.softplus(randn(*shape) - 3.0)  # Mamba's dt range: about 1e-3 .. 0.1 after softplus  # noqa: E731
-    # a symbolic batch fails these two dynamo exports ('SymInt' object has no attribute 'unsqueeze');
+    # a symbolic batch fails these three dynamo exports ('SymInt' object has no attribute 'unsqueeze');
     # torch.export.Dim needs a size >= 2, so a dynamo export at B=1 has a static batch
-    static_batch = name in ("minimal_skip_b2_dyn", "hf_mixer_dyn") or (b < 2 and name.endswith("_dyn"))
+    static_batch = name in ("minimal_skip_b2_dyn", "hf_mixer_dyn", "ssm_ref_dyn") or (b < 2 and name.endswith("_dyn"))
     batch = {} if static_batch else {0: "batch"}
     if name.startswith("hf_mixer"):  # [B, D, L] channels first, B and C [B, L, N]
         feeds = {"hidden_states": randn(b, d, l), "discrete_time_step": dt(b, d, l), "B": randn(b, l, n),
@@ -309,6 +356,10 @@ def _feeds(name: str, b: int, l: int, d: int, n: int):
         axes = {"hidden_states": {**batch, 2: "seq"}, "discrete_time_step": {**batch, 2: "seq"},
                 "B": {**batch, 1: "seq"}, "C": {**batch, 1: "seq"}}
         return feeds, axes, ["y"]
+    if name.startswith("ssm_ref"):  # channels first [B, D, L]; delta before its bias and softplus
+        feeds = {"u": randn(b, d, l), "delta": randn(b, d, l), "B": randn(b, n, l), "C": randn(b, n, l),
+                 "z": randn(b, d, l)}
+        return feeds, {k: {**batch, 2: "seq"} for k in feeds}, ["y", "last_state"]
     if name == "mamba2_heads_dyn":
         heads = d // HEADDIM
         feeds = {"x": randn(b, l, heads, HEADDIM), "dt": dt(b, l, heads) * 4, "B": randn(b, l, n), "C": randn(b, l, n)}
