@@ -44,6 +44,8 @@ added to the blind set after the first run (no pass changed in between):
                         step x = deltaA[:, :, i] * x + deltaB_u[:, :, i], y = einsum('bdn,bn->bd', x,
                         C[:, :, i]); torch.stack(ys, dim=2) + u * D[:, None], times SiLU(z); the last state
 - ssm_ref_dyn:          the same as a scan combine fn over dim=2
+- ssm_ref_fp16_ts:      the same loop on float16 inputs, as selective_scan_ref runs them: u.float(),
+                        delta.float(), the scan in float32, out.to(dtype=dtype_in) (added in a third run)
 onnxscript (models/heldout_mamba_onnxscript.py):
 - einsum_outside_os:    a Scan over axis 1 whose inputs Exp(Einsum('bld,dn->bldn')) and the Mul
                         broadcasts of delta * u and B are computed outside it; per step ReduceSum of
@@ -62,7 +64,8 @@ from generate import HERE, IR_VERSION, export_torch_sample, run_generator, save_
 
 OUT = os.path.join(HERE, "heldout_mamba")
 DYNAMO = ["minimal_skip_b2_dyn", "hf_mixer_dyn", "mambapy_seq_dyn", "mamba2_heads_dyn", "s4d_zoh_dyn", "ssm_ref_dyn"]
-SCRIPTED = ["minimal_skip_b2_ts", "minimal_static_ts", "hf_mixer_ts", "mambapy_seq_ts", "block_minimal_ts", "ssm_ref_ts"]
+SCRIPTED = ["minimal_skip_b2_ts", "minimal_static_ts", "hf_mixer_ts", "mambapy_seq_ts", "block_minimal_ts", "ssm_ref_ts",
+            "ssm_ref_fp16_ts"]
 ONNXSCRIPT = ["einsum_outside_os"]
 NAMES = DYNAMO + SCRIPTED + ONNXSCRIPT
 # committed sizes: batch, length, channels (d_inner / ED / heads * P), state size; no two equal
@@ -80,6 +83,7 @@ SIZES = {
     "einsum_outside_os": dict(b=2, l=28, d=20, n=10),
     "ssm_ref_ts": dict(b=2, l=19, d=12, n=5),
     "ssm_ref_dyn": dict(b=2, l=21, d=10, n=6),
+    "ssm_ref_fp16_ts": dict(b=1, l=17, d=14, n=4),
 }
 ISSUE_SIZE = dict(b=1, l=1024, d=64, n=16)  # issue 21's row: T=1024, D=64, N=16
 STATIC = {"minimal_static_ts"}  # exported without dynamic axes (its sizes are baked in)
@@ -332,7 +336,18 @@ def _modules():
             last_state, y = scan(step, x, (deltaA, deltaB_u, C), dim=2)
             return y, last_state
 
-    return dict(ssm_ref_ts=SsmRefLoop, ssm_ref_dyn=SsmRefHop, minimal_skip_b2_dyn=MinimalSkipHop, minimal_skip_b2_ts=MinimalSkipLoop,
+    class SsmRefHalf(nn.Module):
+        """selective_scan_ref's dtype handling: float16 in, the scan in float32, out.to(dtype_in)."""
+
+        def __init__(self, d: int, n: int):
+            super().__init__()
+            self.ssm = SsmRefLoop(d, n)
+
+        def forward(self, u, delta, B, C, z):
+            out, last_state = self.ssm(u.float(), delta.float(), B.float(), C.float(), z.float())
+            return out.to(dtype=u.dtype), last_state
+
+    return dict(ssm_ref_ts=SsmRefLoop, ssm_ref_fp16_ts=SsmRefHalf, ssm_ref_dyn=SsmRefHop, minimal_skip_b2_dyn=MinimalSkipHop, minimal_skip_b2_ts=MinimalSkipLoop,
                 minimal_static_ts=MinimalSkipLoop, hf_mixer_dyn=HFMixerHop, hf_mixer_ts=HFMixerLoop,
                 mambapy_seq_dyn=MambaPySeqHop, mambapy_seq_ts=MambaPySeqLoop, mamba2_heads_dyn=Mamba2Heads,
                 s4d_zoh_dyn=S4DZoh, block_minimal_ts=BlockMinimal)
@@ -359,6 +374,8 @@ def _feeds(name: str, b: int, l: int, d: int, n: int):
     if name.startswith("ssm_ref"):  # channels first [B, D, L]; delta before its bias and softplus
         feeds = {"u": randn(b, d, l), "delta": randn(b, d, l), "B": randn(b, n, l), "C": randn(b, n, l),
                  "z": randn(b, d, l)}
+        if "fp16" in name:
+            feeds = {k: v.half() for k, v in feeds.items()}
         return feeds, {k: {**batch, 2: "seq"} for k in feeds}, ["y", "last_state"]
     if name == "mamba2_heads_dyn":
         heads = d // HEADDIM
