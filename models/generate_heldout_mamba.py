@@ -45,7 +45,7 @@ added to the blind set after the first run (no pass changed in between):
                         C[:, :, i]); torch.stack(ys, dim=2) + u * D[:, None], times SiLU(z); the last state
 - ssm_ref_dyn:          the same as a scan combine fn over dim=2
 - ssm_ref_fp16_ts:      the same loop on float16 inputs, as selective_scan_ref runs them: u.float(),
-                        delta.float(), the scan in float32, out.to(dtype=dtype_in) (added in a third run)
+                        delta.float(), the scan in float32, out.to(dtype=dtype_in)
 onnxscript (models/heldout_mamba_onnxscript.py):
 - einsum_outside_os:    a Scan over axis 1 whose inputs Exp(Einsum('bld,dn->bldn')) and the Mul
                         broadcasts of delta * u and B are computed outside it; per step ReduceSum of
@@ -63,11 +63,13 @@ import onnx
 from generate import HERE, IR_VERSION, export_torch_sample, run_generator, save_npz
 
 OUT = os.path.join(HERE, "heldout_mamba")
-DYNAMO = ["minimal_skip_b2_dyn", "hf_mixer_dyn", "mambapy_seq_dyn", "mamba2_heads_dyn", "s4d_zoh_dyn", "ssm_ref_dyn"]
-SCRIPTED = ["minimal_skip_b2_ts", "minimal_static_ts", "hf_mixer_ts", "mambapy_seq_ts", "block_minimal_ts", "ssm_ref_ts",
-            "ssm_ref_fp16_ts"]
+# in the order they were written (the suffix names the source: _dyn dynamo, _ts TorchScript, _os
+# onnxscript); a sample's feeds are seeded by its place here, so adding one changes no other's
+NAMES = ["minimal_skip_b2_dyn", "hf_mixer_dyn", "mambapy_seq_dyn", "mamba2_heads_dyn", "s4d_zoh_dyn",
+         "minimal_skip_b2_ts", "minimal_static_ts", "hf_mixer_ts", "mambapy_seq_ts", "block_minimal_ts",
+         "einsum_outside_os",
+         "ssm_ref_dyn", "ssm_ref_ts", "ssm_ref_fp16_ts"]  # the second blind run
 ONNXSCRIPT = ["einsum_outside_os"]
-NAMES = DYNAMO + SCRIPTED + ONNXSCRIPT
 # committed sizes: batch, length, channels (d_inner / ED / heads * P), state size; no two equal
 SIZES = {
     "minimal_skip_b2_dyn": dict(b=2, l=24, d=16, n=8),
