@@ -33,6 +33,9 @@ from generate_heldout_mamba import NAMES, OUT  # noqa: E402
 POSITIONS = {"Scan": 2}  # linrec's positions form at a symbolic length: two chunk loops of T/C steps
 # name -> loop-like ops after ``--target portable``: every model's own loop is gone (blind run)
 LOOP_FREE = {name: POSITIONS for name in NAMES}
+# static since loop_to_scan writes a constant trip count as a constant Slice end (the blind run had
+# the cut inputs' length unknown: the symbolic-length form): doubling, no loop at all
+LOOP_FREE["minimal_static_ts"] = {}
 
 
 def load(name: str):
@@ -61,7 +64,10 @@ def test_default_result_reproduces_pytorch(name):
     """No shapes given: whatever the cost policy keeps, PyTorch's outputs come out."""
     model, stored = load(name)
     out, report = scanopt.optimize(model, seeds=1)
-    assert report.verification is None or report.verification["passed"] is not False, report.verification
+    verified = report.verification
+    # a rewrite verification rolls back is reported and not written (minimal_static_ts: the raw
+    # Δ input drawn negative overflows the loop to inf, where the chunked form gives NaN)
+    assert verified is None or verified["passed"] is not False or verified["rolled_back"], verified
     assert_equal_to_source(model, out, stored)
 
 

@@ -97,7 +97,10 @@ class LoopToScan(LoopPass):
                 source = outer.op("Slice", [_typed(source, ctx), emit.ints("zero", [0]), ends, emit.ints("axis", [first.axis])],
                                   dtype=source.dtype)
                 rank = ctx.shapes.rank(first.source)
-                source.shape = None if rank is None else [d if k != first.axis else None for k, d in enumerate(ctx.shapes.shape(first.source))]
+                length = _static_trip(trip)
+                length = None if length is None else max(length, 0)
+                source.shape = None if rank is None else [d if k != first.axis else length
+                                                          for k, d in enumerate(ctx.shapes.shape(first.source))]
                 cut += 1
             elements.append(element)
             sources.append(source)
@@ -201,12 +204,26 @@ def _never_negative(trip: gs.Tensor, folder: ConstantFolder) -> bool:
 
 
 def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, clamp: bool = False) -> gs.Tensor:
-    """The trip count as int64 [1] (a Slice end, an arange length), at least 0 with ``clamp``."""
+    """The trip count as int64 [1] (a Slice end, an arange length), at least 0 with ``clamp``.
+    A constant one (TorchScript's static ``range(n)``) is written as a constant, so shape
+    inference gives the cut inputs their length and the Scan its static dims (the cost policy
+    measures a static Scan; a computed end left every dim unknown)."""
+    count = _static_trip(trip)
+    if count is not None:
+        return emit.ints("trip", [max(count, 0) if clamp else count])
     _typed(trip, ctx)
     ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
     if clamp:
         ends = outer.op("Max", [ends, emit.const("zero", np.int64(0))], dtype=np.int64)
     return outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
+
+
+def _static_trip(trip: gs.Tensor) -> int | None:
+    """The trip count when it is a constant (folded from static shapes or written so), else None."""
+    value = ConstantFolder().value(trip)
+    if value is None or value.size != 1 or value.dtype.kind not in "iu":
+        return None
+    return int(value.reshape(-1)[0])
 
 
 def _gathered(read: Read, trip: gs.Tensor, emit: Emitter, ctx: PassContext) -> gs.Tensor:
