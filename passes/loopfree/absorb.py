@@ -83,7 +83,8 @@ def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: 
             if rule is None:
                 decided.add(id(t))  # scanned as it is
                 continue
-            if any(c is not node and id(c) not in moved for c in t.outputs):
+            scanned = id(t) in slots  # the Scan may read its own inputs (once each), nothing else moved
+            if any(id(c) not in moved and not (scanned and c is node) for c in t.outputs):
                 continue  # read elsewhere (for now: a reader may still move)
             decided.add(id(t))
             changed = True
