@@ -66,6 +66,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     inits.update((n.output[0], n) for n in model.graph.node  # a Constant node's value is copied, not fed at random
                  if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1)
     read = _read_values(model)
+    index = GraphIndex(model.graph)
     measured: dict[str, dict] = {}
     notes: list[str] = []
     by_key: dict[str, dict] = {}
@@ -75,7 +76,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or not names:
             continue
         label = proto_node_label(node)
-        sub = _extract(node, inits, original_shapes, model, read)
+        sub = _extract(node, inits, original_shapes, model, read, index)
         feeds_shapes = _deployment_inputs(sub, deployment)
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
             notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
@@ -218,13 +219,14 @@ def _read_values(model: onnx.ModelProto) -> set[str]:
     return read
 
 
-def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto, read: set[str]):
+def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.ModelProto, read: set[str],
+             index: GraphIndex):
     """A model computing just ``node`` and the per-step producers only it reads (:func:`producers`;
     their reads and the Scan's as inputs, weights or Constant nodes, its outputs the model reads
     as outputs: a final value nobody reads stays dead, as it is in the model, so canonicalize
     drops it here too), or why not."""
     inputs, initializers, constants = [], [], []
-    taken = producers(node, model)
+    taken = producers(node, model, index)
     made = {name for p in taken for name in p.output}
     for name in dict.fromkeys(name for nd in taken + [node] for name in node_reads(nd) if name not in made):
         if name in inits:  # an initializer, or a Constant node (a Slice's axes, a shape) copied along
@@ -247,18 +249,26 @@ def _extract(node: onnx.NodeProto, inits: dict, shapes: ShapeTable, model: onnx.
     return onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 
 
-def producers(node: onnx.NodeProto, model: onnx.ModelProto) -> list[onnx.NodeProto]:
+class GraphIndex:
+    """Who writes and who reads each value of a graph, built once per model (not per Scan)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.nodes = list(graph.node)
+        self.written = {name: nd for nd in graph.node for name in nd.output}
+        self.readers: dict[str, list] = {}
+        for nd in graph.node:
+            for name in node_reads(nd):
+                self.readers.setdefault(name, []).append(nd)
+        self.outputs = {v.name for v in graph.output}
+
+
+def producers(node: onnx.NodeProto, model: onnx.ModelProto, index: GraphIndex | None = None) -> list[onnx.NodeProto]:
     """The nodes computing ``node``'s scan inputs that nothing else reads (up to
     :data:`MAX_PRODUCERS`, ops of :data:`PRODUCER_OPS`, in the model's order): a pass may take them
     into the steps (linrec's module absorb: mamba-minimal's deltaA and deltaB_u), so every form
     is measured with them and the choice is the model's, not the Scan's alone."""
-    graph = model.graph
-    written = {name: nd for nd in graph.node for name in nd.output}
-    readers: dict[str, list] = {}
-    for nd in graph.node:
-        for name in node_reads(nd):
-            readers.setdefault(name, []).append(nd)
-    outputs = {v.name for v in graph.output}
+    index = index or GraphIndex(model.graph)
+    written, readers, outputs = index.written, index.readers, index.outputs
     m = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
     pending = [name for name in node.input[len(node.input) - m:] if name]
     taken: dict[int, onnx.NodeProto] = {}
@@ -276,7 +286,7 @@ def producers(node: onnx.NodeProto, model: onnx.ModelProto) -> list[onnx.NodePro
             changed = True
             if len(taken) == MAX_PRODUCERS:
                 break
-    return [nd for nd in graph.node if id(nd) in taken]
+    return [nd for nd in index.nodes if id(nd) in taken]
 
 
 def _typed(name: str, shapes: ShapeTable) -> onnx.ValueInfoProto | None:

@@ -30,6 +30,11 @@ from scanopt.rewrite import is_graph_output, rebind_outputs, replace_all_uses
 from scanopt.scan_view import ScanView
 from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING
 
+# The most producers one Scan takes in: the walk stops there, so a long exclusive chain above a
+# Scan costs a bounded search (the widening ops sit right above the Scan in every export seen).
+MAX_MOVED = 64
+
+
 @dataclass
 class Moved:
     """One producer taken into the body: the per-step axis of each input (None: read whole,
@@ -71,7 +76,7 @@ def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: 
     pending = [node.inputs[n + j] for j in slots.values()]
     decided: set[int] = set()
     changed = True
-    while changed:  # a value moves once every reader of it has (the graph's order is not relied on)
+    while changed and len(moved) < MAX_MOVED:  # a value moves once every reader of it has (the graph's order is not relied on)
         changed = False
         for t in list(pending):
             if id(t) in decided:
