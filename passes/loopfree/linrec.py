@@ -39,7 +39,7 @@ from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
     changing_states, to_processing_order,
 )
-from scanopt.passes.loopfree.absorb import Absorption, absorption, build, discard, install
+from scanopt.passes.loopfree import absorb
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import INT64_MAX, Emitter, supports
@@ -105,7 +105,7 @@ class LinrecMatch(Match):
     slower_below: int | None = None  # see Match; set for the chunked forms on a symbolic length
     # widening producers of the scan inputs to take into the body first (module absorb); the
     # match then describes the Scan they make, and ``plain`` is the Scan's own
-    absorb: Absorption | None = None
+    absorb: absorb.Absorption | None = None
     plain: "LinrecMatch | Skip | None" = None
 
 
@@ -131,7 +131,7 @@ class Linrec(ScanPass):
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
         plain = self._match(node, view, level, ctx)
-        found = absorption(node, view, level, ctx.shapes, ctx.opset)
+        found = absorb.absorption(node, view, level, ctx.shapes, ctx.opset)
         if found is None:
             return plain
         wider = self._with_absorbed(node, view, found, level, ctx)
@@ -140,17 +140,17 @@ class Linrec(ScanPass):
         wider.absorb, wider.plain = found, plain
         return wider
 
-    def _with_absorbed(self, node, view, found: Absorption, level, ctx, keep: bool = False):
+    def _with_absorbed(self, node, view, found: absorb.Absorption, level, ctx, keep: bool = False):
         """The match of the Scan ``found``'s producers make; the Scan is built apart from the
         graph and unhooked again unless ``keep`` (then it is returned with its match)."""
-        scan = build(node, view, found, ctx.shapes, ctx.names, ctx.opset)
+        scan = absorb.build(node, view, found, ctx.shapes, ctx.names, ctx.opset)
         try:
             wider = self._match(scan, ScanView.from_gs(scan, ctx.opset, ctx.shapes), level, ctx)
         except Exception:
-            discard(scan)
+            absorb.discard(scan)
             raise
         if not keep or not isinstance(wider, LinrecMatch):
-            discard(scan)
+            absorb.discard(scan)
             return wider
         return scan, wider
 
@@ -321,7 +321,7 @@ class Linrec(ScanPass):
                                         keep=True)
             if isinstance(built, tuple):
                 scan, wider = built
-                install(scan, node, match.absorb, level.graph)
+                absorb.install(scan, node, match.absorb, level.graph)
                 taken = len(match.absorb.moved)
                 return f"{self.rewrite(scan, wider, level, ctx)}; {taken} producer{'s' * (taken > 1)} of its inputs " \
                        "taken into the steps (module absorb)"
