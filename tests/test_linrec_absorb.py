@@ -167,3 +167,11 @@ def test_product_terms_declines(equation):
     """A sum (n), an implicit result, an ellipsis, a repeated letter, a result letter twice or
     one no operand has: left an Einsum."""
     assert product_terms(equation) is None
+
+
+def test_opset_12_writes_the_axes_as_attributes():
+    """Einsum exists from opset 12; Unsqueeze takes its axes as an attribute there (module emit)."""
+    m = lb.mamba_precomputed(T=13, B=2, opset=12)
+    out, detail = two_pass(m, linrec_chunk=4)
+    assert TAKEN in detail and ops(out)["Einsum"] == 0, detail
+    assert_equivalent(m, out)

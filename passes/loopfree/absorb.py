@@ -24,9 +24,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.clone import clone_graph
+from scanopt.emit import Emitter
 from scanopt.passes.loopfree.einsum_products import product_terms
 from scanopt.graph import GraphLevel, constant_axes, node_position, remove_node, walk_graphs
-from scanopt.rewrite import is_graph_output, rebind_outputs, replace_all_uses
+from scanopt.rewrite import Builder, is_graph_output, rebind_outputs, replace_all_uses
 from scanopt.scan_view import ScanView
 from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING
 
@@ -43,7 +44,7 @@ class Moved:
     axes: list  # per input: its step axis, or None
     attrs: dict
     squeeze: dict = field(default_factory=dict)  # input index -> axis to squeeze (broadcast along the steps)
-    axes_input: list | None = None  # Unsqueeze/Squeeze-13: the body's axes, as a new constant input
+    view_axes: list | None = None  # Unsqueeze/Squeeze: the axes in the body (the step axis taken out)
     out_axis: int = 0  # the output's step axis
 
 
@@ -56,7 +57,7 @@ class Absorption:
     leaves: list[tuple[gs.Tensor, int]]
 
 
-def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: int) -> Absorption | None:
+def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes) -> Absorption | None:
     """The widening producers of ``node``'s scan inputs that can move into its body, or None."""
     graph, n = level.graph, view.num_states
     if view.batched:
@@ -84,7 +85,7 @@ def absorption(node: gs.Node, view: ScanView, level: GraphLevel, shapes, opset: 
             producer = t.inputs[0] if len(t.inputs) == 1 else None
             rule = None
             if producer is not None and id(producer) in present and not is_graph_output(t, graph):
-                rule = _step_rule(producer, axis_of[id(t)], shapes, opset)
+                rule = _step_rule(producer, axis_of[id(t)], shapes)
             if rule is None:
                 decided.add(id(t))  # scanned as it is
                 continue
@@ -178,7 +179,7 @@ def _per_step_elements(shape, axis) -> int | None:
                         for k, d in enumerate(shape) if k != axis], dtype=np.int64))
 
 
-def _step_rule(p: gs.Node, axis: int, shapes, opset: int) -> Moved | None:
+def _step_rule(p: gs.Node, axis: int, shapes) -> Moved | None:
     """How ``p`` runs on one step when its output's step axis is ``axis``, or None."""
     if p.domain not in ("", "ai.onnx", None) or len(p.outputs) != 1:
         return None
@@ -199,7 +200,7 @@ def _step_rule(p: gs.Node, axis: int, shapes, opset: int) -> Moved | None:
     if p.op == "Einsum":
         return _einsum(p, axis, attrs)
     if p.op in ("Unsqueeze", "Squeeze"):
-        return _unsqueeze_squeeze(p, axis, rank, attrs, shapes, opset)
+        return _unsqueeze_squeeze(p, axis, rank, shapes)
     return None
 
 
@@ -252,7 +253,7 @@ def _einsum(p: gs.Node, axis: int, attrs) -> Moved | None:
     return Moved(p, axes, attrs)
 
 
-def _unsqueeze_squeeze(p: gs.Node, axis: int, rank: int, attrs, shapes, opset: int) -> Moved | None:
+def _unsqueeze_squeeze(p: gs.Node, axis: int, rank: int, shapes) -> Moved | None:
     given = constant_axes(p)
     if given is None:
         return None
@@ -269,11 +270,7 @@ def _unsqueeze_squeeze(p: gs.Node, axis: int, rank: int, attrs, shapes, opset: i
         removed = sorted(a + in_rank if a < 0 else a for a in given)
         source = [a for a in range(in_rank) if a not in removed][axis]
         body_axes = [a - (a > source) for a in removed]
-    axes = [source] + [None] * (len(p.inputs) - 1)
-    if "axes" in attrs:
-        attrs["axes"] = body_axes
-        return Moved(p, axes, attrs)
-    return Moved(p, axes[:1], attrs, axes_input=body_axes)
+    return Moved(p, [source] + [None] * (len(p.inputs) - 1), {}, view_axes=body_axes)
 
 
 def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset: int) -> gs.Node:
@@ -288,39 +285,34 @@ def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset
         step_inputs[(id(x), axis)] = gs.Variable(names.fresh(f"{x.name}_step"), dtype=shapes.dtype(x),
                                                  shape=None if shape is None else _without(shape, axis))
     made: dict[int, gs.Tensor] = {}
-    nodes = []
+    before = len(body.nodes)
+    e = Emitter(Builder(body, names, prefix="step_"), opset)
     for m in found.moved:
         inputs = []
         for k, (x, axis) in enumerate(zip(m.node.inputs, m.axes)):
             if axis is None:
-                value = x
-                if k in m.squeeze:
-                    shape = _without(shapes.shape(x), m.squeeze[k])
-                    if opset >= 13:
-                        value = _node(nodes, names, "Squeeze", [value, _ints(names, [m.squeeze[k]])], shapes.dtype(x),
-                                      shape=shape)
-                    else:
-                        value = _node(nodes, names, "Squeeze", [value], shapes.dtype(x), {"axes": [m.squeeze[k]]}, shape)
-                inputs.append(value)
+                squeezed = k in m.squeeze
+                inputs.append(e.squeeze(x, [m.squeeze[k]], dtype=shapes.dtype(x),
+                                        shape=_without(shapes.shape(x), m.squeeze[k])) if squeezed else x)
             elif x.inputs and id(x.inputs[0]) in moved_ids:
                 inputs.append(made[id(x)])
             else:
                 inputs.append(step_inputs[(id(x), axis)])
-        if m.axes_input is not None:
-            inputs = inputs[:1] + [_ints(names, m.axes_input)]
         out = m.node.outputs[0]
         shape = shapes.shape(out)
         shape = None if shape is None else _without(shape, m.out_axis)
         groups = product_terms(m.attrs["equation"]) if m.node.op == "Einsum" else None
-        if m.node.op == "Transpose" and m.attrs["perm"] == sorted(m.attrs["perm"]):
+        if m.view_axes is not None:  # Emitter writes the axes as an attribute or an input, by opset
+            emit_view = e.unsqueeze if m.node.op == "Unsqueeze" else e.squeeze
+            made[id(out)] = emit_view(inputs[0], m.view_axes, dtype=shapes.dtype(out), shape=shape)
+        elif m.node.op == "Transpose" and m.attrs["perm"] == sorted(m.attrs["perm"]):
             made[id(out)] = inputs[0]  # the step axis was the one moved (exporters' permute to the front)
         elif groups is not None:
             operand_shapes = [x.shape if x.shape is not None else shapes.shape(x) for x in inputs]
-            made[id(out)] = _products(nodes, names, groups, inputs, operand_shapes, m.attrs["equation"],
-                                      shapes.dtype(out), opset)
+            made[id(out)] = _products(e, groups, inputs, operand_shapes, m.attrs["equation"], shapes.dtype(out))
         else:
-            made[id(out)] = _node(nodes, names, m.node.op, inputs, shapes.dtype(out), m.attrs, shape)
-    body.nodes[:0] = nodes
+            made[id(out)] = e.op(m.node.op, inputs, dtype=shapes.dtype(out), shape=shape, **m.attrs)
+    body.nodes[:] = body.nodes[before:] + body.nodes[:before]  # what the body's nodes read comes first
     kept = [j for j in range(view.num_scan_inputs) if j not in found.slots]
     for j in found.slots:
         replace_all_uses(body.inputs[n + j], made[id(node.inputs[n + j])], body)
@@ -337,11 +329,12 @@ def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset
                    outputs=outputs)
 
 
-def _products(nodes: list, names, groups, inputs, operand_shapes, equation: str, dtype, opset: int) -> gs.Variable:
+def _products(e: Emitter, groups, inputs, operand_shapes, equation: str, dtype) -> gs.Variable:
     """An Einsum that sums nothing as broadcasting Muls (einsum_products.product_terms): the
     forms linrec's two-pass steps emit as MatMuls, where onnxruntime's Einsum runs a general
-    contraction per call (mamba-minimal's 'bd,bn,bd->bdn' in the chunk Loops: ~340 µs a call).
-    Every value made is declared with the dims the operands give (linrec plans by rank)."""
+    contraction per call (README, module absorb: mamba-minimal's whole export 2.4x slower with
+    the Einsums kept in its Loops). Every value made is declared with the dims the operands give
+    (linrec plans by rank)."""
     terms, result = equation.replace(" ", "").split("->")
     dims: dict[str, object] = {}
     for term, shape in zip(terms.split(","), operand_shapes):
@@ -353,37 +346,25 @@ def _products(nodes: list, names, groups, inputs, operand_shapes, equation: str,
         value = None
         letters = sorted(terms.split(",")[group[0][0]], key=result.index)
         for k, term in group:
-            x = inputs[k] if term.perm is None else _node(nodes, names, "Transpose", [inputs[k]], dtype,
-                                                           {"perm": list(term.perm)}, [dims[c] for c in letters])
-            value = x if value is None else _node(nodes, names, "Mul", [value, x], dtype,
-                                                  shape=[dims[c] for c in letters])
-        laid = [dims[c] if c in letters else 1 for c in result]
+            laid_out = [dims[c] for c in letters]
+            x = inputs[k] if term.perm is None else e.op("Transpose", [inputs[k]], perm=list(term.perm), dtype=dtype,
+                                                         shape=laid_out)
+            value = x if value is None else e.op("Mul", [value, x], dtype=dtype, shape=laid_out)
         axes = list(group[0][1].axes)
-        if axes and opset >= 13:
-            value = _node(nodes, names, "Unsqueeze", [value, _ints(names, axes)], dtype, shape=laid)
-        elif axes:
-            value = _node(nodes, names, "Unsqueeze", [value], dtype, {"axes": axes}, laid)
+        if axes:
+            value = e.unsqueeze(value, axes, dtype=dtype, shape=[dims[c] if c in letters else 1 for c in result])
         factors.append(value)
+    full = [dims[c] for c in result]
     product = factors[0]
     for value in factors[1:]:
-        product = _node(nodes, names, "Mul", [product, value], dtype, shape=[dims[c] for c in result])
+        product = e.op("Mul", [product, value], dtype=dtype, shape=full)
     if len(factors) == 1:  # one group: an elementwise product or a view; declared as the result
-        product = _node(nodes, names, "Identity", [product], dtype, shape=[dims[c] for c in result])
+        product = e.op("Identity", [product], dtype=dtype, shape=full)
     return product
 
 
 def _without(shape, axis: int) -> list:
     return [d for k, d in enumerate(shape) if k != axis]
-
-
-def _ints(names, values) -> gs.Constant:
-    return gs.Constant(names.fresh("axes"), np.asarray(values, dtype=np.int64))
-
-
-def _node(nodes: list, names, op: str, inputs, dtype, attrs=None, shape=None) -> gs.Variable:
-    out = gs.Variable(names.fresh(f"{op.lower()}_step"), dtype=dtype, shape=shape)
-    nodes.append(gs.Node(op, name=names.fresh(op.lower()), attrs=dict(attrs or {}), inputs=list(inputs), outputs=[out]))
-    return out
 
 
 def discard(scan: gs.Node) -> None:

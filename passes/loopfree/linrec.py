@@ -131,7 +131,7 @@ class Linrec(ScanPass):
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
         plain = self._match(node, view, level, ctx)
-        found = absorb.absorption(node, view, level, ctx.shapes, ctx.opset)
+        found = absorb.absorption(node, view, level, ctx.shapes)
         if found is None:
             return plain
         wider = self._with_absorbed(node, view, found, level, ctx)
