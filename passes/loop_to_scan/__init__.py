@@ -90,14 +90,14 @@ class LoopToScan(LoopPass):
                     replace_all_uses(out, element, body)
             source = _unsliced(first.source, folder)
             if first.index is not None:
-                source = _gathered(first, _trip_1d(trip, outer, emit, ctx, clamp), emit, ctx)
+                source = _gathered(first, _trip_1d(trip, outer, emit, ctx, folder, clamp), emit, ctx)
                 gathered += 1
             elif not _proven_length(trip, first, ctx, folder):
-                ends = _trip_1d(trip, outer, emit, ctx, clamp)
+                ends = _trip_1d(trip, outer, emit, ctx, folder, clamp)
                 source = outer.op("Slice", [_typed(source, ctx), emit.ints("zero", [0]), ends, emit.ints("axis", [first.axis])],
                                   dtype=source.dtype)
                 rank = ctx.shapes.rank(first.source)
-                length = _static_trip(trip)
+                length = _static_trip(trip, folder)
                 length = None if length is None else max(length, 0)
                 source.shape = None if rank is None else [d if k != first.axis else length
                                                           for k, d in enumerate(ctx.shapes.shape(first.source))]
@@ -203,12 +203,13 @@ def _never_negative(trip: gs.Tensor, folder: ConstantFolder) -> bool:
     return shape_dim(trip, folder) is not None or (value is not None and value >= 0)
 
 
-def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, clamp: bool = False) -> gs.Tensor:
+def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, folder: ConstantFolder,
+             clamp: bool = False) -> gs.Tensor:
     """The trip count as int64 [1] (a Slice end, an arange length), at least 0 with ``clamp``.
     A constant one (TorchScript's static ``range(n)``) is written as a constant, so shape
     inference gives the cut inputs their length and the Scan its static dims (the cost policy
     measures a static Scan; a computed end left every dim unknown)."""
-    count = _static_trip(trip)
+    count = _static_trip(trip, folder)
     if count is not None:
         return emit.ints("trip", [max(count, 0) if clamp else count])
     _typed(trip, ctx)
@@ -218,12 +219,10 @@ def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, c
     return outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
 
 
-def _static_trip(trip: gs.Tensor) -> int | None:
+def _static_trip(trip: gs.Tensor, folder: ConstantFolder) -> int | None:
     """The trip count when it is a constant (folded from static shapes or written so), else None."""
-    value = ConstantFolder().value(trip)
-    if value is None or value.size != 1 or value.dtype.kind not in "iu":
-        return None
-    return int(value.reshape(-1)[0])
+    value = folder.scalar(trip)
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
 
 
 def _gathered(read: Read, trip: gs.Tensor, emit: Emitter, ctx: PassContext) -> gs.Tensor:
