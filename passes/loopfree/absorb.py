@@ -332,8 +332,8 @@ def build(node: gs.Node, view: ScanView, found: Absorption, shapes, names, opset
 def _products(e: Emitter, groups, inputs, operand_shapes, equation: str, dtype) -> gs.Variable:
     """An Einsum that sums nothing as broadcasting Muls (einsum_products.product_terms): the
     forms linrec's two-pass steps emit as MatMuls, where onnxruntime's Einsum runs a general
-    contraction per call (README, module absorb: mamba-minimal's whole export 2.4x slower with
-    the Einsums kept in its Loops). Every value made is declared with the dims the operands give
+    contraction per call (mamba-minimal's whole export at T = 1024: 13.96 ms with the Einsums kept
+    in its Loops, 3.72 ms as products; README, module absorb). Every value made is declared with the dims the operands give
     (linrec plans by rank)."""
     terms, result = equation.replace(" ", "").split("->")
     dims: dict[str, object] = {}
