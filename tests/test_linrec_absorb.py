@@ -9,6 +9,7 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto as TP
 from onnx import helper as h
 
 import builders as b
@@ -172,6 +173,55 @@ def test_product_terms_declines(equation):
 def test_opset_12_writes_the_axes_as_attributes():
     """Einsum exists from opset 12; Unsqueeze takes its axes as an attribute there (module emit)."""
     m = lb.mamba_precomputed(T=13, B=2, opset=12)
+    out, detail = two_pass(m, linrec_chunk=4)
+    assert TAKEN in detail and ops(out)["Einsum"] == 0, detail
+    assert_equivalent(m, out)
+
+
+# -- as other authors and exporters write the producers (tried after the forms above were built) --
+_T, _B, _D, _N = 13, 2, 4, 3
+_A = -np.arange(1, _N + 1, dtype=np.float32)[None, :].repeat(_D, 0)
+
+
+def _precomputed(producers, slots, axes):
+    """A selective scan whose a and b scan inputs (``slots``, read on ``axes``) the ``producers``
+    compute from Δ = Softplus(dl), x, B_t and the decay A before the Scan; y read by an Einsum."""
+    body = h.make_graph([h.make_node("Mul", ["a", "h"], ["ah"]), h.make_node("Add", ["ah", "bt"], ["h_new"]),
+                         h.make_node("Einsum", ["h_new", "ct"], ["y"], equation="bdn,bn->bd")], "body",
+                        [b.vi("h", [_B, _D, _N]), b.vi("a", [_B, _D, _N]), b.vi("bt", [_B, _D, _N]), b.vi("ct", [_B, _N])],
+                        [b.vi("h_new", [_B, _D, _N]), b.vi("y", [_B, _D])])
+    nodes = [h.make_node("Softplus", ["dl"], ["delta"])] + producers
+    nodes.append(h.make_node("Scan", ["h0"] + slots, ["hT", "Y"], body=body, num_scan_inputs=3, scan_input_axes=axes))
+    g = h.make_graph(nodes, "g", [b.vi("h0", [_B, _D, _N]), b.vi("dl", [_B, _T, _D]), b.vi("x", [_B, _T, _D]), b.vi("Bm", [_B, _T, _N]),
+                                  b.vi("Cm", [_B, _T, _N])], [b.vi("hT", [_B, _D, _N]), b.vi("Y", [_T, _B, _D])],
+                     initializer=[b.init("A", _A), b.init("m1", np.array([-1], np.int64)), b.init("two", np.array([2], np.int64))])
+    return b.model(g)
+
+
+_E = h.make_node
+OTHER_WRITERS = {
+ "swapped_steps_first": _precomputed([_E("Einsum", ["A", "delta"], ["dA"], equation="dn,bld->lbdn"), _E("Exp", ["dA"], ["a"]),
+                               _E("Einsum", ["Bm", "x", "delta"], ["bb"], equation="bln,bld,bld->lbdn")], ["a", "bb", "Cm"], [0, 0, 1]),
+ "mambapy_unsqueeze_axis1": _precomputed([_E("Unsqueeze", ["delta", "m1"], ["d4"]), _E("Mul", ["d4", "A"], ["dA"]), _E("Exp", ["dA"], ["a"]),
+                                   _E("Unsqueeze", ["Bm", "two"], ["B4"]), _E("Mul", ["d4", "B4"], ["dB"]),
+                                   _E("Unsqueeze", ["x", "m1"], ["x4"]), _E("Mul", ["dB", "x4"], ["bb"])], ["a", "bb", "Cm"], [1, 1, 1]),
+ "cast_float": _precomputed([_E("Einsum", ["delta", "A"], ["dA"], equation="bld,dn->bldn"), _E("Cast", ["dA"], ["dAf"], to=TP.FLOAT),
+                      _E("Exp", ["dAf"], ["a"]), _E("Einsum", ["delta", "Bm", "x"], ["bb"], equation="bld,bln,bld->bldn")],
+                     ["a", "bb", "Cm"], [1, 1, 1]),
+ "uppercase": _precomputed([_E("Einsum", ["delta", "A"], ["dA"], equation="BLD,DN->BLDN"), _E("Exp", ["dA"], ["a"]),
+                     _E("Einsum", ["delta", "Bm", "x"], ["bb"], equation="BLD,BLN,BLD->BLDN")], ["a", "bb", "Cm"], [1, 1, 1]),
+ "neg_exp_abs": _precomputed([_E("Einsum", ["delta", "A"], ["dA"], equation="bld,dn->bldn"), _E("Abs", ["dA"], ["ab"]), _E("Neg", ["ab"], ["na"]),
+                       _E("Exp", ["na"], ["a"]), _E("Mul", ["delta", "x"], ["dx"]),
+                       _E("Einsum", ["dx", "Bm"], ["bb"], equation="bld,bln->bldn")], ["a", "bb", "Cm"], [1, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_WRITERS))
+def test_producers_as_other_writers_put_them(name):
+    """Einsum operands swapped and the result steps first (no permute), mamba.py's Unsqueeze(-1)
+    and broadcast Muls on a Scan reading axis 1, HF's .float() Cast, uppercase Einsum letters,
+    -|Δ⊗A| and Δ·x multiplied before a two-operand Einsum."""
+    m = OTHER_WRITERS[name]
     out, detail = two_pass(m, linrec_chunk=4)
     assert TAKEN in detail and ops(out)["Einsum"] == 0, detail
     assert_equivalent(m, out)
