@@ -31,7 +31,7 @@ import math
 import onnx
 
 from scanopt.protos import in_default_domain
-from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, inferred_model  # noqa: F401 - re-exported
+from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, einsum_terms, inferred_model  # noqa: F401 - re-exported
 
 Key = tuple  # ("v", value name, axis) | ("s", graph id, symbol)
 Element = tuple | int | None  # what one element of a 1-D int tensor is: a dim key, a constant, or unknown
@@ -246,7 +246,7 @@ class DimClasses:
             self._gather(ins[0], ins[1], out, attrs["axis"].i if "axis" in attrs else 0)
             self._shape_provenance(op, ins, out, attrs)
         elif op == "Einsum" and "equation" in attrs:
-            self._einsum(ins, out, attrs["equation"].s.decode(errors="replace"))
+            self._einsum(ins, out, attrs["equation"].s)
         elif op == "Split" and ins:
             axis = attrs["axis"].i if "axis" in attrs else 0
             for name in outs:
@@ -284,14 +284,13 @@ class DimClasses:
             if other != (axis + rank if axis < 0 else axis):
                 self._equal(("v", a, other), ("v", b, other))
 
-    def _einsum(self, ins: list[str], out: str, equation: str) -> None:
+    def _einsum(self, ins: list[str], out: str, equation: bytes) -> None:
         """One letter is one dim in every term (explicit form, no ellipsis). Likely only: a
         letter's dim of 1 may broadcast in some implementations."""
-        equation = equation.replace(" ", "")
-        if equation.count("->") != 1 or "." in equation:
+        parsed = einsum_terms(equation)
+        if parsed is None:
             return
-        left, result = equation.split("->")
-        terms = left.split(",")
+        terms, result = parsed
         if len(terms) != len(ins):
             return
         seen: dict[str, Key] = {}

@@ -85,6 +85,21 @@ class ShapeTable:
         return self._table.get(name, (None, None))
 
 
+def einsum_terms(equation) -> tuple[list[str], str] | None:
+    """An Einsum equation in explicit form without an ellipsis as (operand terms, result), spaces
+    dropped, or None (implicit, an ellipsis, more than one arrow, not text). The one parser
+    that dims, linrec's Einsum forms and absorb share."""
+    if isinstance(equation, bytes):
+        equation = equation.decode(errors="replace")
+    if not isinstance(equation, str):
+        return None
+    equation = equation.replace(" ", "")
+    if equation.count("->") != 1 or "." in equation:
+        return None
+    left, result = equation.split("->")
+    return left.split(","), result
+
+
 # Ops whose output has their first input's shape.
 SHAPE_PRESERVING = frozenset(
     "Identity Cast CastLike Neg Abs Relu LeakyRelu Elu Selu Sigmoid HardSigmoid Tanh Exp Log Sqrt Reciprocal "

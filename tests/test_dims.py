@@ -295,3 +295,25 @@ def test_gather_dims_agree_with_what_onnxruntime_computes(data):
         matched = [(name, k) for name, k, n in sized if d.same(("y", j), (name, k))]
         assert matched, (j, y.shape)  # every result axis is traced to an operand's
         assert all(n == size for name, k, n in sized if (name, k) in matched)
+
+
+def test_a_length_reached_through_projections_einsums_and_unsqueezes_is_the_trip_count():
+    """mamba-minimal's export: x [1, 40, 64] -> MatMul -> Split -> Einsum('bld,...->bldn') -> Exp ->
+    Transpose -> the Scan; and Hugging Face's layout, Unsqueeze -> Mul -> the Scan on axis 2."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import linrec_builders as lb
+    from scanopt.dims import DimClasses
+
+    model = onnx.load(Path(__file__).resolve().parent.parent / "models" / "linrec" / "torch_mamba_minimal_wide.onnx")
+    for value in list(model.graph.input) + list(model.graph.output):  # re-declared at T=256 (no size coincides)
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > 1 and dims[1].dim_value == 40:
+            dims[1].dim_value = 256
+    del model.graph.value_info[:]
+    classes = DimClasses(model)
+    assert classes.is_trip_count("x", 1) and not classes.is_trip_count("x", 2)
+    hf = DimClasses(lb.mamba_hf(T="T", B=2))
+    assert hf.is_trip_count("dl", 2) and hf.is_trip_count("x", 2) and not hf.is_trip_count("dl", 1)

@@ -225,3 +225,11 @@ def test_producers_as_other_writers_put_them(name):
     out, detail = two_pass(m, linrec_chunk=4)
     assert TAKEN in detail and ops(out)["Einsum"] == 0, detail
     assert_equivalent(m, out)
+
+
+def test_one_einsum_parser():
+    from scanopt.shapes import einsum_terms
+
+    assert einsum_terms(b"b d , d n -> b d n") == (["bd", "dn"], "bdn")
+    assert einsum_terms("bd,dn") is None and einsum_terms("a->b->c") is None and einsum_terms("...d->d") is None
+    assert einsum_terms(None) is None

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
+from scanopt.shapes import einsum_terms
+
 
 @dataclass(frozen=True)
 class MatMulForm:
@@ -43,11 +45,10 @@ class MatMulForm:
 
 def matmul_form(equation: str) -> MatMulForm | None:
     """The MatMul computing ``equation``, or None when none is proven (see the module)."""
-    equation = equation.replace(" ", "")
-    if equation.count("->") != 1 or "." in equation:
+    parsed = einsum_terms(equation)
+    if parsed is None:
         return None
-    operands, result = equation.split("->")
-    terms = operands.split(",")
+    terms, result = parsed
     if len(terms) != 2 or not all(_letters(t) for t in terms) or not _letters(result):
         return None
     first, second = terms
@@ -79,7 +80,7 @@ def einsum_matmul(node: gs.Node, dim_of, rank_of) -> tuple[MatMulForm, int] | No
     operands' ranks, where known (``rank_of(t)``: the rank or None), are their terms', else None."""
     if len(node.inputs) != 2 or len(node.outputs) != 1:
         return None
-    form = matmul_form(str(node.attrs.get("equation", "")))
+    form = matmul_form(node.attrs.get("equation", ""))
     if form is None or any(rank_of(t) not in (None, r) for t, r in zip(node.inputs, form.ranks)):
         return None
     lengths = [dim_of(t, axis) for t, axis in zip(node.inputs, form.k_axis)]
@@ -138,11 +139,10 @@ def product_terms(equation: str) -> list[list[tuple[int, ProductTerm]]] | None:
     equation is implicit, has an ellipsis, repeats a letter in a term, sums one, or the result
     is not every operand letter once. The values are the Einsum's exactly: one product per
     element, no sum."""
-    equation = equation.replace(" ", "")
-    if equation.count("->") != 1 or "." in equation:
+    parsed = einsum_terms(equation)
+    if parsed is None:
         return None
-    operands, result = equation.split("->")
-    terms = operands.split(",")
+    terms, result = parsed
     if not all(_letters(t) and t for t in terms) or not _letters(result):
         return None
     if set(result) != set("".join(terms)):

@@ -38,7 +38,6 @@ from typing import Callable, Sequence
 import math
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
