@@ -66,6 +66,30 @@ def entries(tensor: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in tensor.external_data}
 
 
+# The keys of a file's external-data reference that onnx and onnxruntime read. A loader
+# keeps the *last* of two equal keys, a confinement check that reads the first would pass
+# one file and read another: so duplicates, unknown keys and scanopt's own marks (which
+# only scanopt writes, never into a file) are refused when a model is read.
+READ_KEYS = ("location", "offset", "length")
+IGNORED_KEYS = ("checksum",)  # onnx's helpers may write it; onnxruntime accepts it (and refuses "basepath")
+
+
+def file_reference(tensor: onnx.TensorProto) -> dict[str, str]:
+    """The external-data entries of ``tensor`` as read from a file, checked as the loaders
+    will read them: each key at most once, and only keys onnx defines. Raises ExternalDataError."""
+    info: dict[str, str] = {}
+    for entry in tensor.external_data:
+        key = entry.key
+        if key in info:
+            raise ExternalDataError(f"tensor '{printable(tensor.name)}' names its external data key "
+                                    f"'{printable(key)}' twice")
+        if key not in READ_KEYS + IGNORED_KEYS:
+            raise ExternalDataError(f"tensor '{printable(tensor.name)}' has an unknown external data key "
+                                    f"'{printable(key)}' (onnx defines {', '.join(READ_KEYS + IGNORED_KEYS)})")
+        info[key] = entry.value
+    return info
+
+
 def source(tensor: onnx.TensorProto) -> Source | None:
     """The bytes a marked external tensor refers to, or None (inline, or unmarked)."""
     if tensor.data_location != EXTERNAL:
@@ -193,7 +217,7 @@ def attach(model: onnx.ModelProto, folder: str) -> None:
     for tensor, initializer in tensors:
         if tensor.data_location != EXTERNAL:
             continue
-        info = entries(tensor)
+        info = file_reference(tensor)
         location = info.get("location", "")
         path = os.path.join(folder, location)
         if path not in stats:

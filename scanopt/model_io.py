@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import onnx
 from google.protobuf.message import DecodeError
 
-from scanopt.external_data import (attach, has_marks, inlined, marked_tensors, serialized_size_bound, source, write_model,
-                                   write_serialized)
+from scanopt.external_data import (ExternalDataError, attach, file_reference, has_marks, inlined, marked_tensors,
+                                   serialized_size_bound, source, write_model, write_serialized)
 from scanopt.errors import InvalidModelError, ScanoptError, first_line, printable
 from scanopt.outputs import Writer, file_kind, write_output
 from scanopt.validate import sort_nodes, validate_model
@@ -142,7 +142,10 @@ def external_data_files(model: onnx.ModelProto, path: str) -> list[str]:
     for tensor in onnx.external_data_helper._get_all_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        try:
+            location = file_reference(tensor).get("location", "")
+        except ExternalDataError as exc:
+            raise InvalidModelError(f"{path}: cannot read its external data ({exc})") from None
         file = os.path.join(folder, location)
         if file in files:
             continue

@@ -282,3 +282,56 @@ def test_a_big_tensor_in_a_typed_field_goes_to_the_data_file_too(tmp_path, dtype
     assert stored.data_location == onnx.TensorProto.EXTERNAL and not stored.float_data and not stored.int32_data
     assert os.path.getsize(tmp_path / "o.onnx.data") == values.nbytes
     np.testing.assert_array_equal(run(str(out), {}, "ort")["Y"], values)
+
+
+def _with_entries(path, name, entries):
+    """Rewrite ``path`` so that tensor ``name``'s external_data holds ``entries`` as given."""
+    model = onnx.load(str(path), load_external_data=False)
+    tensor = next(t for t in model.graph.initializer if t.name == name)
+    del tensor.external_data[:]
+    for key, value in entries:
+        tensor.external_data.add(key=key, value=value)
+    path.write_bytes(model.SerializeToString())
+
+
+@pytest.mark.parametrize("command", ["optimize", "run", "inspect"])
+@pytest.mark.parametrize("second", ["location", "offset", "length"])
+def test_a_key_named_twice_in_external_data_is_refused(cli, tmp_path, command, second):
+    """The confinement check once read the first 'location', the loader the last: a model
+    could pass 'w.bin' and read '/etc/passwd'. Every duplicate key is refused."""
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"s" * (ROWS * E * 4))
+    (tmp_path / "m").mkdir()
+    path = _saved(tmp_path / "m")
+    first = {e.key: e.value for e in next(t for t in onnx.load(str(path), load_external_data=False).graph.initializer
+                                         if t.name == "table").external_data}
+    entries = list(first.items())
+    entries.append((second, {"location": str(outside), "offset": "0", "length": first["length"]}[second]))
+    _with_entries(path, "table", entries)
+    out = tmp_path / "m" / "o.onnx"
+    args = {"optimize": (path, out, "--no-verify"), "run": (path,), "inspect": (path,)}[command]
+    result = cli(command, *args)
+    assert result.code == 2, result
+    assert f"external data key '{second}' twice" in result.err and "Traceback" not in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert not out.exists() and "sss" not in result.out
+
+
+@pytest.mark.parametrize("key", ["scanopt.folder", "basepath", "Location"])
+def test_an_unknown_external_data_key_is_refused(cli, tmp_path, key):
+    path = _saved(tmp_path)
+    model = onnx.load(str(path), load_external_data=False)
+    entries = [(e.key, e.value) for e in next(t for t in model.graph.initializer if t.name == "table").external_data]
+    _with_entries(path, "table", entries + [(key, "/etc")])
+    result = cli("inspect", path)
+    assert result.code == 2 and f"unknown external data key '{key}'" in result.err
+
+
+def test_a_checksum_key_is_accepted_as_onnxruntime_accepts_it(cli, tmp_path):
+    path = _saved(tmp_path)
+    model = onnx.load(str(path), load_external_data=False)
+    entries = [(e.key, e.value) for e in next(t for t in model.graph.initializer if t.name == "table").external_data]
+    _with_entries(path, "table", entries + [("checksum", "0")])
+    out = tmp_path / "o.onnx"
+    assert cli("optimize", path, out, "--no-verify").code == 0
+    np.testing.assert_allclose(_run_file(out, _feeds())["Y"], _run_file(tmp_path / "m.onnx", _feeds())["Y"], rtol=1e-5, atol=1e-6)
