@@ -14,15 +14,18 @@ uniform KNN regressor and classifier: Transpose, Sqrt, TopK, then only the indic
 per query is all that is exposed: TopK reads ‖x‖² − 2·q·x directly (one Gemm), without ‖q‖²,
 the clamp and the Sqrt, which change no order but by merging near-ties.
 
-Numerics: the expansion cancels: a distance d comes out within about
-``eps · (‖x‖² + ‖q‖²)`` of the loop's (eps of the dtype), so 0 for a query equal to a
-training row can come out as a tiny positive value (it is clamped at 0, never negative, so a
-following Sqrt is defined). Exact ties (duplicate training rows) stay exact ties: their rows of
-the product are computed alike, so TopK/ArgMin keep the loop's order (lower index first).
-Near-ties closer than that bound may swap order. Where a model cancels the distances further
-(a GaussianProcess's std, sqrt(1 − k·K⁻¹·k)) the difference can exceed verification's tolerance:
-the rewrite is then rolled back and, a pass of its own, leaves the Scan to vectorize's exact
-broadcast form (``--skip distances`` chooses that form up front).
+Numerics: the expansion cancels. In the rows' own dtype and about the origin a distance
+comes out within about ``eps · (‖x‖² + ‖q‖²)`` of the exact one: for data far from the origin
+(features near 1000, say) that is larger than the distances themselves, flips nearest
+neighbours and, through a kernel's Sqrt and an ill-conditioned K⁻¹, moves a Gaussian process's
+prediction by orders of magnitude. So both forms here centre rows and queries on the rows' mean
+(distances do not change under a shift; onnxruntime folds the mean of fitted rows) and compute
+the product in float64 whatever the rows' dtype: the cancellation is then about
+``1e-16 · (‖x − c‖² + ‖q − c‖²)``, below the float32 loop's own rounding of each distance, also
+after a Sqrt (a query equal to a training row comes out within about 1e-8 of 0, far under a
+float32 ulp of the data's scale). The result is cast back to the rows' dtype and clamped at 0.
+Exact ties (duplicate training rows) stay exact ties: their rows of the product are computed
+alike, so TopK/ArgMin keep the loop's order (lower index first).
 
 A pass of its own, before vectorize, so the cost policy and verification judge the two forms
 apart.
@@ -33,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, constant_axes, identity_root
@@ -54,7 +58,8 @@ class Distances(Match):
 @register_pass
 class GemmDistances(ScanPass):
     name = "distances"
-    summary = "pairwise squared-distance Scans (skl2onnx) -> one GEMM: ‖x‖² − 2·x·qᵀ + ‖q‖², clamped at 0"
+    summary = ("pairwise squared-distance Scans (skl2onnx) -> one GEMM: ‖x‖² − 2·x·qᵀ + ‖q‖² about the rows' mean in "
+               "float64, clamped at 0")
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
         if view.batched:
@@ -97,12 +102,14 @@ class GemmDistances(ScanPass):
             for dead in ranking[1]:
                 graph.nodes.remove(dead)
             added = place_appended(graph, position, start - 1 - len(ranking[1]))
-            return (f"pairwise squared distances ranked by one matrix product ‖x‖² − 2·q·x: TopK reads only "
-                    f"the order (its values unused), so ‖q‖², the clamp and the Sqrt go ({added} nodes, no Scan left)")
+            return (f"pairwise squared distances ranked by one matrix product ‖x‖² − 2·q·x (centred on the rows' "
+                    f"mean, in float64): TopK reads only the order (its values unused), so ‖q‖², the clamp and the "
+                    f"Sqrt go ({added} nodes, no Scan left)")
         squared = emit_distances(e, rows, queries, dtype)
         rebind_outputs(node, list(node.inputs[:n]) + [from_processing_order(e, squared, view, 0, 1)], graph)
         added = place_appended(graph, position, start - 1)
-        return f"pairwise squared distances as one matrix product, clamped at 0 ({added} nodes, no Scan left)"
+        return (f"pairwise squared distances as one matrix product (centred on the rows' mean, in float64), "
+                f"clamped at 0 ({added} nodes, no Scan left)")
 
 
 def _elementwise_metric(node: gs.Node, view) -> str:
@@ -152,22 +159,43 @@ def find_distances(node: gs.Node, view) -> Distances | None:
 
 
 def emit_distances(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> gs.Tensor:
-    """[rows, queries] squared distances of ``rows`` [R, F] to ``queries`` [Q, F], clamped at 0.
+    """[rows, queries] squared distances of ``rows`` [R, F] to ``queries`` [Q, F], clamped at 0,
+    in ``dtype`` (computed centred, in float64: the module docstring's numerics).
 
     One product of augmented operands, [−2q, 1, ‖q‖²] · [x, ‖x‖², 1]ᵀ, so no pass over the
     [Q, R] result but the clamp; the rows' side is constant for a fitted model (onnxruntime
     folds it). Computed as [Q, R] and transposed: the consumer skl2onnx emits is a Transpose
     back to [Q, R], which onnxruntime cancels with this one."""
-    ones_rows = e.op("Expand", [e.const("one", np.ones([1, 1], dtype)), _rows_by_one(e, rows)])
-    ones_queries = e.op("Expand", [e.const("one", np.ones([1, 1], dtype)), _rows_by_one(e, queries)])
+    rows, queries = _centred(e, rows, queries, dtype)
+    one = e.const("one", np.ones([1, 1], np.float64))
+    ones_rows = e.op("Expand", [one, _rows_by_one(e, rows)])
+    ones_queries = e.op("Expand", [one, _rows_by_one(e, queries)])
     row_side = e.op("Concat", [rows, _sum_squares(e, rows, keep=1), ones_rows], axis=1)
-    scaled = e.op("Mul", [queries, e.const("minus_two", np.array(-2, dtype))])
+    scaled = e.op("Mul", [queries, e.const("minus_two", np.array(-2, np.float64))])
     query_side = e.op("Concat", [scaled, ones_queries, _sum_squares(e, queries, keep=1)], axis=1)
     # MatMul by the transposed row side, a constant for a fitted model that onnxruntime folds and
     # prepacks (bench_linrec: 0.37 ms against 0.43 ms for Gemm(transB=1) at 2,000 x 64)
     squared = e.op("MatMul", [query_side, e.op("Transpose", [row_side], perm=[1, 0])])  # [Q, R]
     clamped = e.op("Relu", [squared])
-    return e.op("Transpose", [clamped], perm=[1, 0])
+    return e.op("Transpose", [_cast(e, clamped, np.float64, dtype)], perm=[1, 0])
+
+
+def _centred(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> tuple[gs.Tensor, gs.Tensor]:
+    """``rows`` and ``queries`` in float64, less the rows' mean: the expansion's cancellation
+    then scales with the data's spread, not its distance from the origin."""
+    rows, queries = _cast(e, rows, dtype, np.float64), _cast(e, queries, dtype, np.float64)
+    if e.opset >= 18:
+        mean = e.op("ReduceMean", [rows, e.ints("axes", [0])], keepdims=1)
+    else:
+        mean = e.op("ReduceMean", [rows], axes=[0], keepdims=1)
+    return e.op("Sub", [rows, mean]), e.op("Sub", [queries, mean])
+
+
+def _cast(e, x: gs.Tensor, source: np.dtype, target: np.dtype) -> gs.Tensor:
+    """``x`` (of dtype ``source``) as ``target``; itself where they agree."""
+    if np.dtype(source) == np.dtype(target):
+        return x
+    return e.op("Cast", [x], to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(target)))
 
 
 def order_only_topk(distances: gs.Tensor, graph: gs.Graph) -> tuple[gs.Node, list[gs.Node]] | None:
@@ -204,9 +232,10 @@ def _only_reader(tensor: gs.Tensor, graph: gs.Graph) -> gs.Node | None:
 
 
 def emit_order_scores(e, rows: gs.Tensor, queries: gs.Tensor, dtype: np.dtype) -> gs.Tensor:
-    """[queries, rows] ‖x‖² − 2·q·x: a query's squared distances less its own ‖q‖², in the
-    same order. MatMul + a constant row, which onnxruntime fuses into one Gemm."""
-    scaled = e.op("Mul", [queries, e.const("minus_two", np.array(-2, dtype))])
+    """[queries, rows] ‖x‖² − 2·q·x (centred, in float64): a query's squared distances less its
+    own ‖q‖², in the same order. MatMul + a constant row, which onnxruntime fuses into one Gemm."""
+    rows, queries = _centred(e, rows, queries, dtype)
+    scaled = e.op("Mul", [queries, e.const("minus_two", np.array(-2, np.float64))])
     product = e.op("MatMul", [scaled, e.op("Transpose", [rows], perm=[1, 0])])
     return e.op("Add", [product, e.op("Transpose", [_sum_squares(e, rows, keep=1)], perm=[1, 0])])
 

@@ -1,0 +1,92 @@
+"""A model's float64 twin: the same graph with every float32/float16/bfloat16 tensor widened.
+
+Verification judges a rewrite by its distance from the truth, not from the original's own
+rounding: the twin, run on the same (widened) feeds, is that truth up to float64 rounding.
+Widened are the types of graph inputs, outputs and value_info (at every nesting level, in
+functions too), initializers and Constant values, and the attributes that name a float type
+(Cast's ``to``, ConstantOfShape's value, the ``dtype`` of EyeLike, Random*, ...). Integers,
+booleans and strings stay as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from scanopt.external_data import as_array, source
+from scanopt.protos import attribute_graphs, walk_proto_graphs
+
+NARROW_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+WIDE = TensorProto.DOUBLE
+# Attributes that hold a data type (an int) naming the type of an output.
+_TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
+
+
+def widened(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` computing in float64 wherever it computed in a narrower float."""
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    graphs = list(walk_proto_graphs(wide.graph))
+    for function in wide.functions:
+        for info in function.value_info:
+            _widen_type(info.type)
+        _widen_attributes(function.node)
+        for graph in (g for node in function.node for a in node.attribute for g in attribute_graphs(a)):
+            graphs.extend(walk_proto_graphs(graph))
+    for graph in graphs:
+        for info in (*graph.input, *graph.output, *graph.value_info):
+            _widen_type(info.type)
+        for tensor in graph.initializer:
+            _widen_tensor(tensor)
+        for sparse in graph.sparse_initializer:
+            _widen_tensor(sparse.values)
+        _widen_attributes(graph.node)
+    return wide
+
+
+def widened_feeds(feeds) -> dict[str, np.ndarray]:
+    """``feeds`` with every narrow float array as float64 (exactly: widening loses nothing)."""
+    return {name: np.asarray(value, np.float64) if _narrow(np.asarray(value).dtype) else value
+            for name, value in feeds.items()}
+
+
+def _narrow(dtype: np.dtype) -> bool:
+    return (dtype.kind == "f" and dtype.itemsize < 8) or dtype.name == "bfloat16"
+
+
+def _widen_attributes(nodes) -> None:
+    for node in nodes:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                _widen_tensor(attribute.t)
+            elif attribute.type == onnx.AttributeProto.INT and attribute.name in _TYPE_ATTRIBUTES:
+                if attribute.i in NARROW_FLOATS:
+                    attribute.i = WIDE
+
+
+def _widen_type(type_proto: onnx.TypeProto) -> None:
+    kind = type_proto.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        inner = getattr(type_proto, kind)
+        if inner.elem_type in NARROW_FLOATS:
+            inner.elem_type = WIDE
+    elif kind == "sequence_type":
+        _widen_type(type_proto.sequence_type.elem_type)
+    elif kind == "optional_type":
+        _widen_type(type_proto.optional_type.elem_type)
+    elif kind == "map_type":
+        _widen_type(type_proto.map_type.value_type)
+
+
+def _widen_tensor(tensor: TensorProto) -> None:
+    if tensor.data_type not in NARROW_FLOATS:
+        return
+    value = (as_array(tensor) if source(tensor) else numpy_helper.to_array(tensor)).astype(np.float64)
+    tensor.ClearField("float_data")
+    tensor.ClearField("int32_data")
+    tensor.ClearField("raw_data")
+    tensor.ClearField("data_location")
+    del tensor.external_data[:]
+    tensor.data_type = WIDE
+    tensor.raw_data = np.ascontiguousarray(value, "<f8").tobytes()

@@ -1,0 +1,49 @@
+"""scanopt.widen: a model's float64 twin computes what the float32 model approximates."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+from scanopt.engines import run
+from scanopt.widen import widened, widened_feeds
+
+
+def _model() -> onnx.ModelProto:
+    """y = cumsum over a Scan of (x * c) + Cast(int ones to float) - a Constant; float16 z too."""
+    vi = h.make_tensor_value_info
+    body = h.make_graph(
+        [h.make_node("Mul", ["x_t", "c"], ["xc"]), h.make_node("Add", ["s_in", "xc"], ["s_out"]),
+         h.make_node("Identity", ["s_out"], ["y_t"])],
+        "body", [vi("s_in", TP.FLOAT, [3]), vi("x_t", TP.FLOAT, [3])], [vi("s_out", TP.FLOAT, [3]), vi("y_t", TP.FLOAT, [3])])
+    nodes = [h.make_node("Scan", ["s0", "x"], ["s", "ys"], num_scan_inputs=1, body=body),
+             h.make_node("Cast", ["n"], ["nf"], to=TP.FLOAT),
+             h.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32([0.1, 0.2, 0.3]), "k")),
+             h.make_node("Add", ["s", "nf"], ["a"]), h.make_node("Sub", ["a", "k"], ["out"]),
+             h.make_node("Cast", ["out"], ["half"], to=TP.FLOAT16)]
+    graph = h.make_graph(nodes, "g", [vi("x", TP.FLOAT, ["T", 3]), vi("n", TP.INT64, [3])],
+                         [vi("out", TP.FLOAT, [3]), vi("ys", TP.FLOAT, ["T", 3]), vi("half", TP.FLOAT16, [3])],
+                         initializer=[numpy_helper.from_array(np.float32([0.1, 1e-3, 3.0]), "c"),
+                                      numpy_helper.from_array(np.zeros(3, np.float32), "s0")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def test_the_twin_computes_in_float64_what_the_model_rounds_in_float32():
+    x = np.random.default_rng(0).standard_normal((4096, 3)).astype(np.float32) * 1000
+    n = np.array([1, 2, 3], np.int64)
+    feeds = {"x": x, "n": n}
+    wide = widened(_model())
+    got = run(wide, widened_feeds(feeds), "reference")
+    c = np.float32([0.1, 1e-3, 3.0]).astype(np.float64)
+    k = np.float32([0.1, 0.2, 0.3]).astype(np.float64)
+    ys = np.cumsum(x.astype(np.float64) * c, axis=0)
+    assert got["ys"].dtype == np.float64 and got["half"].dtype == np.float64
+    np.testing.assert_allclose(got["ys"], ys, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(got["out"], ys[-1] + n - k, rtol=1e-12, atol=1e-9)
+    narrow = run(_model(), feeds, "ort")["ys"]
+    assert np.max(np.abs(narrow - ys)) > 1e3 * np.max(np.abs(got["ys"] - ys))  # float32's own error is far larger
+    assert run(wide, widened_feeds(feeds), "ort")["ys"].dtype == np.float64  # onnxruntime loads the twin too
+    assert n.dtype == widened_feeds(feeds)["n"].dtype  # integers stay
