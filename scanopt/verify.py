@@ -17,6 +17,7 @@ import onnx
 
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError, printable_lines
+from scanopt.external_data import has_marks, serialized_size_bound
 from scanopt.inputs import (
     FeedBudgetError,
     InputSynthesizer,
@@ -25,6 +26,7 @@ from scanopt.inputs import (
     input_specs,
     output_specs,
 )
+from scanopt.widen import widened, widened_feeds
 
 # The tolerance rule, in one place (:func:`tolerance` applies it). An element passes when
 # |candidate - original| <= atol + rtol * |original|, where for a floating dtype
@@ -44,6 +46,26 @@ from scanopt.inputs import (
 #       of the feeds (SequenceLength).
 # --rtol/--atol replace the table and switch both adjustments off. Dtypes not listed
 # (integers, bool, strings) compare exactly.
+#
+# The truth acquits (:func:`truth_check`): for an output in a narrow float (float32, float16,
+# bfloat16) the original is also run as its float64 twin (scanopt.widen) on the same feeds,
+# and an output the table (widened or not) refuses still passes when
+#   |candidate - truth| <= TRUTH_FACTOR * max |original - truth| + TRUTH_ULPS * eps * |truth|
+# at every element (the max over the output; eps: the dtype's), with no non-finite value where
+# the truth is finite within the dtype's range and the original is finite. So an
+# exact reordering of a long sum passes (its error is the loop's own size) and a form more
+# accurate than the original is never penalized for differing from it; a cancelling form that
+# loses digits is judged by the table against the original, which the weak-spot inputs make
+# fail. Where the truth exceeds the dtype's range either form may overflow; where the original
+# overflowed and the truth did not, so may the candidate (the loop's own behaviour). Both
+# errors are reported (for models over TRUTH_ALWAYS_BYTES only where the table refused: the
+# twin is a float64 copy of every weight). Models whose twin cannot run (over TRUTH_BYTES, or
+# no engine runs it) are judged by the table alone; the report says so.
+TRUTH_FACTOR = 8
+TRUTH_ULPS = 16
+TRUTH_BYTES = 2**29  # a model whose float64 twin would be larger is judged by the table
+TRUTH_ALWAYS_BYTES = 2**24  # up to this size the truth runs on every input set; above, only when the table refuses
+NARROW_FLOATS = ("float32", "float16", "bfloat16")
 SPREAD_FACTOR = 16
 SCALE_ULPS = 64
 ACCUMULATION_STEPS = 16
@@ -107,6 +129,8 @@ class OutputCheck:
     worst_values: tuple | None = None  # (original, candidate) at worst_index
     note: str = ""  # why it failed when no number says it: dtype, shape, missing output
     spread: float | None = None  # the original's engine disagreement the tolerance was widened by
+    truth: tuple[float, float] | None = None  # (original's, candidate's) max abs error from the float64 twin
+    truth_bound: float | None = None  # the largest candidate error the truth rule allowed
 
     def describe(self) -> str:
         """One line saying how this output failed."""
@@ -122,6 +146,10 @@ class OutputCheck:
             line += f"; tolerance rtol {self.rtol:g} atol {self.atol:g}"
         if self.spread is not None:
             line += f" (the original's engines disagree by {_num(self.spread)})"
+        if self.truth is not None:
+            line += (f"; from float64: original {_num(self.truth[0])}, candidate {_num(self.truth[1])} "
+                     f"(allowed {TRUTH_FACTOR} x the original's + {TRUTH_ULPS} ulp of each value, at most "
+                     f"{_num(self.truth_bound)}; no non-finite value where both are finite)")
         return line
 
     def to_dict(self) -> dict:
@@ -138,6 +166,9 @@ class OutputCheck:
             "worst_index": None if self.worst_index is None else list(self.worst_index),
             "note": self.note,
             "engine_spread": _json_float(self.spread),
+            "float64_error": None if self.truth is None else {"original": _json_float(self.truth[0]),
+                                                               "candidate": _json_float(self.truth[1]),
+                                                               "bound": _json_float(self.truth_bound)},
         }
 
 
@@ -206,7 +237,12 @@ class VerifyResult:
             worst = max((c.max_abs or 0.0 for comp in self.comparisons for c in comp.checks), default=0.0)
             sizes = "; ".join(f"{label} {text}" for label, text in self.sizes.items())
             sizes = f"; sizes {sizes}" if sizes else ""
-            return f"equivalent on {sets} input set(s) with {self.engine} (max abs error {_num(worst)}{sizes})"
+            judged = [c.truth for comp in self.comparisons for c in comp.checks if c.truth is not None]
+            truth = ""
+            if judged:
+                truth = (f"; from float64: original {_num(max(t[0] for t in judged))}, "
+                         f"candidate {_num(max(t[1] for t in judged))}")
+            return f"equivalent on {sets} input set(s) with {self.engine} (max abs error {_num(worst)}{truth}{sizes})"
         failures = self.failures()
         return f"NOT equivalent: {failures[0]}" + (f" (+{len(failures) - 1} more)" if len(failures) > 1 else "")
 
@@ -497,10 +533,12 @@ def compare_models(
     comparisons = []
     widen = rtol is None and atol is None  # the user's tolerances are final
     other = _OtherEngine(original, original_path, pairs)
+    truth = Truth(original, original_path, notes) if widen else None
     length = SequenceLength(original)
     for label, feeds, expected_by_engine in runs:  # one input set at a time: its outputs die with it
         ran = {}
         spread = _Spread(feeds, expected_by_engine, other, length)
+        wide = None
         for name, _, candidate_runner in pairs:
             expected = expected_by_engine[name]
             comp = Comparison(label, ("original", name), ("candidate", name))
@@ -509,12 +547,100 @@ def compare_models(
                 comp.checks = compare_outputs(expected, actual, rtol=rtol, atol=atol)
                 if widen:
                     _widen_by_spread(comp, expected, actual, spread)
+                if truth is not None and truth.wanted(comp):
+                    wide = truth(feeds) if wide is None else wide
+                    if wide is not None:
+                        _judge_by_truth(comp, expected, actual, wide)
             comparisons.append(comp)
             ran[name] = (expected, actual)
         if resolved == "both":
             comparisons += _cross_check(label, ran, rtol, atol, length(feeds) if widen else None, spread if widen else None)
-        del feeds, expected_by_engine, expected, actual, ran, spread  # before the next set's runs
+        del feeds, expected_by_engine, expected, actual, ran, spread, wide  # before the next set's runs
     return VerifyResult(resolved, comparisons, notes, sizes)
+
+
+class Truth:
+    """The original's float64 twin (scanopt.widen), run on each feed set: the truth a narrow
+    float output is judged against. Prepared on first use; when no engine runs the twin, or
+    it would be over TRUTH_BYTES, it is None for every feed set and a note says why."""
+
+    def __init__(self, original: onnx.ModelProto, path, notes: list[str]):
+        self._original, self._path, self._notes = original, path, notes
+        self._runner: Runner | None | bool = False  # False: not prepared yet; None: cannot
+        self._small = serialized_size_bound(original) <= TRUTH_ALWAYS_BYTES
+
+    def wanted(self, comp: Comparison) -> bool:
+        """Whether to run the truth for ``comp``: always for a small model (the report gives
+        both errors), for a big one only where the table refused a narrow float output."""
+        return self._small or any(not c.passed and not c.note and c.dtype in NARROW_FLOATS for c in comp.checks)
+
+    def __call__(self, feeds) -> dict | None:
+        if self._runner is False:
+            self._runner = self._prepare()
+        if self._runner is None:
+            return None
+        try:
+            return self._runner(widened_feeds(feeds))
+        except EngineError as exc:
+            self._notes.append(f"the float64 truth did not run ({exc}): judged by the tolerance table")
+            self._runner = None
+            return None
+
+    def _prepare(self) -> Runner | None:
+        narrow = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        if not any(s.elem_type in narrow for s in output_specs(self._original)):
+            return None  # nothing to judge by it
+        if has_marks(self._original) or serialized_size_bound(self._original) * 2 > TRUTH_BYTES:
+            self._notes.append("the float64 truth is over the memory budget: judged by the tolerance table")
+            return None
+        twin = widened(self._original)
+        failures = []
+        for engine in ("ort", "reference"):
+            try:
+                return prepare(twin, engine)
+            except EngineError as exc:
+                failures.append(str(exc))
+        self._notes.append(f"the float64 truth does not load ({failures[-1]}): judged by the tolerance table")
+        return None
+
+
+def _judge_by_truth(comp: Comparison, expected, actual, wide) -> None:
+    """Add each narrow float output's errors from the truth to its check; a check the table
+    refused passes when the truth rule does (see TOLERANCES)."""
+    for check in comp.checks:
+        if check.note or check.dtype not in NARROW_FLOATS or check.name not in wide:
+            continue
+        truth_values = np.asarray(wide[check.name])
+        if truth_values.shape != check.shape:
+            continue
+        errors, bound, passed = truth_check(expected[check.name], actual[check.name], truth_values)
+        check.truth, check.truth_bound = errors, bound
+        if passed and not check.passed:
+            check.passed, check.mismatches, check.worst_index, check.worst_values = True, 0, None, None
+
+
+def truth_check(original, candidate, truth) -> tuple[tuple[float, float], float, bool]:
+    """((original's, candidate's) max error from the float64 ``truth``, the bound, whether the
+    candidate passes the truth rule beside TOLERANCES) for one narrow float output."""
+    original, candidate = np.asarray(original), np.asarray(candidate)
+    dtype = original.dtype
+    info = np.finfo(np.float32 if dtype.name == "bfloat16" else dtype)
+    top = 3.38e38 if dtype.name == "bfloat16" else float(info.max)
+    o, c = original.reshape(-1).astype(np.float64), candidate.reshape(-1).astype(np.float64)
+    t = np.asarray(truth, np.float64).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        in_range = np.isfinite(t) & (np.abs(t) <= top)
+        fed = ~np.isfinite(t)  # the truth itself is NaN or infinite (a fed NaN): reproduce the original
+        same = (c == o) | (np.isnan(c) & np.isnan(o))
+        bad = (fed & ~same) | (in_range & np.isfinite(o) & ~np.isfinite(c))
+        counted_o, counted_c = in_range & np.isfinite(o), in_range & np.isfinite(c)
+        error_o = float(np.max(np.abs(o[counted_o] - t[counted_o]), initial=0.0))
+        diff_c = np.abs(c[counted_c] - t[counted_c])
+        error_c = float(np.max(diff_c, initial=0.0))
+        allowed = TRUTH_FACTOR * error_o + TRUTH_ULPS * float(info.eps) * np.abs(t[counted_c]) + float(info.tiny)
+        over = bool(np.any(diff_c > allowed))
+    bound = float(np.max(allowed, initial=TRUTH_FACTOR * error_o))
+    return (error_o, error_c), bound, not bad.any() and not over
 
 
 class _OtherEngine:
