@@ -26,6 +26,7 @@ from scanopt.inputs import (
     input_specs,
     output_specs,
 )
+from scanopt.weak_spots import row_queries
 from scanopt.widen import widened, widened_feeds
 
 # The tolerance rule, in one place (:func:`tolerance` applies it). An element passes when
@@ -821,10 +822,19 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
 
     def runs():
         """Seed 0's run (it settled the engine), then each later seed's when asked for: the
-        original's outputs for one seed at a time, not for all seeds at once."""
+        original's outputs for one seed at a time, not for all seeds at once; then seed 0's
+        feeds at the model's weak spots (scanopt.weak_spots) that the original runs on."""
+        seed0 = pending[0][1]
         yield pending.pop()
         for seed in range(1, seeds):
             yield _seed_run(synthesizer, seed, original, candidate, candidate_path, pairs, engine, notes, sizes)[0]
+        for label, feeds in row_queries(original, seed0):
+            try:
+                expected = {name: runner(feeds) for name, runner, _ in pairs}
+            except EngineError:
+                continue  # inputs the original refuses say nothing of the rewrite
+            sizes[label] = "seed 0's sizes"
+            yield label, feeds, expected
 
     return pairs, runs(), sizes
 

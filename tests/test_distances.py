@@ -127,7 +127,41 @@ def test_forms_match_the_loop(opset, sub, dtype):
     m = knn_model(rows, body_sub=sub, opset=opset)
     out, outcomes = distances(m)
     assert outcomes[0][0], outcomes
-    assert_equivalent(m, out)
+    if dtype == np.float32:
+        assert_equivalent(m, out)
+    else:  # random queries: the float64 table holds; at a training row's 1e-5 it does not (below)
+        assert_equivalent(m, out, inputs=[{"X": rows[:5] + 0.5}, {"X": rows[::-3] - 1.0}])
+
+
+def test_a_float64_model_queried_near_its_rows_keeps_the_exact_form():
+    """float64 distances near a training row (1e-5 of the spread) come out 3e-6 relative off
+    the loop through the expansion: beyond float64's table, so verification (which queries the
+    model at and near its own rows) rolls the product back and vectorize's exact form is written."""
+    rows = np.random.default_rng(2).standard_normal((40, 6)).astype(np.float64)
+    m = knn_model(rows)
+    out, report = optimize(m)
+    fates = {o.pass_name: (o.applied, o.detail) for o in report.outcomes if o.pass_name in ("distances", "vectorize")}
+    assert fates["distances"] == (False, "rolled back: failed verification") and fates["vectorize"][0], fates
+    assert "at and near the rows of 'R'" in report.verification["summary"]
+
+
+def test_verification_queries_a_distance_model_at_its_own_rows():
+    """A planted candidate that is wrong only at a query equal to a training row (where the
+    distance is 0) is caught: random queries never land there."""
+    rows = np.random.default_rng(4).standard_normal((30, 5)).astype(np.float32)
+    m = knn_model(rows, k=1)
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(m)
+    # values + 0.5 where the value is 0: Add(values_raw, Mul(Equal(values_raw, 0) as float, 0.5))
+    topk = next(n for n in wrong.graph.node if n.op_type == "TopK")
+    topk.output[0] = "values_raw"
+    wrong.graph.node.extend([
+        h.make_node("Constant", [], ["zero"], value=onnx.numpy_helper.from_array(np.float32(0), "zero")),
+        h.make_node("Equal", ["values_raw", "zero"], ["at_row"]),
+        h.make_node("Cast", ["at_row"], ["at_row_f"], to=onnx.TensorProto.FLOAT),
+        h.make_node("Add", ["values_raw", "at_row_f"], ["values"])])
+    from scanopt.verify import compare_models
+    assert compare_models(m, wrong, seeds=2, inputs=None).passed is False
 
 
 def test_declines():

@@ -1,0 +1,75 @@
+"""Inputs where rewrites are weak, drawn from the model itself.
+
+Random feeds miss the inputs a model meets most: a fitted distance model (KNN, a Gaussian
+process, kernel PCA) is queried at and near its own training rows, where the exact distance
+is 0 or tiny and any cancelling form of it loses every digit; and its rows may sit far from
+the origin. Those rows are in the model, as a float initializer [R, F] beside a graph input
+[N, F] of the same width: :func:`row_queries` builds feed sets whose queries are those rows
+exactly, within 1e-3 and 1e-5 of them (relative to the rows' spread), and a spread away, at
+the rows' own offset. Verification adds them to the synthesized sets (scanopt.verify).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from scanopt.external_data import as_array, source
+from scanopt.protos import fed_inputs
+
+MAX_TABLES = 2  # initializers tried per model (the largest that fit): verification stays cheap
+MAX_QUERIES = 24  # rows per probing feed set when the query count is free
+NEAR = (1e-3, 1e-5)  # distances of the near queries, relative to the rows' spread
+
+
+def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) for each float graph input [N, F] and each float initializer [R, F]
+    (R >= 2) of the top graph: ``feeds`` with that input's rows replaced by the initializer's
+    rows, near copies of them and points between them. N keeps its size in ``feeds``."""
+    declared = {v.name: v for v in fed_inputs(model.graph)}
+    tables = _tables(model)
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        if name not in declared or value.ndim != 2 or value.dtype.kind != "f" or value.shape[0] < 1:
+            continue
+        for table_name, rows in tables:
+            if rows.shape[1] != value.shape[1]:
+                continue
+            queries = _queries(rows.astype(np.float64), value.shape[0] if _fixed_rows(declared[name]) else None)
+            probe = dict(feeds)
+            probe[name] = queries.astype(value.dtype)
+            yield f"'{name}' at and near the rows of '{table_name}'", probe
+
+
+def _tables(model: onnx.ModelProto) -> list[tuple[str, np.ndarray]]:
+    found = []
+    for tensor in model.graph.initializer:
+        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.data_type not in (
+                onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+            continue
+        found.append((tensor.dims[0] * tensor.dims[1], tensor))
+    found.sort(key=lambda item: -item[0])
+    return [(t.name, np.asarray(as_array(t) if source(t) else numpy_helper.to_array(t))) for _, t in found[:MAX_TABLES]]
+
+
+def _fixed_rows(info: onnx.ValueInfoProto) -> bool:
+    dims = info.type.tensor_type.shape.dim
+    return bool(dims) and dims[0].HasField("dim_value")
+
+
+def _queries(rows: np.ndarray, count: int | None) -> np.ndarray:
+    """Rows exactly, near each (NEAR of the spread), and a spread away: the exact zero
+    distance, the tiny ones, and ordinary ones at the rows' offset (random, not midway
+    between rows: an exact tie may rank either way in any rounding)."""
+    rng = np.random.default_rng(0)
+    spread = float(np.std(rows)) or 1.0
+    want = MAX_QUERIES if count is None else count
+    picked = rows[rng.permutation(len(rows))[: max(1, -(-want // 4))]]
+    parts = [picked]
+    parts += [picked + rng.standard_normal(picked.shape) * (near * spread) for near in NEAR]
+    parts.append(picked + rng.standard_normal(picked.shape) * spread)
+    queries = np.concatenate(parts)
+    return np.resize(queries, (want, rows.shape[1]))
