@@ -30,24 +30,22 @@ def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iter
     (R >= 2) of the top graph: ``feeds`` with that input's rows replaced by the initializer's
     rows, near copies of them and points between them. N keeps its size in ``feeds``."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
-    tables = _tables(model)
     for name, value in feeds.items():
         value = np.asarray(value)
         if name not in declared or value.ndim != 2 or value.dtype.kind != "f" or value.shape[0] < 1:
             continue
-        for table_name, rows in tables:
-            if rows.shape[1] != value.shape[1]:
-                continue
+        for table_name, rows in _tables(model, value.shape[1]):
             queries = _queries(rows.astype(np.float64), value.shape[0] if _fixed_rows(declared[name]) else None)
             probe = dict(feeds)
             probe[name] = queries.astype(value.dtype)
             yield f"'{name}' at and near the rows of '{table_name}'", probe
 
 
-def _tables(model: onnx.ModelProto) -> list[tuple[str, np.ndarray]]:
+def _tables(model: onnx.ModelProto, width: int) -> list[tuple[str, np.ndarray]]:
+    """The largest MAX_TABLES float initializers [R >= 2, width] of the top graph."""
     found = []
     for tensor in model.graph.initializer:
-        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.data_type not in (
+        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.dims[1] != width or tensor.data_type not in (
                 onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
             continue
         found.append((tensor.dims[0] * tensor.dims[1], tensor))
