@@ -6,7 +6,10 @@ is 0 or tiny and any cancelling form of it loses every digit; and its rows may s
 the origin. Those rows are in the model, as a float initializer [R, F] beside a graph input
 [N, F] of the same width: :func:`row_queries` builds feed sets whose queries are those rows
 exactly, within 1e-3 and 1e-5 of them (relative to the rows' spread), and a spread away, at
-the rows' own offset. Verification adds them to the synthesized sets (scanopt.verify).
+the rows' own offset. And a Loop whose trip count is a graph input ran 0-4 steps on random
+integers: :func:`long_trip_counts` runs it LONG_LOOP steps (a converted Loop's Scan, with
+its Slice of the sequence, past the first few positions). Verification adds these sets to the
+synthesized ones (scanopt.verify); a set the original refuses is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from scanopt.protos import fed_inputs
 MAX_TABLES = 2  # initializers tried per model (the largest that fit): verification stays cheap
 MAX_QUERIES = 24  # rows per probing feed set when the query count is free
 NEAR = (1e-3, 1e-5)  # distances of the near queries, relative to the rows' spread
+LONG_LOOP = 64  # steps of a Loop whose trip count is fed
 
 
 def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
@@ -39,6 +43,18 @@ def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iter
             probe = dict(feeds)
             probe[name] = queries.astype(value.dtype)
             yield f"'{name}' at and near the rows of '{table_name}'", probe
+
+
+def long_trip_counts(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) with each fed Loop trip count (an integer scalar graph input read as a
+    top-level Loop's first input) at LONG_LOOP, the rest of ``feeds`` as given."""
+    counts = {node.input[0] for node in model.graph.node if node.op_type == "Loop" and node.input and node.input[0]}
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        if name in counts and value.dtype.kind in "iu" and value.size == 1:
+            probe = dict(feeds)
+            probe[name] = np.full_like(value, LONG_LOOP)
+            yield f"'{name}' = {LONG_LOOP} (a Loop's trip count)", probe
 
 
 def _tables(model: onnx.ModelProto, width: int) -> list[tuple[str, np.ndarray]]:

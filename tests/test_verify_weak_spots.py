@@ -1,0 +1,38 @@
+"""Verification's weak-spot inputs (scanopt.weak_spots): where random feeds never go, the
+model's own data and lengths take it — a Loop's fed trip count at 64 steps."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto as TP
+from onnx import helper as oh
+
+from builders import vi
+from reference_helpers import const
+from scanopt.verify import compare_models
+from scanopt.weak_spots import LONG_LOOP, long_trip_counts
+from test_loop_to_scan_forms import loop_model
+
+
+def _counter_sum(cap: int | None = None):
+    """s_final = sum of Cast(i) over M steps (i capped at ``cap``: a candidate wrong only past
+    step ``cap``); M is a graph input, the trip count of a TorchScript-style Loop."""
+    counter = "i" if cap is None else "i_capped"
+    body = ([oh.make_node("Min", ["i", "cap"], ["i_capped"])] if cap is not None else []) + [
+        oh.make_node("Cast", [counter], ["i_f"], to=TP.FLOAT), oh.make_node("Add", ["s", "i_f"], ["s_new"])]
+    outer = [const("s_0", np.zeros([1], np.float32))] + ([const("cap", np.array(cap, np.int64))] if cap is not None else [])
+    return loop_model(body, carried=("s",), carried_out=("s_new",), trip="M", outer=outer,
+                      inputs=[vi("x", [1]), vi("M", [], TP.INT64)], outputs=[vi("s_final", [1])])
+
+
+def test_a_loop_wrong_only_past_its_fifth_step_is_caught_at_the_long_trip_count():
+    original, wrong = _counter_sum(), _counter_sum(cap=5)
+    result = compare_models(original, wrong, seeds=3)
+    assert not result.passed
+    assert any(f"'M' = {LONG_LOOP}" in line for line in result.failures()), result.failures()
+
+
+def test_the_long_trip_count_changes_only_the_fed_count():
+    feeds = {"x": np.zeros([1], np.float32), "M": np.array(3, np.int64)}
+    probes = list(long_trip_counts(_counter_sum(), feeds))
+    assert len(probes) == 1 and probes[0][1]["M"] == LONG_LOOP and probes[0][1]["x"] is feeds["x"]
