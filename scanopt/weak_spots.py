@@ -32,14 +32,16 @@ LONG_LOOP = 64  # steps of a Loop whose trip count is fed
 def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
     """(label, feeds) for each float graph input [N, F] and each float initializer [R, F]
     (R >= 2) of the top graph: ``feeds`` with that input's rows replaced by the initializer's
-    rows, near copies of them and points between them. N keeps its size in ``feeds``."""
+    rows, near copies of them and points between them. N keeps its size in ``feeds``
+    unless it is a named dim of that input alone."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
     for name, value in feeds.items():
         value = np.asarray(value)
         if name not in declared or value.ndim != 2 or value.dtype.kind != "f" or value.shape[0] < 1:
             continue
         for table_name, rows in _tables(model, value.shape[1]):
-            queries = _queries(rows.astype(np.float64), value.shape[0] if _fixed_rows(declared[name]) else None)
+            free = _free_rows(declared[name], declared.values())
+            queries = _queries(rows.astype(np.float64), None if free else value.shape[0])
             probe = dict(feeds)
             probe[name] = queries.astype(value.dtype)
             yield f"'{name}' at and near the rows of '{table_name}'", probe
@@ -69,9 +71,16 @@ def _tables(model: onnx.ModelProto, width: int) -> list[tuple[str, np.ndarray]]:
     return [(t.name, np.asarray(as_array(t) if source(t) else numpy_helper.to_array(t))) for _, t in found[:MAX_TABLES]]
 
 
-def _fixed_rows(info: onnx.ValueInfoProto) -> bool:
+def _free_rows(info: onnx.ValueInfoProto, inputs) -> bool:
+    """Whether the row count of ``info`` is a named dim no other input shares: a batch
+    shared with a state input (h0 [batch, H]) must keep the seed's size."""
     dims = info.type.tensor_type.shape.dim
-    return bool(dims) and dims[0].HasField("dim_value")
+    if not dims or not dims[0].HasField("dim_param"):
+        return False
+    name = dims[0].dim_param
+    uses = sum(dim.HasField("dim_param") and dim.dim_param == name
+               for other in inputs for dim in other.type.tensor_type.shape.dim)
+    return uses == 1
 
 
 def _queries(rows: np.ndarray, count: int | None) -> np.ndarray:

@@ -36,3 +36,24 @@ def test_the_long_trip_count_changes_only_the_fed_count():
     feeds = {"x": np.zeros([1], np.float32), "M": np.array(3, np.int64)}
     probes = list(long_trip_counts(_counter_sum(), feeds))
     assert len(probes) == 1 and probes[0][1]["M"] == LONG_LOOP and probes[0][1]["x"] is feeds["x"]
+
+
+def test_row_queries_keep_a_batch_the_query_shares_with_another_input():
+    """x [batch, 5] and h0 [batch, 6] beside a table [2, 6]: probing h0 at the table's rows
+    must keep batch at the seed's size (x still has it): 24 rows against x's 8 made a feed
+    set no model accepts, and the dims test read it as unsound."""
+    from onnx import numpy_helper
+
+    from scanopt.weak_spots import row_queries
+
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["h0", "h0"], ["y"])], "g",
+        [vi("x", ["batch", 5]), vi("h0", ["batch", 6])], [vi("y", ["batch", 6])],
+        [numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(2, 6), "table")])
+    model = oh.make_model(graph)
+    feeds = {"x": np.zeros([8, 5], np.float32), "h0": np.zeros([8, 6], np.float32)}
+    probes = list(row_queries(model, feeds))
+    assert probes and all(p["h0"].shape == (8, 6) for _, p in probes)
+    alone = oh.make_model(oh.make_graph(graph.node, "g", [vi("h0", ["n", 6])], [vi("y", ["n", 6])], graph.initializer))
+    free = list(row_queries(alone, {"h0": np.zeros([8, 6], np.float32)}))
+    assert free and free[0][1]["h0"].shape[0] != 8
