@@ -8,8 +8,10 @@ the origin. Those rows are in the model, as a float initializer [R, F] beside a 
 exactly, within 1e-3 and 1e-5 of them (relative to the rows' spread), and a spread away, at
 the rows' own offset. And a Loop whose trip count is a graph input ran 0-4 steps on random
 integers: :func:`long_trip_counts` runs it LONG_LOOP steps (a converted Loop's Scan, with
-its Slice of the sequence, past the first few positions). Verification adds these sets to the
-synthesized ones (scanopt.verify); a set the original refuses is dropped.
+its Slice of the sequence, past the first few positions). And a Scan whose length is a named
+dim ran at a few dozen steps, where a loop-free form's reordered accumulation has not yet
+drifted: :func:`long_sequences` runs it LONG_SEQUENCE steps. Verification adds these sets to
+the synthesized ones (scanopt.verify); a set the original refuses is dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ MAX_TABLES = 2  # initializers tried per model (the largest that fit): verificat
 MAX_QUERIES = 24  # rows per probing feed set when the query count is free
 NEAR = (1e-3, 1e-5)  # distances of the near queries, relative to the rows' spread
 LONG_LOOP = 64  # steps of a Loop whose trip count is fed
+LONG_SEQUENCE = 1024  # steps of a Scan whose length is a named dim
+LONG_ELEMENTS = 1 << 20  # feed elements a long-sequence set may hold: verification stays cheap
 
 
 def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
@@ -57,6 +61,59 @@ def long_trip_counts(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) ->
             probe = dict(feeds)
             probe[name] = np.full_like(value, LONG_LOOP)
             yield f"'{name}' = {LONG_LOOP} (a Loop's trip count)", probe
+
+
+def long_sequences(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) with each named dim that is a top-level Scan's sequence axis (on a graph
+    input it scans, directly or through one Transpose) at LONG_SEQUENCE: every input axis of
+    that name stretched alike, repeating the seed's values along it. Sets over LONG_ELEMENTS
+    elements are not made."""
+    declared = {v.name: v for v in fed_inputs(model.graph)}
+    for param in _sequence_dims(model, declared):
+        probe, grown = dict(feeds), False
+        for name, info in declared.items():
+            value = np.asarray(feeds[name]) if name in feeds else None
+            dims = info.type.tensor_type.shape.dim
+            for axis, dim in enumerate(dims):
+                if value is None or not dim.HasField("dim_param") or dim.dim_param != param or axis >= value.ndim:
+                    continue
+                if value.shape[axis] == 0 or value.shape[axis] >= LONG_SEQUENCE:
+                    break
+                value = np.take(value, np.arange(LONG_SEQUENCE) % value.shape[axis], axis=axis)
+                probe[name], grown = value, True
+        if grown and sum(np.asarray(v).size for v in probe.values()) <= LONG_ELEMENTS:
+            yield f"'{param}' = {LONG_SEQUENCE} steps (a Scan's length)", probe
+
+
+def _sequence_dims(model: onnx.ModelProto, declared: dict) -> list[str]:
+    """The dim names that are the scanned axis of a top-level Scan's input, read on the graph
+    input itself or on the input of a Transpose feeding the Scan."""
+    from scanopt.errors import ScanoptError
+    from scanopt.scan_view import ScanView
+    from scanopt.validate import default_opset
+
+    opset = default_opset(model) or 0
+    transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output}
+    found: list[str] = []
+    for node in model.graph.node:
+        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opset < 8:
+            continue
+        try:
+            view = ScanView.from_proto(node, opset, lambda name: None)
+        except ScanoptError:
+            continue
+        for name, axis in zip(view.scan_inputs, view.input_axes):
+            if name in transposes and name not in declared:
+                perm = [a.ints for a in transposes[name].attribute if a.name == "perm"]
+                name = transposes[name].input[0]
+                if not perm or axis < 0 or axis >= len(perm[0]):
+                    continue
+                axis = perm[0][axis]
+            info = declared.get(name)
+            dims = info.type.tensor_type.shape.dim if info is not None else ()
+            if 0 <= axis < len(dims) and dims[axis].HasField("dim_param") and dims[axis].dim_param not in found:
+                found.append(dims[axis].dim_param)
+    return found
 
 
 def _tables(model: onnx.ModelProto, width: int) -> list[tuple[str, np.ndarray]]:
