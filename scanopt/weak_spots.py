@@ -29,6 +29,9 @@ MAX_TABLES = 2  # initializers tried per model (the largest that fit): verificat
 MAX_QUERIES = 24  # rows per probing feed set when the query count is free
 NEAR = (1e-3, 1e-5)  # distances of the near queries, relative to the rows' spread
 LONG_LOOP = 64  # steps of a Loop whose trip count is fed
+TABLE_BYTES = 2**24  # a larger table is not probed: reading it costs a copy beside the model's own
+SPREAD_ROWS = 4096  # rows read to estimate a table's spread
+_PLAIN = {onnx.TensorProto.FLOAT: np.dtype("<f4"), onnx.TensorProto.DOUBLE: np.dtype("<f8"), onnx.TensorProto.FLOAT16: np.dtype("<f2")}
 LONG_SEQUENCE = 1024  # steps of a Scan whose length is a named dim
 LONG_ELEMENTS = 1 << 20  # feed elements a long-sequence set may hold: verification stays cheap
 
@@ -45,7 +48,7 @@ def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iter
             continue
         for table_name, rows in _tables(model, value.shape[1]):
             free = _free_rows(declared[name], declared.values())
-            queries = _queries(rows.astype(np.float64), None if free else value.shape[0])
+            queries = _queries(rows, None if free else value.shape[0])
             probe = dict(feeds)
             probe[name] = queries.astype(value.dtype)
             yield f"'{name}' at and near the rows of '{table_name}'", probe
@@ -117,15 +120,27 @@ def _sequence_dims(model: onnx.ModelProto, declared: dict) -> list[str]:
 
 
 def _tables(model: onnx.ModelProto, width: int) -> list[tuple[str, np.ndarray]]:
-    """The largest MAX_TABLES float initializers [R >= 2, width] of the top graph."""
+    """The largest MAX_TABLES float initializers [R >= 2, width] of the top graph, up to
+    TABLE_BYTES each."""
     found = []
     for tensor in model.graph.initializer:
-        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.dims[1] != width or tensor.data_type not in (
-                onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.dims[1] != width or tensor.data_type not in _PLAIN:
+            continue
+        if tensor.dims[0] * tensor.dims[1] * _PLAIN[tensor.data_type].itemsize > TABLE_BYTES:
             continue
         found.append((tensor.dims[0] * tensor.dims[1], tensor))
     found.sort(key=lambda item: -item[0])
-    return [(t.name, np.asarray(as_array(t) if source(t) else numpy_helper.to_array(t))) for _, t in found[:MAX_TABLES]]
+    return [(t.name, _values(t)) for _, t in found[:MAX_TABLES]]
+
+
+def _values(tensor: onnx.TensorProto) -> np.ndarray:
+    """The table's values without a copy where they are plain bytes (a view of raw_data, or
+    a memory map of an external file): only the rows picked are read."""
+    if source(tensor):
+        return np.asarray(as_array(tensor))
+    if tensor.raw_data and tensor.data_type in _PLAIN:
+        return np.frombuffer(tensor.raw_data, _PLAIN[tensor.data_type]).reshape(tuple(tensor.dims))
+    return numpy_helper.to_array(tensor)
 
 
 def _free_rows(info: onnx.ValueInfoProto, inputs) -> bool:
@@ -143,11 +158,13 @@ def _free_rows(info: onnx.ValueInfoProto, inputs) -> bool:
 def _queries(rows: np.ndarray, count: int | None) -> np.ndarray:
     """Rows exactly, near each (NEAR of the spread), and a spread away: the exact zero
     distance, the tiny ones, and ordinary ones at the rows' offset (random, not midway
-    between rows: an exact tie may rank either way in any rounding)."""
+    between rows: an exact tie may rank either way in any rounding). Only the rows picked
+    (and SPREAD_ROWS for the spread) are read and widened: a table may be large."""
     rng = np.random.default_rng(0)
-    spread = float(np.std(rows)) or 1.0
     want = MAX_QUERIES if count is None else count
-    picked = rows[rng.permutation(len(rows))[: max(1, -(-want // 4))]]
+    sample = rows[np.sort(rng.permutation(len(rows))[:SPREAD_ROWS])].astype(np.float64)
+    spread = float(np.std(sample)) or 1.0
+    picked = rows[rng.permutation(len(rows))[: max(1, -(-want // 4))]].astype(np.float64)
     parts = [picked]
     parts += [picked + rng.standard_normal(picked.shape) * (near * spread) for near in NEAR]
     parts.append(picked + rng.standard_normal(picked.shape) * spread)
