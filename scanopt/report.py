@@ -54,6 +54,7 @@ class Report:
     verification: dict | None = None
     warnings: list[str] = field(default_factory=list)
     tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
+    target: str = ""  # --execution-provider: the provider the forms were ranked for, and how (scanopt.providers)
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:
         """Record outcomes once each: a fixpoint round repeats the same skips."""
@@ -84,7 +85,7 @@ class Report:
             "verification": self.verification,
             "tuning": self.tuning,
             "warnings": self.warnings,
-        }
+        } | ({"target": self.target} if self.target else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -145,6 +146,8 @@ class Report:
         changes = self.op_changes()
         if changes:
             lines += _wrapped("ops: " + ", ".join(f"{op} {b} -> {a}" for op, (b, a) in changes.items()), "     ")
+        if self.target:
+            lines += _wrapped(f"target {self.target}", "  ")
         for line in self.tuning:
             lines += _wrapped(f"tuned {line}", "  ")
         if self.verification is not None:
