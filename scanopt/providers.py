@@ -165,14 +165,7 @@ def plan(providers=None, *, available: list[str] | None = None, probe=device_ans
     if first == CPU:
         return Target(providers, "measured", "cpu", "")
     have = available_providers() if available is None else list(available)
-    why = None
-    if first not in have:
-        import onnxruntime as ort
-
-        why = (f"not available here (onnxruntime {getattr(ort, '__version__', '?')} offers "
-               f"{', '.join(short_name(p) for p in have) or 'none'})")
-    else:
-        why = probe(first)
+    why = probe_line(first, have) if first not in have else probe(first)
     name = short_name(first)
     if why is None:
         listed = " > ".join(short_name(p) for p in session_providers(providers))
@@ -315,3 +308,42 @@ def model_seconds(model: str, form: str, kind: str, p: dict, body_nodes: int, li
         return cuda_seconds(form, kind, p, body_nodes, lifted)
     raise ValueError(f"no provider model '{model}'")
 
+
+
+def form_fallbacks(forms: dict, feeds: dict, providers, threads: int | None = None) -> dict[str, list[str]]:
+    """{form: nodes another provider took} for the measured forms (the report lists them); a
+    form whose placement cannot be read gets the reason instead of names."""
+    found = {}
+    for name, model in forms.items():
+        try:
+            found[name] = fallbacks(model, feeds, providers, threads)
+        except Exception as exc:  # noqa: BLE001 - placement is a report detail, never a failure
+            found[name] = [f"placement unknown: {str(exc).splitlines()[0][:100]}"]
+    return found
+
+
+def run_providers(names) -> tuple[list[str], str | None]:
+    """(the session provider list ``scanopt run``/``verify`` use, a line to print or None):
+    the named providers this onnxruntime offers, in order, then the CPU's; a first provider it
+    does not run is said in one line, with what runs instead."""
+    providers = resolve(names)
+    if providers == (CPU,):
+        return [CPU], None
+    have = available_providers()
+    first = providers[0]
+    why = probe_line(first, have)
+    kept = [p for p in providers if p in have and (p != first or why is None)]
+    listed = " > ".join(short_name(p) for p in session_providers(kept))
+    return session_providers(kept), (None if why is None else f"{short_name(first)}: {why}; running on {listed} instead")
+
+
+def probe_line(provider: str, have: list[str]) -> str | None:
+    """Why ``provider`` cannot run here (one line), or None."""
+    if provider == CPU:
+        return None
+    if provider not in have:
+        import onnxruntime as ort
+
+        return (f"not available here (onnxruntime {getattr(ort, '__version__', '?')} offers "
+                f"{', '.join(short_name(p) for p in have) or 'none'})")
+    return device_answers(provider)

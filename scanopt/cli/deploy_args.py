@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from contextlib import contextmanager
 
 from scanopt.cli.common import positive_int
 from scanopt.deploy import merge_input_shapes
@@ -46,6 +48,23 @@ def provider_name(text: str) -> str:
 def add_provider_argument(parser: argparse.ArgumentParser, *, help: str) -> None:
     parser.add_argument("--execution-provider", action="append", default=[], type=provider_name, metavar="NAME",
                         help=help)
+
+
+@contextmanager
+def session_providers(names):
+    """Within the block, onnxruntime sessions use the ``--execution-provider`` list (scanopt run
+    and verify); a provider this onnxruntime does not run is said on stderr in one line."""
+    if not names:
+        yield
+        return
+    from scanopt.engines import ort_providers
+    from scanopt.providers import run_providers
+
+    providers, line = run_providers(names)
+    if line:
+        print(f"scanopt: {line}", file=sys.stderr)
+    with ort_providers(providers):
+        yield
 
 
 def deploy_options(args, feeds: list[dict] | None) -> dict:
