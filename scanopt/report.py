@@ -248,7 +248,10 @@ def _reason(outcome: NodeOutcome) -> str:
         how = "measured" if outcome.measured else "predicted"
         if outcome.speedup >= NOISE_FLOOR:  # not slower: declined for a faster form of a later pass
             return f"{how} {outcome.speedup:.2f}x: no clear gain over the loop, or another form is faster"
-        return f"{how} slower on onnxruntime CPU ({outcome.speedup:.2f}x; --target portable applies it)"
+        # the provider the verdict was modelled for (scanopt.cost names it: "on onnxruntime CUDA (modelled")
+        where = re.search(r" on (onnxruntime \w+) \(modelled", outcome.detail or "")
+        on = where.group(1) if where else "onnxruntime CPU"
+        return f"{how} slower on {on} ({outcome.speedup:.2f}x; --target portable applies it)"
     return _masked(outcome.detail)
 
 

@@ -243,3 +243,10 @@ def test_cuda_measured_on_the_gpu(tmp_path):  # pragma: no cover - needs a GPU
     assert report.target.startswith("cuda: measured")
     assert report.tuning and " -> " in report.tuning[0]
     assert "RNN" in ops(out)  # 2.44x on an H100
+
+
+def test_the_summary_names_the_provider_a_decline_was_modelled_for():
+    _, report = scanopt.optimize(cell("GRU", 512, 512, lbr=0), input_shapes={"X": [512, 64, 512]}, verify=False,
+                                 options={"execution_providers": ["cuda"]}, passes=["canonicalize", "fuse"])
+    text = report.format()
+    assert "predicted slower on onnxruntime CUDA (" in text and "onnxruntime CPU" not in text
