@@ -205,8 +205,10 @@ class CostPolicy:
         else:
             why = "predicted slower than the loop"
         on = getattr(self.provider, "label", "onnxruntime CPU")
+        hint = ("declare shapes (--input-shape) to measure" if cpu else
+                f"optimize where onnxruntime runs {getattr(self.provider, 'label', on)[len('onnxruntime '):].lower()} to measure")
         return Estimate(False, speedup, f"not applied: {why} on {on} (modelled: {listing}; {where}); "
-                                        "declare shapes (--input-shape) to measure, --target portable applies it anyway")
+                                        f"{hint}, --target portable applies it anyway")
 
     def _seconds(self, form: str, kind: str, p: dict, body_nodes: int, lifted: int = 2) -> float:
         """Modelled seconds of ``form`` on the target's provider (the CPU's: :func:`model_seconds`)."""
