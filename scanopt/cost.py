@@ -282,7 +282,7 @@ def _provider_verdict(target: Any, pass_name: str) -> Estimate | None:
     if target.mode == "portable":
         return Estimate(True, None, f"{target.label}: no cost model, not measured: native ops and loop-free "
                                     "forms preferred (the portable preference)")
-    if target.model == "cuda" and pass_name not in MODELLED:
+    if target.model == "cuda" and pass_name not in MODELLED and pass_name != "upgrade":  # upgrade: a migration's need
         return Estimate(True, None, f"{target.label} (modelled, not measured): a loop-free form removes the host-side "
                                     "loop, whose every step launches the body's kernels (about 5 us + 8 us per node; "
                                     "CUDA graphs cannot capture it)")
