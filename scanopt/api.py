@@ -98,6 +98,10 @@ def check_arguments(*, passes=None, skip=(), verify=True, input_shapes=None, inp
         checked["input_shapes"] = input_shapes
     if checked.get("input_shapes") is not None:
         checked["input_shapes"] = _input_shapes(checked["input_shapes"])
+    if checked.get("execution_providers") is not None:
+        from scanopt.providers import resolve
+
+        checked["execution_providers"] = list(resolve(checked["execution_providers"]))  # unknown names raise
     if not isinstance(verify, bool):
         raise InvalidArgumentError(f"verify must be True or False, not {verify!r}")
     if progress is not None and not callable(progress):

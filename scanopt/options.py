@@ -47,6 +47,11 @@ RUN_OPTIONS = (
     Option("threads", (int,), None,
            "intra-op threads the optimized model will run with (None: onnxruntime's default)",
            minimum=1, owner="cost"),
+    Option("execution_providers", (list, tuple, str), None,
+           "onnxruntime execution providers the model will run with, in priority order (full names or short "
+           "forms: cpu, cuda, tensorrt, openvino, dml, coreml, ...): the forms are ranked for the first, "
+           "measured where it runs here, else modelled (scanopt.providers); None: the CPU",
+           owner="cost"),
     Option("tune", (bool,), None,
            "True: time each Scan's candidate forms and keep the fastest; False: never; "
            "None: decided automatically", owner="cost"),

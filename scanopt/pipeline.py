@@ -146,6 +146,7 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
         inputs = declared_feeds(model, options["input_shapes"], seeds, engine)
     candidate, report = _run_passes(model, chosen, options, frozenset(), progress)
     report.tuning = tuning
+    report.target = getattr(options.get("deployment_target"), "note", "")
     report.warnings = warnings + report.warnings
     if not report.modified or not verify:
         if report.modified:
@@ -240,12 +241,17 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
         raise ScanoptError(f"unknown target '{options['target']}' (choose from {', '.join(TARGETS)})")
     from scanopt.deploy import check_input_shapes, check_threads, shaped_model, tune_default
 
+    from scanopt.providers import plan
+
     declared = check_input_shapes(model, options.get("input_shapes"))
-    options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")))
+    target = plan(options.get("execution_providers"))  # which provider the forms are ranked for, and how
+    options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")),
+                   deployment_target=None if target.cpu_only else target)
     tune_on = options.get("tune")
     if tune_on is None:
         tune_on = tune_default()
-    tuning = tune_on and options.get("target", "onnxruntime") != "portable"
+    # a provider that cannot run here is modelled, never measured on the CPU in its place
+    tuning = tune_on and options.get("target", "onnxruntime") != "portable" and target.mode == "measured"
     if declared or tuning:
         model = _loops_as_scans(model, chosen)  # the Scans the passes will see, shaped and measured
     deployment = ShapeTable(shaped_model(model, declared)) if declared else None
@@ -265,7 +271,7 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
     measured, notes = tune(model, _run_passes, chosen, options, deployment)
     notes = observed_notes + notes
     options = dict(options, measured=measured)
-    if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
+    if _scans_in(model) > len(measured) and target.model == "cpu":  # some Scan is modelled: calibrate the model here (cached)
         import scanopt.tune
         from scanopt.calibrate import scales
 

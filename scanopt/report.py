@@ -54,6 +54,7 @@ class Report:
     verification: dict | None = None
     warnings: list[str] = field(default_factory=list)
     tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
+    target: str = ""  # --execution-provider: the provider the forms were ranked for, and how (scanopt.providers)
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:
         """Record outcomes once each: a fixpoint round repeats the same skips."""
@@ -84,7 +85,7 @@ class Report:
             "verification": self.verification,
             "tuning": self.tuning,
             "warnings": self.warnings,
-        }
+        } | ({"target": self.target} if self.target else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -145,6 +146,8 @@ class Report:
         changes = self.op_changes()
         if changes:
             lines += _wrapped("ops: " + ", ".join(f"{op} {b} -> {a}" for op, (b, a) in changes.items()), "     ")
+        if self.target:
+            lines += _wrapped(f"target {self.target}", "  ")
         for line in self.tuning:
             lines += _wrapped(f"tuned {line}", "  ")
         if self.verification is not None:
@@ -245,7 +248,10 @@ def _reason(outcome: NodeOutcome) -> str:
         how = "measured" if outcome.measured else "predicted"
         if outcome.speedup >= NOISE_FLOOR:  # not slower: declined for a faster form of a later pass
             return f"{how} {outcome.speedup:.2f}x: no clear gain over the loop, or another form is faster"
-        return f"{how} slower on onnxruntime CPU ({outcome.speedup:.2f}x; --target portable applies it)"
+        # the provider the verdict was modelled for (scanopt.cost names it: "on onnxruntime CUDA (modelled")
+        where = re.search(r" on (onnxruntime \w+) \(modelled", outcome.detail or "")
+        on = where.group(1) if where else "onnxruntime CPU"
+        return f"{how} slower on {on} ({outcome.speedup:.2f}x; --target portable applies it)"
     return _masked(outcome.detail)
 
 

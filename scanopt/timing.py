@@ -38,8 +38,9 @@ class Timings:
     clock: str  # "thread CPU" or "wall"
 
 
-def session(model: onnx.ModelProto, threads: int | None):
-    """An onnxruntime CPU session with ``threads`` intra-op threads (None: its default)."""
+def session(model: onnx.ModelProto, threads: int | None, providers: list[str] | None = None):
+    """An onnxruntime session with ``threads`` intra-op threads (None: its default), on the CPU
+    provider or the ``providers`` list (scanopt.providers)."""
     import onnxruntime as ort
 
     from scanopt.engines import ort_source
@@ -49,21 +50,24 @@ def session(model: onnx.ModelProto, threads: int | None):
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # onnxruntime's optimizer notes (an initializer it folded away) are not ours
     model_bytes, kept = ort_source(model, options, prepack=True)
-    made = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    made = ort.InferenceSession(model_bytes, options, providers=providers or ["CPUExecutionProvider"])
     made.scanopt_weights = kept  # alive as long as the session
     return made
 
 
-def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, check_budget: bool = True) -> Timings | str:
+def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, check_budget: bool = True,
+            providers: list[str] | None = None) -> Timings | str:
     """Time ``forms`` (name -> model; the first is the original) on ``feeds``, interleaved,
     for about ``seconds`` (at least MIN_ROUNDS rounds, at most MAX_ROUNDS). With
     ``check_budget``, returns why not instead when MIN_ROUNDS rounds would take more than
-    twice ``seconds`` (known after the first round)."""
-    clock = time.thread_time if threads == 1 else time.perf_counter
+    twice ``seconds`` (known after the first round). ``providers``: a session provider list
+    other than the CPU's (a device's work is not the calling thread's CPU time: wall clock)."""
+    device = providers is not None and list(providers) != ["CPUExecutionProvider"]
+    clock = time.thread_time if threads == 1 and not device else time.perf_counter
     names = list(forms)
     original = names[0]
-    sessions = {name: session(model, threads) for name, model in forms.items()}
-    sessions[AA] = session(forms[original], threads)
+    sessions = {name: session(model, threads, providers) for name, model in forms.items()}
+    sessions[AA] = session(forms[original], threads, providers)
     order = names + [AA]
     for s in sessions.values():  # warm-up: allocations, prepacking, first-run caches
         s.run(None, feeds)
@@ -85,7 +89,7 @@ def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, ch
     result = {name: _form_time(samples[name], base) for name in order}
     aa = result.pop(AA)
     noise = max(NOISE_FLOOR, abs(aa.ratio - 1) + _uncertainty(aa, rounds))
-    return Timings(forms=result, noise=noise, rounds=rounds, clock="thread CPU" if threads == 1 else "wall")
+    return Timings(forms=result, noise=noise, rounds=rounds, clock="thread CPU" if clock is time.thread_time else "wall")
 
 
 def _form_time(samples: list[float], base: list[float]) -> FormTime:

@@ -52,6 +52,9 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
     threads = options.get("threads")
+    target = options.get("deployment_target")  # a provider other than the CPU, measured here (scanopt.providers)
+    providers = target.session_providers() if target is not None and target.mode == "measured" else None
+    on_device = {"providers": providers} if providers else {}  # the CPU's call is unchanged
     budget = float(options.get("tune_seconds", MODEL_SECONDS))
     per_scan = float(options.get("tune_scan_seconds", SCAN_SECONDS))
     directory = tune_cache.cache_dir(options)
@@ -81,7 +84,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
             notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
             continue
-        entry = tune_cache.key(sub, names, base_options, threads) + _shape_key(feeds_shapes)
+        entry = tune_cache.key(sub, names, base_options, threads, providers) + _shape_key(feeds_shapes)
         choice = by_key.get(entry) or tune_cache.load(directory, entry)
         if choice is not None:
             measured[label] = dict(choice, cached=True)
@@ -97,7 +100,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         feeds = _feeds(sub, feeds_shapes)
         try:
             timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads,
-                              seconds=min(per_scan, max(deadline - time.perf_counter(), 0.05)))
+                              seconds=min(per_scan, max(deadline - time.perf_counter(), 0.05)), **on_device)
         except Exception as exc:  # noqa: BLE001 - a form onnxruntime cannot run is not a winner
             notes.append(f"{label}: not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead")
             continue
@@ -117,6 +120,10 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             "same": same,
             "threads": threads,
         }
+        if providers:
+            from scanopt.providers import form_fallbacks
+
+            choice["fallbacks"] = form_fallbacks({name: m for name, (m, _) in forms.items()}, feeds, providers, threads)
         tune_cache.store(directory, entry, choice)
         by_key[entry] = choice
         measured[label] = dict(choice, cached=False)
@@ -138,7 +145,8 @@ def _line(label: str, choice: dict) -> str:
     times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
     return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
             + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
-            + ")")
+            + ")" + "".join(f"; {form} left on another provider: {', '.join(nodes)}"
+                            for form, nodes in (choice.get("fallbacks") or {}).items() if nodes))
 
 
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:

@@ -113,7 +113,10 @@ def digest(value) -> str:
     return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:32]
 
 
-def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int | None) -> str:
+def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int | None,
+        providers: list[str] | None = None) -> str:
+    """``providers``: a session provider list other than the CPU's (scanopt.providers), which
+    enters the key with the onnxruntime build's device; the CPU's keys are unchanged."""
     import onnxruntime as ort
 
     relevant = {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool)) and k not in
@@ -121,6 +124,8 @@ def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int
     parts = [FORMAT, code_fingerprint(), signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__,
              cpu_model(),
              threads or "default"]
+    if providers:
+        parts += [list(providers), ort.get_device()]
     return digest(parts)
 
 

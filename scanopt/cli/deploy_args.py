@@ -1,8 +1,11 @@
-"""The deployment flags optimize, inspect and upgrade share: --input-shape, --threads, --tune/--no-tune."""
+"""The deployment flags optimize, inspect and upgrade share: --input-shape, --threads,
+--execution-provider, --tune/--no-tune."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from contextlib import contextmanager
 
 from scanopt.cli.common import positive_int
 from scanopt.deploy import merge_input_shapes
@@ -16,6 +19,10 @@ def add_deploy_arguments(parser: argparse.ArgumentParser, *, tune: bool = True) 
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="intra-op threads the model will run with, which the choice of forms is made for "
                              "(default: onnxruntime's default)")
+    add_provider_argument(parser, help="an onnxruntime execution provider the model will run with (repeatable, in "
+                                       "priority order; full names or cpu, cuda, tensorrt, openvino, dml, coreml, ...): "
+                                       "the forms are chosen for the first, measured where this onnxruntime runs it, "
+                                       "else modelled for it (the report says which); default cpu")
     if tune:
         group = parser.add_mutually_exclusive_group()
         group.add_argument("--tune", dest="tune", action="store_const", const=True, default=None,
@@ -27,9 +34,44 @@ def add_deploy_arguments(parser: argparse.ArgumentParser, *, tune: bool = True) 
                             help="time budget for measuring, per model (default 30; 2 per distinct Scan)")
 
 
+def provider_name(text: str) -> str:
+    """An argparse type: onnxruntime's full name of a provider (unknown: exit 2, one line)."""
+    from scanopt.errors import ScanoptError
+    from scanopt.providers import resolve
+
+    try:
+        return resolve([text])[0]
+    except ScanoptError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_provider_argument(parser: argparse.ArgumentParser, *, help: str) -> None:
+    parser.add_argument("--execution-provider", action="append", default=[], type=provider_name, metavar="NAME",
+                        help=help)
+
+
+@contextmanager
+def session_providers(names):
+    """Within the block, onnxruntime sessions use the ``--execution-provider`` list (scanopt run
+    and verify); a provider this onnxruntime does not run is said on stderr in one line."""
+    if not names:
+        yield
+        return
+    from scanopt.engines import ort_providers
+    from scanopt.providers import run_providers
+
+    providers, line = run_providers(names)
+    if line:
+        print(f"scanopt: {line}", file=sys.stderr)
+    with ort_providers(providers):
+        yield
+
+
 def deploy_options(args, feeds: list[dict] | None) -> dict:
     """options["input_shapes"], ["threads"], ["tune"], ["tune_seconds"] from the flags."""
     options = {"input_shapes": merge_input_shapes(args.input_shape, feeds), "threads": args.threads}
+    if args.execution_provider:
+        options["execution_providers"] = list(args.execution_provider)
     if getattr(args, "tune", None) is not None:
         options["tune"] = args.tune
     if getattr(args, "tune_seconds", None) is not None:
