@@ -60,8 +60,10 @@ def files(tmp_path):
 def test_verify_equivalent_models_exit_0(cli, files):
     result = cli("verify", files["scan8"], files["scan8"], "--seeds", "2")
     assert result.code == 0
-    assert "PASSED: equivalent on 2 input set(s) with ort" in result.out
-    assert result.out.count("candidate vs original [ort]") == 4  # 2 outputs x 2 seeds
+    # 2 seeds and the named length T at 1024 steps (a Scan's weak spot)
+    assert "PASSED: equivalent on 3 input set(s) with ort" in result.out
+    assert "'T' = 1024 steps" in result.out
+    assert result.out.count("candidate vs original [ort]") == 6  # 2 outputs x 3 sets
 
 
 def test_verify_perturbed_model_exit_1_names_the_output(cli, files):
