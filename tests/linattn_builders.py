@@ -69,7 +69,7 @@ def attention(rule="linear", *, B=2, H=2, DK=4, DV=3, T=9, nb=2, style="einsum",
     ``decay``: "exp" (a = exp(g), g a scan input), "sigmoid" (a = sigmoid(x)), "const" (0.9).
     ``beta_on``: where β multiplies: "difference" (β(v − Sᵀk)), "product" (β·outer), "key" (outer(βk, ..));
     ``expanded``: the delta rule written S + β k vᵀ − β k (Sᵀk)ᵀ."""
-    bd = [B, H][2 - nb:] if nb else []
+    bd = ([B, H] if dims is None else [dims[0], H])[2 - nb:] if nb else []
     w = _Body(nb)
     S, q, k, v = "S", "q", "k", "v"
     gated = rule in ("gated", "gated_delta")
@@ -90,7 +90,8 @@ def attention(rule="linear", *, B=2, H=2, DK=4, DV=3, T=9, nb=2, style="einsum",
             S_dec = w.node("Mul", [a, S])
     outer = (lambda x, y: w.outer(y, x, style)) if transposed else (lambda x, y: w.outer(x, y, style))
     read_k = (lambda m, x: w.read_col(m, x, style)) if transposed else (lambda m, x: w.read_row(m, x, style))
-    if delta:
+    if delta:  # DeltaNet L2-normalizes its keys (unnormalized, S grows without bound)
+        k = w.node("Div", [k, w.node("ReduceL2", [k, w.const([-1])], keepdims=1)])
         extra_in.append(b.vi("braw", bd))
         extra_outer.append("BR")
         beta = w.node("Sigmoid", ["braw"])
@@ -120,7 +121,7 @@ def attention(rule="linear", *, B=2, H=2, DK=4, DV=3, T=9, nb=2, style="einsum",
     body = h.make_graph(w.nodes, "body", body_in, [b.vi("S_out", s_shape), b.vi("y", bd + [DV])], initializer=w.inits)
     axis = 1 if batch_first and nb else 0
     Tn = T if dims is None else dims[1]
-    outer_bd = bd if dims is None else ([dims[0], H][2 - nb:] if nb else [])
+    outer_bd = bd
 
     def seq(d):
         full = outer_bd + d

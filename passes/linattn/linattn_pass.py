@@ -10,9 +10,9 @@ Emitted: the step values (keys, values, queries, decay and β) lifted over all s
 of :mod:`scanopt.passes.loopfree.lift`, laid out [B, T, H*d] (H = the head axis when b has two
 axes, else 1), the decay in log space (Exp(g) gives g, a sigmoid log-sigmoid = −Softplus(−x), a
 constant its log), ``scale`` the output's constant (1 where none). onnxruntime 1.32 runs the op
-through its function body, whose Reshape refuses an empty batch or zero steps: the inputs are
-padded by one zero step / batch row exactly when that axis is empty (a zero key adds nothing and
-a zero log-decay keeps the state) and the outputs sliced back.
+through its function body, whose Reshape refuses an empty batch or zero steps (and so would a
+Reshape of ours): the lifted values are padded by one zero step / batch row exactly when that axis
+is empty (a zero key adds nothing, a zero log-decay keeps the state) and the outputs sliced back.
 
 Declined with the reason: opset < 27, float16/bfloat16 states (the loop rounds S every step),
 float64 (the op takes float, float16, bfloat16), a state whose dk, dv (and H) are not static,
@@ -166,35 +166,43 @@ class Linattn(ScanPass):
             beta = coefficient(write_const, write_coefs)
         if rule.decay is not None:
             decay = _log_decay(e, rule, coefficient, match, ctx)
+        # Pad an empty step or batch axis by one zero row (module docstring), slice it off after.
+        lead = 1 + min(nb, 1)  # [T] or [T, B] lead the lifted values
+        dims = e.slice(e.op("Shape", [query]), [0], [lead], [0])
+        need = e.op("Sub", [e.ints("one", [1] * lead), e.op("Min", [dims, e.ints("one", [1] * lead)])])
+        zero = e.const("zero", np.zeros([], np.float32))
+
+        def padded(x, rank):
+            pads = e.op("Concat", [e.ints("zero", [0] * rank), need, e.ints("zero", [0] * (rank - lead))], axis=0)
+            return e.op("Pad", [x, pads, zero])
+
+        query, keys, values = (padded(x, nb + 2) for x in (query, keys, values))
+        decay = None if decay is None else padded(decay, nb + 1 + (1 if rule.per_key_decay else 0))
+        beta = None if beta is None else padded(beta, nb + 1)
+        if nb:
+            pads = e.op("Concat", [e.ints("zero", [0] * (nb + 2)), e.slice(need, [1], [2], [0]),
+                                   e.ints("zero", [0] * (nb + 1))], axis=0)
+            s0 = e.op("Pad", [s0, pads, zero])
         to_op = _layout(e, nb, match.heads)
         q_op, k_op, v_op = (to_op.packed(x) for x in (query, keys, values))
         s_op = to_op.state(s0)
         g_op = None if decay is None else (to_op.packed(decay) if rule.per_key_decay else to_op.scalar(decay))
         b_op = None if beta is None else to_op.scalar(beta)
-        # Pad an empty batch or step axis by one zero row (module docstring), slice it off after.
-        dims = e.slice(e.op("Shape", [q_op]), [0], [2], [0])
-        need = e.op("Sub", [e.ints("one", [1, 1]), e.op("Min", [dims, e.ints("one", [1, 1])])])
-        pad3 = e.op("Concat", [e.ints("zero", [0, 0, 0]), need, e.ints("zero", [0])], axis=0)
-        pad4 = e.op("Concat", [e.ints("zero", [0, 0, 0, 0]), e.slice(need, [0], [1], [0]), e.ints("zero", [0, 0, 0])],
-                    axis=0)
-        zero = e.const("zero", np.zeros([], np.float32))
-        padded = [e.op("Pad", [x, pad3, zero]) if x is not None else None for x in (q_op, k_op, v_op, g_op, b_op)]
-        s_padded = e.op("Pad", [s_op, pad4, zero])
-        q_p, k_p, v_p, g_p, b_p = padded
-        op_inputs = [q_p, k_p, v_p, s_padded, g_p if g_p is not None else gs.Variable.empty(),
-                     b_p if b_p is not None else gs.Variable.empty()]
+        op_inputs = [q_op, k_op, v_op, s_op, g_op if g_op is not None else gs.Variable.empty(),
+                     b_op if b_op is not None else gs.Variable.empty()]
         while op_inputs[-1].name == "":
             op_inputs.pop()
         y_op, s_new = e.op("LinearAttention", op_inputs, n_outputs=2, q_num_heads=match.heads,
                            kv_num_heads=match.heads, update_rule=rule.name, scale=float(rule.scale))
-        y_op = e.op("Slice", [y_op, e.ints("zero", [0, 0]), dims, e.ints("axes", [0, 1])])
-        s_new = e.op("Slice", [s_new, e.ints("zero", [0]), e.slice(dims, [0], [1], [0]), e.ints("axes", [0])])
         final = to_op.state_back(s_new)
+        if nb:
+            final = e.op("Slice", [final, e.ints("zero", [0]), e.slice(dims, [1], [2], [0]), e.ints("axes", [0])])
         if rule.transposed:
             final = e.op("Transpose", [final], perm=list(range(nb)) + [nb + 1, nb])
         outputs = []
         if rule.query is not None:
             y = to_op.unpacked(y_op, match.dv)
+            y = e.op("Slice", [y, e.ints("zero", [0] * lead), dims, e.ints("axes", list(range(lead)))])
             outputs.append(from_processing_order(e, y, view, 0, match.rank - 1))
         rebind_outputs(node, [final] + outputs, graph)
         added = place_appended(graph, position, start - 1)
