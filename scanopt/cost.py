@@ -62,9 +62,15 @@ DEFAULT_CONSTANTS = {
 }
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 FORM_NAMES = {(): "loop", ("fuse",): "native", ("hoist",): "hoisted", ("fuse", "hoist"): "hoisted+native",
-              ("vectorize",): "vectorized", ("unroll",): "unrolled"}
+              ("vectorize",): "vectorized", ("unroll",): "unrolled", ("linattn",): "LinearAttention"}
 CELL_STATE_NODES = 12  # the ops around the recomputed gates (products, cuts, activations)
-MODELLED = ("fuse", "hoist", "unroll")  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
+MODELLED = ("fuse", "hoist", "unroll")
+# Forms applied only where measured faster (or under --target portable): unmeasured, the loop stays.
+UNMEASURED_KEEPS_LOOP = {
+    "linattn": "onnxruntime 1.32 CPU runs LinearAttention through its function body (itself a Scan): 1.1x "
+               "the time of a one-node loop (issue 32), 0.14-0.24x that of Einsum bodies (benchmarks/bench_linattn.py), "
+               "so only a measurement at the model's shapes can tell",
+}  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
 
 
 def form_name(passes) -> str:
@@ -143,6 +149,9 @@ class CostPolicy:
             if steps < below:
                 return Estimate(False, None, f"declared {steps} steps, unmeasured: this form measured slower than the "
                                              f"loop below {below}")
+        if pass_name in UNMEASURED_KEEPS_LOOP:
+            return Estimate(False, None, f"not applied unmeasured: {UNMEASURED_KEEPS_LOOP[pass_name]}; declare shapes "
+                                         "(--input-shape) to have it measured, or --target portable")
         if pass_name == "upgrade":
             return _upgrade(view, match, scan_shape(node, view, match, ctx, self.deployment))
         if pass_name == "unroll" and "unroll_max" in ctx.options:  # the user chose the threshold

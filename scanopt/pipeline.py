@@ -1,7 +1,7 @@
 """The pipeline: runs passes in order over every graph level, to a fixed point, then
 verifies the result numerically and rolls back rewrites that fail.
 
-Order (PIPELINE_ORDER): loop_to_scan -> upgrade -> canonicalize -> fuse -> linrec -> distances ->
+Order (PIPELINE_ORDER): loop_to_scan -> upgrade -> canonicalize -> fuse -> linattn -> linrec -> distances ->
 vectorize -> hoist -> unroll -> cleanup. Fusion runs before unrolling because unrolling destroys
 the patterns fusion needs. Passes not yet built are simply absent from the registry.
 """
@@ -27,7 +27,7 @@ from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
 
-PIPELINE_ORDER = ("loop_to_scan", "upgrade", "canonicalize", "fuse", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
+PIPELINE_ORDER = ("loop_to_scan", "upgrade", "canonicalize", "fuse", "linattn", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
 MAX_ROUNDS = 8
 
 
