@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    from scanopt.cli.deploy_args import split_input_shapes
+
+    args = parser.parse_args(split_input_shapes(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
