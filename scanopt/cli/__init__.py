@@ -73,12 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_streams()
     with handled_signals():  # before build_parser imports the heavy modules
         try:
             return _main(argv)
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: staging removed on the way here
             print(f"scanopt: {describe(exc)}", file=sys.stderr)
             return exit_code(exc)
+
+
+def _tolerant_streams() -> None:
+    """Write what the console can take: a character its encoding lacks (a redirected Windows
+    console is cp1252; reports say ⊙ and →) becomes '?' instead of a UnicodeEncodeError
+    ending the run after the model was written."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="replace")
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper, or already closed
+            pass
 
 
 def _main(argv: list[str] | None) -> int:
