@@ -24,3 +24,46 @@ def test_a_console_without_the_reports_characters_gets_replacements_not_a_traceb
     assert result.returncode == 0 and "Traceback" not in err, err
     text = (tmp_path / "log").read_bytes().decode("cp1252")
     assert "wrote" in text and "?" in text and out.exists()
+
+
+def _rnn_over_a_computed_prefix(h0_dims):
+    """A tanh RNN Scan over x[:k], k = ceil(T / 2): the Scan reads 'prefix', a value computed
+    in the model whose shape no inference gives; x is the graph input it comes from."""
+    import numpy as np
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from builders import vi
+    from reference_helpers import const, make_model
+
+    rng = np.random.default_rng(0)
+    body = oh.make_graph(
+        [oh.make_node("MatMul", ["x_t", "W"], ["xw"]), oh.make_node("MatMul", ["h", "R"], ["hr"]),
+         oh.make_node("Add", ["xw", "hr"], ["pre"]), oh.make_node("Tanh", ["pre"], ["h_new"]),
+         oh.make_node("Identity", ["h_new"], ["y_t"])],
+        "body", [vi("h", ["B", 4]), vi("x_t", ["B", 3])], [vi("h_new", ["B", 4]), vi("y_t", ["B", 4])])
+    nodes = [
+        const("W", rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32)),
+        const("R", rng.uniform(-0.5, 0.5, (4, 4)).astype(np.float32)),
+        oh.make_node("Shape", ["x"], ["shape"], start=0, end=1), oh.make_node("Cast", ["shape"], ["tf"], to=TP.FLOAT),
+        const("two", np.array([2.0], np.float32)), oh.make_node("Div", ["tf", "two"], ["half"]),
+        oh.make_node("Ceil", ["half"], ["up"]), oh.make_node("Cast", ["up"], ["k"], to=TP.INT64),
+        const("zero", np.array([0], np.int64)), oh.make_node("Slice", ["x", "zero", "k", "zero"], ["prefix"]),
+        oh.make_node("Scan", ["h0", "prefix"], ["h_n", "y"], body=body, num_scan_inputs=1),
+    ]
+    return make_model(17, nodes, [vi("x", ["T", h0_dims[0], 3]), vi("h0", h0_dims)],
+                      [vi("h_n", h0_dims), vi("y", [None, h0_dims[0], 4])])
+
+
+def test_the_declare_hint_names_graph_inputs_only(monkeypatch, tmp_path):
+    """The Scan reads 'prefix' (computed); the hint said "declare it with --input-shape" of
+    'prefix', which --input-shape refuses (no such input). It names x, the input to declare."""
+    import scanopt
+
+    monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
+    _, report = scanopt.optimize(_rnn_over_a_computed_prefix([4, 4]), options={"tune": True}, seeds=1)
+    line, = [n for n in report.tuning if "not measured (deployment shape of" in n]
+    assert "'prefix' unknown" in line and "computed from x: declare it with --input-shape" in line, line
+    _, report = scanopt.optimize(_rnn_over_a_computed_prefix(["B", 4]), options={"tune": True}, seeds=1)
+    line, = [n for n in report.tuning if "not measured (deployment shape of" in n]
+    assert "'h0' unknown: [?,4]; declare it with --input-shape" in line, line  # a graph input: itself
