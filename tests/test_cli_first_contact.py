@@ -67,3 +67,43 @@ def test_the_declare_hint_names_graph_inputs_only(monkeypatch, tmp_path):
     _, report = scanopt.optimize(_rnn_over_a_computed_prefix(["B", 4]), options={"tune": True}, seeds=1)
     line, = [n for n in report.tuning if "not measured (deployment shape of" in n]
     assert "'h0' unknown: [?,4]; declare it with --input-shape" in line, line  # a graph input: itself
+
+
+def test_contradictory_input_shapes_are_refused_in_one_line(cli, tmp_path):
+    """batch 8 in X, 4 in h_0: accepted before, onnxruntime's error log on stderr, a report
+    line cut mid-word and fuse applied anyway. Now exit 2, one line, nothing written."""
+    out = tmp_path / "o.onnx"
+    result = cli("optimize", os.path.join(MODELS, "scan_rnn.onnx"), out, "--input-shape", "X:100,8,3", "h_0:4,4")
+    assert result.code == 2 and not out.exists(), result
+    assert result.err.strip() == "scanopt: input shapes contradict: dim 'batch' is 8 in 'X' (axis 1) and 4 in 'h_0' (axis 0)"
+    agreed = cli("optimize", os.path.join(MODELS, "scan_rnn.onnx"), out, "--input-shape", "X:100,8,3", "h_0:8,4", "-q")
+    assert agreed.code == 0, agreed.err
+
+
+def test_the_library_refuses_contradictory_shapes_too():
+    import pytest
+
+    import scanopt
+
+    with pytest.raises(scanopt.InvalidArgumentError, match="dim 'batch' is 8"):
+        scanopt.optimize(os.path.join(MODELS, "scan_rnn.onnx"), input_shapes={"X": [100, 8, 3], "h_0": [4, 4]})
+
+
+def test_a_form_onnxruntime_fails_to_run_while_timed_logs_nothing_to_stderr(capfd):
+    """onnxruntime's own error lines (red, timestamped) leaked to stderr when a timed form
+    failed; the failure comes back as an exception, which the report words."""
+    import numpy as np
+    import pytest
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from scanopt import timing
+
+    graph = oh.make_graph([oh.make_node("Add", ["a", "b"], ["c"])], "g",
+                          [oh.make_tensor_value_info("a", TP.FLOAT, None), oh.make_tensor_value_info("b", TP.FLOAT, None)],
+                          [oh.make_tensor_value_info("c", TP.FLOAT, None)])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(Exception):
+        timing.measure({"loop": model}, {"a": np.zeros(2, np.float32), "b": np.zeros(3, np.float32)},
+                       threads=1, seconds=0.1)
+    assert "onnxruntime" not in capfd.readouterr().err
