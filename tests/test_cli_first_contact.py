@@ -107,3 +107,29 @@ def test_a_form_onnxruntime_fails_to_run_while_timed_logs_nothing_to_stderr(capf
         timing.measure({"loop": model}, {"a": np.zeros(2, np.float32), "b": np.zeros(3, np.float32)},
                        threads=1, seconds=0.1)
     assert "onnxruntime" not in capfd.readouterr().err
+
+
+def test_library_feeds_of_the_wrong_dtype_are_refused_as_the_cli_refuses_them(tmp_path):
+    """float64 for an int64 input: the CLI said exit 2; the library went on and its report
+    said both "1 replaced" and "nothing was rewritten"."""
+    import numpy as np
+    import pytest
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    import scanopt
+
+    graph = oh.make_graph([oh.make_node("Cast", ["n"], ["f"], to=TP.FLOAT), oh.make_node("Add", ["f", "x"], ["y"])], "g",
+                          [oh.make_tensor_value_info("n", TP.INT64, [2]), oh.make_tensor_value_info("x", TP.FLOAT, [2])],
+                          [oh.make_tensor_value_info("y", TP.FLOAT, [2])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    feeds = {"n": np.array([1.0, 2.0]), "x": np.zeros(2, np.float32)}
+    with pytest.raises(scanopt.InvalidArgumentError, match="input 'n' is float64; the model wants int64"):
+        scanopt.optimize(model, inputs=feeds)
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    from scanopt.cli import main
+
+    assert main(["optimize", str(path), str(tmp_path / "o.onnx"), "--inputs", str(tmp_path / "feeds.npz")]) == 2
+    scanopt.optimize(model, inputs={"n": np.array([1, 2]), "x": np.zeros(2, np.float32)})  # the right dtype runs
