@@ -133,3 +133,18 @@ def test_library_feeds_of_the_wrong_dtype_are_refused_as_the_cli_refuses_them(tm
 
     assert main(["optimize", str(path), str(tmp_path / "o.onnx"), "--inputs", str(tmp_path / "feeds.npz")]) == 2
     scanopt.optimize(model, inputs={"n": np.array([1, 2]), "x": np.zeros(2, np.float32)})  # the right dtype runs
+
+
+def test_a_model_whose_loops_became_scans_gets_the_summary(cli, tmp_path):
+    """Keras SimpleRNN exported by tf2onnx: a Loop that loop_to_scan converts and fuse declines.
+    The report had no "Scans found", no "why it stays a Scan", and the JSON said "scans": 0."""
+    import json
+
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    result = cli("optimize", os.path.join(MODELS, "loops", "keras_simplernn.onnx"), out, "--report", report)
+    assert result.code == 0, result.err
+    assert "1 Scan found (1 from a Loop): 0 replaced, 1 still a Scan" in result.out
+    assert "why it stays a Scan" in result.out and "fuse            1  predicted slower" in result.out
+    summary = json.loads(report.read_text())["summary"]
+    assert (summary["scans"], summary["from_loops"], summary["left"]) == (1, 1, 1)
+    assert summary["tidied"]["loop_to_scan"] == 1 and "fuse" in summary["left_reasons"]
