@@ -24,7 +24,8 @@ Rewrite ONNX Scan nodes into faster, more portable, equivalent forms and prove
 each rewrite numerically before writing anything.
 
 examples:
-  scanopt optimize model.onnx model.opt.onnx
+  scanopt optimize model.onnx model.opt.onnx --input-shape X:100,8,64   # the shapes it runs at
+  scanopt optimize model.onnx model.opt.onnx --target portable          # every proven rewrite
   scanopt optimize model.onnx out.onnx --passes cleanup --report report.json
   scanopt inspect model.onnx --json
   scanopt run model.onnx --inputs feeds.npz --engine reference
