@@ -190,6 +190,13 @@ def _check_feeds(model: onnx.ModelProto, feeds: dict) -> None:
     for name, value in feeds.items():
         if np.asarray(value).dtype.kind not in "biufc":
             raise InvalidArgumentError(f"inputs[{name!r}] must be a numeric or bool array, not {type(value).__name__}")
+    from scanopt.errors import ScanoptError
+    from scanopt.inputs import check_feeds
+
+    try:  # dtypes, ranks, static dims and shared symbolic dims, as the CLI checks --inputs
+        check_feeds(model, feeds)
+    except ScanoptError as exc:
+        raise InvalidArgumentError(f"inputs: {exc}") from None
 
 
 def _feeds(inputs) -> list[dict] | None:

@@ -413,6 +413,8 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
             report.timings.append(PassTiming(scan_pass.name, time.perf_counter() - start, result.modified))
             report.add_outcomes(result.outcomes)
             changed |= result.modified
+            if result.modified and scan_pass.name == "loop_to_scan":
+                _describe_converted(graph, ctx, report)
         report.modified |= changed
         if not changed:
             break
@@ -425,6 +427,16 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
     optimized = export_model(graph, model)
     report.ops_after = count_ops(optimized)
     return optimized, report
+
+
+def _describe_converted(graph, ctx: PassContext, report: Report) -> None:
+    """Scans that Loops became join the report's Scans (marked ``from_loop``): the summary
+    counts them and says why each stays a Scan, as for the model's own."""
+    known = {(s["node"], s["graph_path"]) for s in report.scans}
+    for scan in describe_scans(graph, ctx):
+        if (scan["node"], scan["graph_path"]) not in known:
+            scan["from_loop"] = True
+            report.scans.append(scan)
 
 
 def applied_keys(report: Report) -> list[tuple[str, str]]:

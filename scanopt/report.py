@@ -27,9 +27,9 @@ WIDTH = 100  # the longest line the text report prints
 TOP_REASONS = 3  # reasons shown per pass for the Scans left
 FEW_SCANS = 6  # up to this many Scans, each one's applied rewrites are listed by default too
 # passes that tidy a Scan and keep it a Scan; any other applied pass replaced the loop
-KEEPS_SCAN = ("upgrade", "canonicalize", "hoist", "cleanup")
+KEEPS_SCAN = ("loop_to_scan", "upgrade", "canonicalize", "hoist", "cleanup")
 # passes whose skips say nothing about why a Scan stays a loop ("already canonical")
-TIDY = ("canonicalize", "hoist", "cleanup")
+TIDY = ("loop_to_scan", "canonicalize", "hoist", "cleanup")
 WENT_WITH_ANOTHER = "replaced by another Scan's rewrite (its bidirectional partner, say)"
 NOISE_FLOOR = 0.95  # a speed-up above it is "about as fast" (scanopt.cost.NOISE)
 
@@ -124,6 +124,7 @@ class Report:
         return {
             "scans": len(self.scans),
             "nested": sum(1 for s in self.scans if s.get("depth", 0) > 0),
+            "from_loops": sum(1 for s in self.scans if s.get("from_loop")),
             "replaced": dict(replaced.most_common()),
             "tidied": dict(tidied.most_common()),
             "left": len(left),
@@ -162,7 +163,10 @@ class Report:
 
     def _summary_lines(self) -> list[str]:
         s = self.summary()
-        nested = f" ({s['nested']} nested in bodies)" if s["nested"] else ""
+        notes = [f"{s['nested']} nested in bodies"] if s["nested"] else []
+        if s["from_loops"]:
+            notes.append(f"{s['from_loops']} from {'a Loop' if s['from_loops'] == 1 else 'Loops'}")
+        nested = f" ({'; '.join(notes)})" if notes else ""
         lines = [f"{_scans(s['scans'])} found{nested}: {s['scans'] - s['left']} replaced, {s['left']} still a Scan"]
         for form, n in s["replaced"].items():
             lines.append(f"  {n:>5}  {form}")
@@ -284,7 +288,7 @@ def _scans(n: int) -> str:
 
 
 def _tidied(pass_name: str) -> str:
-    return {"upgrade": "upgraded", "canonicalize": "canonicalized", "hoist": "hoisted", "cleanup": "cleaned"}.get(
+    return {"loop_to_scan": "converted from a Loop", "upgrade": "upgraded", "canonicalize": "canonicalized", "hoist": "hoisted", "cleanup": "cleaned"}.get(
         pass_name, pass_name)
 
 

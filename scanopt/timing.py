@@ -48,7 +48,7 @@ def session(model: onnx.ModelProto, threads: int | None, providers: list[str] | 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or 0
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3  # onnxruntime's optimizer notes (an initializer it folded away) are not ours
+    options.log_severity_level = 4  # its notes and its error log lines are not ours: errors come back as exceptions
     model_bytes, kept = ort_source(model, options, prepack=True)
     made = ort.InferenceSession(model_bytes, options, providers=providers or ["CPUExecutionProvider"])
     made.scanopt_weights = kept  # alive as long as the session

@@ -30,7 +30,7 @@ import onnx
 
 from scanopt import timing, tune_cache
 from scanopt.cost import NEUTRAL_PASSES, form_name
-from scanopt.protos import attribute_graphs, outer_names, proto_node_label
+from scanopt.protos import attribute_graphs, fed_inputs, outer_names, proto_node_label
 from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, ShapeTable
 from scanopt.validate import default_opset
 
@@ -80,7 +80,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             continue
         label = proto_node_label(node)
         sub = _extract(node, inits, original_shapes, model, read, index)
-        feeds_shapes = _deployment_inputs(sub, deployment)
+        feeds_shapes = _deployment_inputs(sub, deployment, model, index)
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
             notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
             continue
@@ -305,8 +305,10 @@ def _typed(name: str, shapes: ShapeTable) -> onnx.ValueInfoProto | None:
     return onnx.helper.make_tensor_value_info(name, elem, dims)
 
 
-def _deployment_inputs(sub, deployment: ShapeTable):
-    """{input name: (elem type, concrete shape)} of the subgraph at the deployment shapes, or why not."""
+def _deployment_inputs(sub, deployment: ShapeTable, model: onnx.ModelProto | None = None,
+                       index: GraphIndex | None = None):
+    """{input name: (elem type, concrete shape)} of the subgraph at the deployment shapes, or why not.
+    The reason's hint names only what ``--input-shape`` accepts: graph inputs."""
     if isinstance(sub, str):
         return sub
     found = {}
@@ -314,11 +316,41 @@ def _deployment_inputs(sub, deployment: ShapeTable):
         elem, shape = deployment.type_of(value.name)
         if not elem or shape is None or not all(isinstance(d, int) for d in shape):
             dims = "?" if shape is None else ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
-            return f"deployment shape of '{value.name}' unknown: [{dims}]; declare it with --input-shape"
+            return f"deployment shape of '{value.name}' unknown: [{dims}]; " + _declare_hint(value.name, deployment, model, index)
         found[value.name] = (elem, tuple(shape))
     from scanopt.inputs import numpy_dtype, over_feed_budget
 
     return over_feed_budget({name: (numpy_dtype(elem, name), shape) for name, (elem, shape) in found.items()}) or found
+
+
+def _declare_hint(name: str, deployment: ShapeTable, model: onnx.ModelProto | None, index: GraphIndex | None) -> str:
+    """What to declare for ``name``: itself when it is a graph input, else the graph inputs it is
+    computed from whose deployment shape is not known."""
+    if model is None:
+        return "declare it with --input-shape"
+    fed = [v.name for v in fed_inputs(model.graph)]
+    if name in fed:
+        return "declare it with --input-shape"
+    index = index or GraphIndex(model.graph)
+    seen, pending, sources = {name}, [name], set()
+    while pending:
+        producer = index.written.get(pending.pop())
+        for read in node_reads(producer) if producer is not None else ():
+            if read in seen:
+                continue
+            seen.add(read)
+            if read in fed:
+                sources.add(read)
+            else:
+                pending.append(read)
+    unknown = [n for n in fed if n in sources and not _static(deployment.type_of(n)[1])]
+    if unknown:
+        return f"it is computed from {', '.join(unknown)}: declare {'it' if len(unknown) == 1 else 'them'} with --input-shape"
+    return "it is computed in the model and its shape is known only when it runs"
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def _shape_key(shapes: dict) -> str:

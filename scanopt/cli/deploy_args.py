@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from contextlib import contextmanager
 
@@ -12,9 +13,9 @@ from scanopt.deploy import merge_input_shapes
 
 
 def add_deploy_arguments(parser: argparse.ArgumentParser, *, tune: bool = True) -> None:
-    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
-                        help="a shape the model will run at (repeatable; onnxsim's --overwrite-input-shape syntax, "
-                             "e.g. X:100,8,64): the cost policy, the measurements and one verification seed use it; "
+    parser.add_argument("--input-shape", nargs="+", action="extend", default=[], metavar="NAME:D0,D1,...",
+                        help="a shape the model will run at (repeatable, or several after one flag as onnxsim takes "
+                             "them: --input-shape X:100,8,64 h0:8,4): the cost policy, the measurements and one verification seed use it; "
                              "the model's interface does not change (--inputs implies the shapes of its arrays)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="intra-op threads the model will run with, which the choice of forms is made for "
@@ -81,3 +82,28 @@ def deploy_options(args, feeds: list[dict] | None) -> dict:
             raise ScanoptError("--tune-seconds must be more than 0")
         options["tune_seconds"] = args.tune_seconds
     return options
+
+
+# NAME:D0,D1,... (a scalar: NAME:); the name may hold ':' (tf2onnx's "x:0")
+_SHAPE = re.compile(r"[^-].*:\s*(\d+\s*(,\s*\d+\s*)*)?")
+
+
+def split_input_shapes(argv: list[str]) -> list[str]:
+    """``--input-shape a:1,2 b:3`` -> ``--input-shape=a:1,2 --input-shape=b:3``: each shape
+    bound to its own flag, so the values after one flag stop at the first that is not a
+    shape and positionals after them (IN, OUT) are never taken for shapes."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        if token == "--input-shape" and i + 1 < len(argv) and _SHAPE.fullmatch(argv[i + 1]):
+            i += 1
+            while i < len(argv) and _SHAPE.fullmatch(argv[i]):
+                out.append(f"--input-shape={argv[i]}")
+                i += 1
+            continue
+        out.append(token)
+        i += 1
+    return out

@@ -13,8 +13,10 @@ from scanopt.pipeline import optimize, select_passes
 
 EPILOG = """\
 examples:
-  scanopt optimize model.onnx model.opt.onnx
   scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 --threads 1
+  scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 h0:8,32   # onnxsim's form
+  scanopt optimize model.onnx out.onnx --target portable   # every proven rewrite, for other backends
+  scanopt optimize model.onnx model.opt.onnx   # no shapes: a form must win over a range of sizes
   scanopt optimize model.onnx out.onnx --no-tune     # same output on every machine
   scanopt optimize model.onnx out.onnx --passes upgrade,canonicalize --report report.json
   scanopt optimize model.onnx out.onnx --skip unroll --inputs feeds.npz --strict
