@@ -54,6 +54,7 @@ class Report:
     verification: dict | None = None
     warnings: list[str] = field(default_factory=list)
     tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
+    before_after: list[str] = field(default_factory=list)  # the CLI's table (scanopt.before_after), in place of the ops line
     target: str = ""  # --execution-provider: the provider the forms were ranked for, and how (scanopt.providers)
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:
@@ -145,7 +146,7 @@ class Report:
         if self.scans:
             lines += self._summary_lines()
         changes = self.op_changes()
-        if changes:
+        if changes and not self.before_after:
             lines += _wrapped("ops: " + ", ".join(f"{op} {b} -> {a}" for op, (b, a) in changes.items()), "     ")
         if self.target:
             lines += _wrapped(f"target {self.target}", "  ")
@@ -157,6 +158,7 @@ class Report:
             lines += _wrapped(f"verification: {self.verification.get('summary', '')}{took}", "  ")
         for warning in self.warnings:
             lines += _wrapped(f"warning: {warning}", "  ")
+        lines += self.before_after
         if self.scans and not verbose:
             lines.append("every pass's verdict on every Scan: -v, or --report FILE.json")
         return printable_lines(lines)

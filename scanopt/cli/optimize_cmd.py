@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+import time
 
+from scanopt import before_after
 from scanopt.cli.common import add_job_arguments, comma_list, job_progress, start_job, text_writer
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.errors import ScanoptError, VerificationError, did_you_mean
@@ -93,6 +95,7 @@ def run(args) -> int:
 
 
 def _run(args, progress) -> int:
+    started = time.perf_counter()
     if progress is not None:
         progress(f"loading {args.input}")
     loaded, feeds, plan = start_job(args)
@@ -127,6 +130,8 @@ def _run(args, progress) -> int:
     if progress is not None:
         progress.close()
     if not args.quiet:
+        if report.modified:
+            report.before_after = before_after.table(loaded.model, result, time.perf_counter() - started)
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"
         print(f"wrote {args.output} ({state})")
