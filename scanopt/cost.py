@@ -22,7 +22,7 @@ ops and loop-free forms are what other backends can run).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 NOISE = 0.05
@@ -78,6 +78,7 @@ class Estimate:
     speedup: float | None  # original / rewritten time; None when nothing predicts it
     note: str  # for the report: the numbers behind the choice, or why the rewrite was not applied
     measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
+    kept: str = ""  # on a decline: the form chosen instead ("loop" or another form), where known
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,17 @@ class CostPolicy:
         top = level is None or not getattr(level, "path", "")
         origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
         if top and origin in self.measured and pass_name != "upgrade":
-            return _measured_verdict(pass_name, self.measured[origin])
+            choice = self.measured[origin]
+            if choice.get("form") is not None:
+                return _measured_verdict(pass_name, choice)
+            from scanopt.tune import undecided_text
+
+            modelled = self._unmeasured(pass_name, node, view, match, ctx, level)
+            return modelled if modelled is None else replace(modelled, note=f"{undecided_text(choice)}; {modelled.note}")
+        return self._unmeasured(pass_name, node, view, match, ctx, level)
+
+    def _unmeasured(self, pass_name: str, node: Any, view: Any, match: Any, ctx: Any, level: Any) -> Estimate | None:
+        """The decision without a measurement: the target, the form's own bounds, the model."""
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
         below = getattr(match, "slower_below", None)
@@ -189,7 +200,8 @@ class CostPolicy:
         else:
             why = "predicted slower than the loop"
         return Estimate(False, speedup, f"not applied: {why} on onnxruntime CPU (modelled: {listing}; {where}); "
-                                        "declare shapes (--input-shape) to measure, --target portable applies it anyway")
+                                        "declare shapes (--input-shape) to measure, --target portable applies it anyway",
+                        kept=form_name((best,)) if best != "loop" else "loop")
 
     def _alternatives(self, pass_name: str, node: Any, view: Any, level: Any, ctx: Any):
         """(pass, its match) for the other modelled passes of this run that would rewrite this Scan."""
@@ -274,7 +286,7 @@ def _measured_verdict(pass_name: str, choice: dict) -> Estimate:
                                           f" ({times[loop] * 1e3:.3g} ms; no form faster beyond the noise)")
     head += f"; {mine} {mine_time * 1e3:.3g} ms" if mine_time is not None and mine != best else ""
     return Estimate(False, times[loop] / mine_time if mine_time else None,
-                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True)
+                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True, kept=best)
 
 
 # upgrade strategy (c) at batch 1 with sequence_lens against the Scan-8 it replaces

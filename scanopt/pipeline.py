@@ -265,7 +265,7 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
     measured, notes = tune(model, _run_passes, chosen, options, deployment)
     notes = observed_notes + notes
     options = dict(options, measured=measured)
-    if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
+    if _scans_in(model) > sum(1 for c in measured.values() if c.get("form")):  # some Scan is modelled: calibrate the model here (cached)
         import scanopt.tune
         from scanopt.calibrate import scales
 

@@ -51,7 +51,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
-    threads = options.get("threads")
+    threads = options.get("threads") or 1  # one thread, thread CPU time, unless the user names more
+    retune = bool(options.get("retune"))
     budget = float(options.get("tune_seconds", MODEL_SECONDS))
     per_scan = float(options.get("tune_scan_seconds", SCAN_SECONDS))
     directory = tune_cache.cache_dir(options)
@@ -82,7 +83,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
             continue
         entry = tune_cache.key(sub, names, base_options, threads) + _shape_key(feeds_shapes)
-        choice = by_key.get(entry) or tune_cache.load(directory, entry)
+        choice = by_key.get(entry) or (None if retune else tune_cache.load(directory, entry))
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
@@ -96,17 +97,20 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             continue  # no pass rewrites it: nothing to choose
         feeds = _feeds(sub, feeds_shapes)
         try:
-            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads,
-                              seconds=min(per_scan, max(deadline - time.perf_counter(), 0.05)))
+            seconds = min(per_scan, max(deadline - time.perf_counter(), 0.05))
+            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads, seconds=seconds,
+                              patience=min(seconds, max(deadline - time.perf_counter() - seconds, 0.0)))
         except Exception as exc:  # noqa: BLE001 - a form onnxruntime cannot run is not a winner
             notes.append(f"{label}: not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead")
             continue
         if isinstance(timings, str):
             notes.append(f"{label}: not measured ({timings}); modelled instead")
             continue
-        best = timing.best_form(timings)
+        verdict = timing.decide(timings)
+        best = verdict.form
         choice = {
-            "form": best,
+            "form": best if verdict.outcome != "undecided" else None,
+            "verdict": verdict.outcome,
             "passes": sorted(forms[best][1]),
             "times": {name: t.seconds for name, t in timings.forms.items()},
             "ratios": {name: t.ratio for name, t in timings.forms.items()},
@@ -117,7 +121,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             "same": same,
             "threads": threads,
         }
-        tune_cache.store(directory, entry, choice)
+        if verdict.final:  # a decision under high noise is measured again next run
+            tune_cache.store(directory, entry, choice)
         by_key[entry] = choice
         measured[label] = dict(choice, cached=False)
         notes.append(_line(label, measured[label]))
@@ -132,13 +137,27 @@ def _origin(declared: bool, observed: set[str]) -> str:
 
 
 def _line(label: str, choice: dict) -> str:
-    """The report's line for a measured Scan: every form's time and the one kept."""
+    """The report's line for a measured Scan: every form's time and the one kept, in words
+    that match the numbers."""
     # the loop first, then fastest first: the same line whether measured now or read from the cache
     order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
     times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
-    return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
-            + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
-            + ")")
+    how = "cached" if choice.get("cached") else f"{choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%"
+    if choice.get("form") is None:
+        return f"{label}: {undecided_text(choice)} ({choice['where']}, {how}); modelled instead"
+    won = choice["form"]
+    if won == "loop":
+        why = "no form faster beyond the noise"
+    else:
+        why = f"{choice['times']['loop'] / choice['times'][won]:.2f}x faster than the loop"
+    return f"{label}: {times} -> {won} ({why}; {choice['where']}, {how})"
+
+
+def undecided_text(choice: dict) -> str:
+    """What a measurement the noise left open says (the report's and the cost note's words)."""
+    order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
+    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
+    return f"measured {times}: undecided under noise {choice['noise'] * 100:.0f}% after {choice['rounds']} rounds"
 
 
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:

@@ -117,7 +117,7 @@ def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int
     import onnxruntime as ort
 
     relevant = {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool)) and k not in
-                ("tune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
+                ("tune", "retune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
     parts = [FORMAT, code_fingerprint(), signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__,
              cpu_model(),
              threads or "default"]

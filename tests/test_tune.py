@@ -24,7 +24,7 @@ class FakeTimer:
     def __init__(self, factors=None, noise=0.02):
         self.factors, self.noise, self.calls = dict(factors or {}), noise, []
 
-    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True):
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None):
         self.calls.append((list(forms), {k: v.shape for k, v in feeds.items()}, threads))
         return Timings({name: FormTime(1e-3 * self.factors.get(name, 1.0), self.factors.get(name, 1.0), 0.0)
                         for name in forms}, self.noise, 9, "thread CPU")
@@ -58,8 +58,8 @@ def test_the_readme_sample_fuses_when_the_native_rnn_measures_fastest_at_the_dec
     assert fuse.expected.startswith("native applied: 0.3 ms vs loop 1 ms (3.33x), hoisted 0.8 ms; T=100 B=8 (declared)")
     assert "hoisted+native is native" in fuse.expected  # fusing leaves nothing to hoist: said so
     assert report.verification["passed"] is True
-    assert report.tuning == ["scan_rnn: loop 1 ms, native 0.3 ms, hoisted 0.8 ms -> native (T=100 B=8 (declared), "
-                             "9 rounds, noise 2%)"]
+    assert report.tuning == ["scan_rnn: loop 1 ms, native 0.3 ms, hoisted 0.8 ms -> native (3.33x faster than the "
+                             "loop; T=100 B=8 (declared), 9 rounds, noise 2%)"]
     assert [d.dim_param for d in out.graph.input[0].type.tensor_type.shape.dim][:2] == ["seq", "batch"]
 
 
@@ -234,7 +234,8 @@ def test_every_pass_that_rewrites_the_scan_is_a_candidate_form(timer):
     (forms, feeds, _), = timer.calls
     assert forms == ["loop", "unrolled"] and feeds == {"s0": (2,), "X": (3, 2)}
     assert "Scan" not in ops(out)
-    assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (T=3 B=1 (static)")
+    assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (2.00x faster than the loop; "
+                                       "T=3 B=1 (static)")
 
 
 def test_a_loop_that_loop_to_scan_converts_is_measured_at_the_declared_shapes_like_a_scan(timer):
