@@ -21,13 +21,17 @@ RNN = os.path.join(MODELS, "scan_rnn.onnx")  # I=3, H=4, dims seq and batch symb
 class FakeTimer:
     """Stands in for scanopt.timing.measure: ``factors`` form -> time relative to the loop."""
 
-    def __init__(self, factors=None, noise=0.02):
+    def __init__(self, factors=None, noise=0.02, scatter=1.0):
         self.factors, self.noise, self.calls = dict(factors or {}), noise, []
+        self.scatter = scatter  # each ratio's confidence interval: [ratio / scatter, ratio * scatter]
 
     def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None):
         self.calls.append((list(forms), {k: v.shape for k, v in feeds.items()}, threads))
-        return Timings({name: FormTime(1e-3 * self.factors.get(name, 1.0), self.factors.get(name, 1.0), 0.0)
-                        for name in forms}, self.noise, 9, "thread CPU")
+        def form(name):
+            ratio = self.factors.get(name, 1.0)
+            return FormTime(1e-3 * ratio, ratio, 0.0, ratio / self.scatter, ratio * self.scatter)
+
+        return Timings({name: form(name) for name in forms}, self.noise, 9, "thread CPU")
 
 
 @pytest.fixture
@@ -154,6 +158,32 @@ def test_the_default_measures_where_shapes_are_known(monkeypatch, timer):
     timer.factors = {"native": 0.3}
     scanopt.optimize(onnx.load(RNN), options={"input_shapes": {"X": [16, 1, 3]}}, verify=False)
     assert len(timer.calls) == 1
+
+
+def test_a_measurement_the_noise_leaves_open_falls_to_the_model_says_so_and_is_not_cached(timer):
+    timer.factors, timer.noise, timer.scatter = {"native": 0.6, "hoisted": 0.9}, 0.4, 3.0
+    out, report = run(input_shapes={"X": [100, 8, 3]})
+    assert report.tuning[0].startswith("scan_rnn: measured loop 1 ms, native 0.6 ms, hoisted 0.9 ms: undecided under "
+                                       "noise 40% after 9 rounds"), report.tuning
+    assert report.tuning[0].endswith("modelled instead")
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
+    text = fuse.expected or fuse.detail
+    assert text.startswith("measured loop 1 ms") and "(modelled: " in text and not fuse.measured, text
+    run(input_shapes={"X": [100, 8, 3]})
+    scan = [forms for forms, _, _ in timer.calls if "native" in forms]  # the others calibrate the model
+    assert len(scan) == 2  # not cached: measured again
+
+
+def test_retune_measures_again_and_overwrites_the_cache(timer):
+    timer.factors = {"native": 0.3}
+    run(input_shapes={"X": [16, 1, 3]})
+    run(input_shapes={"X": [16, 1, 3]})
+    assert len(timer.calls) == 1
+    timer.factors = {"native": 1.5, "hoisted": 0.5}
+    _, report = run(input_shapes={"X": [16, 1, 3]}, retune=True)
+    assert len(timer.calls) == 2 and "-> hoisted" in report.tuning[0]
+    _, report = run(input_shapes={"X": [16, 1, 3]})  # the new choice was written over the old
+    assert len(timer.calls) == 2 and "-> hoisted" in report.tuning[0] and "cached" in report.tuning[0]
 
 
 def test_best_form_needs_an_advantage_beyond_the_noise():
