@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -51,6 +51,7 @@ class Timings:
     noise: float  # relative: how far two identical forms' medians may differ here, at least NOISE_FLOOR
     rounds: int
     clock: str  # "thread CPU" or "wall"
+    samples: dict | None = field(default=None, compare=False, repr=False)  # {form: per-round seconds}, A/A included
 
 
 @dataclass(frozen=True)
@@ -85,20 +86,23 @@ def session(model: onnx.ModelProto, threads: int | None):
 
 
 def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, check_budget: bool = True,
-            patience: float | None = None) -> Timings | str:
+            patience: float | None = None, form_feeds: dict | None = None) -> Timings | str:
     """Time ``forms`` (name -> model; the first is the original) on ``feeds``, interleaved,
     for about ``seconds`` (at least MIN_ROUNDS rounds, at most MAX_ROUNDS); while the verdict
     is undecided, up to ``patience`` seconds more (default: ``seconds`` again). With
     ``check_budget``, returns why not instead when MIN_ROUNDS rounds would take more than
-    twice ``seconds`` (known after the first round). ``threads`` None: one thread."""
+    twice ``seconds`` (known after the first round). ``threads`` None: one thread.
+    ``form_feeds``: {form: its own feeds} for forms that take other inputs (another length)."""
     threads = threads or 1
     clock = time.thread_time if threads == 1 else time.perf_counter
     names = list(forms)
     sessions = {name: session(model, threads) for name, model in forms.items()}
     sessions[AA] = session(forms[names[0]], threads)
     order = names + [AA]
-    for s in sessions.values():  # warm-up: allocations, prepacking, first-run caches
-        s.run(None, feeds)
+    fed = {name: (form_feeds or {}).get(name, feeds) for name in names}
+    fed[AA] = fed[names[0]]
+    for name, s in sessions.items():  # warm-up: allocations, prepacking, first-run caches
+        s.run(None, fed[name])
     samples: dict[str, list[float]] = {name: [] for name in order}
     start = time.perf_counter()
     deadline = start + seconds
@@ -116,7 +120,7 @@ def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, ch
         shift = rounds % len(order)
         for name in order[shift:] + order[:shift]:
             begin = clock()
-            sessions[name].run(None, feeds)
+            sessions[name].run(None, fed[name])
             samples[name].append(max(clock() - begin, 1e-9))
         rounds += 1
     return summarize(samples, clock_name(threads))
@@ -135,7 +139,7 @@ def summarize(samples: dict[str, list[float]], clock: str) -> Timings:
         mad = statistics.median(abs(x - middle) for x in logs)
         standard_error = 1.2533 * 1.4826 * mad / len(logs) ** 0.5  # of a median, from a robust sigma
         noise = max(NOISE_FLOOR, math.expm1(abs(middle) + 2 * standard_error))
-    return Timings(forms=forms, noise=noise, rounds=len(base), clock=clock)
+    return Timings(forms=forms, noise=noise, rounds=len(base), clock=clock, samples=samples)
 
 
 def _form_time(samples: list[float], base: list[float]) -> FormTime:

@@ -165,7 +165,7 @@ def test_a_measurement_the_noise_leaves_open_falls_to_the_model_says_so_and_is_n
     out, report = run(input_shapes={"X": [100, 8, 3]})
     assert report.tuning[0].startswith("scan_rnn: measured loop 1 ms, native 0.6 ms, hoisted 0.9 ms: undecided under "
                                        "noise 40% after 9 rounds"), report.tuning
-    assert report.tuning[0].endswith("modelled instead")
+    assert report.tuning[0].endswith("(T=100 B=8 (declared)); modelled instead"), report.tuning
     fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
     text = fuse.expected or fuse.detail
     assert text.startswith("measured loop 1 ms") and "(modelled: " in text and not fuse.measured, text
@@ -321,3 +321,16 @@ def test_a_producer_read_elsewhere_is_not_taken_along():
     scan = next(n for n in model.graph.node if n.op_type == "Scan")
     taken = [n.op_type for n in scanopt.tune.producers(scan, model)]
     assert taken == ["Einsum", "Transpose", "Transpose", "Transpose"], taken  # deltaB_u's Einsum, the permutes
+
+
+def test_a_scan_too_slow_to_time_whole_is_timed_shortened_and_extrapolated(monkeypatch, tmp_path):
+    """The real timer with a budget one run of the full length exceeds: the same Scan (same
+    widths and batch) is timed at 16 and 32 steps and extrapolated per step to its length."""
+    import linrec_builders as lb
+
+    monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
+    model = lb.mingru(T=2048, I=64, H=64, B=2)
+    out, report = run(model, tune_scan_seconds=0.02)
+    line = report.tuning[0]
+    assert "measured at T=16 and T=32, extrapolated per step to T=2048" in line and "not measured" not in line, line
+    assert any(o.pass_name == "linrec" and o.applied for o in report.outcomes)  # measured, or modelled if undecided
