@@ -45,9 +45,11 @@ MAX_PRODUCERS = 16
 measure = timing.measure
 
 
-def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None):
+def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None, progress=None):
     """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known
-    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are).
+    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are); the
+    notes hold one line per distinct decision, identical Scans grouped. ``progress(done, total)``
+    counts the Scans.
 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
@@ -69,28 +71,39 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     read = _read_values(model)
     index = GraphIndex(model.graph)
     measured: dict[str, dict] = {}
-    notes: list[str] = []
+    groups: dict[str, tuple[list[str], object]] = {}  # one per decision: its labels, its choice or words
     by_key: dict[str, dict] = {}
+
+    def note(key: str, label: str, what) -> None:
+        groups.setdefault(key, ([], what))[0].append(label)
+
     deadline = time.perf_counter() + budget
     observed = set(options.get("observed") or ())  # values whose deployment shape a run gave (scanopt.observe)
-    for node in model.graph.node:
-        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or not names:
-            continue
+    scans = [n for n in model.graph.node if n.op_type == "Scan" and n.domain in ("", "ai.onnx")] if names else []
+    for done, node in enumerate(scans):
+        if progress is not None:
+            progress(done, len(scans))
         label = proto_node_label(node)
         sub = _extract(node, inits, original_shapes, model, read, index)
         feeds_shapes = _deployment_inputs(sub, deployment)
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
-            notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
+            why = f"not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead"
+            note(why, label, why)
             continue
         entry = tune_cache.key(sub, names, base_options, threads) + _shape_key(feeds_shapes)
-        choice = by_key.get(entry) or (None if retune else tune_cache.load(directory, entry))
+        if entry in by_key:  # an identical Scan (names apart) decided in this run
+            measured[label] = measured[groups[entry][0][0]]
+            note(entry, label, None)
+            continue
+        choice = None if retune else tune_cache.load(directory, entry)
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
-            notes.append(_line(label, measured[label]))
+            note(entry, label, measured[label])
             continue
         if time.perf_counter() > deadline:
-            notes.append(f"{label}: not measured (time budget of {budget:g} s per model spent); modelled instead")
+            why = f"not measured (time budget of {budget:g} s per model spent); modelled instead"
+            note(why, label, why)
             continue
         forms, same = _forms(sub, run_passes, chosen, neutral, names, base_options)
         if len(forms) == 1:
@@ -101,7 +114,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads, seconds=seconds,
                               patience=min(seconds, max(deadline - time.perf_counter() - seconds, 0.0)))
         except Exception as exc:  # noqa: BLE001 - a form onnxruntime cannot run is not a winner
-            notes.append(f"{label}: not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead")
+            why = f"not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead"
+            note(why, label, why)
             continue
         stretched = ""
         if isinstance(timings, str) and timings.startswith("one run"):  # too slow whole: time it shortened
@@ -112,7 +126,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             except Exception as exc:  # noqa: BLE001 - as above
                 timings = f"shortened, onnxruntime: {str(exc).splitlines()[0][:120]}"
         if isinstance(timings, str):
-            notes.append(f"{label}: not measured ({timings}); modelled instead")
+            note(f"not measured ({timings}); modelled instead", label, f"not measured ({timings}); modelled instead")
             continue
         verdict = timing.decide(timings)
         best = verdict.form
@@ -134,8 +148,16 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             tune_cache.store(directory, entry, choice)
         by_key[entry] = choice
         measured[label] = dict(choice, cached=False)
-        notes.append(_line(label, measured[label]))
-    return measured, notes
+        note(entry, label, measured[label])
+    if progress is not None and scans:
+        progress(len(scans), len(scans))
+    return measured, [_group_line(labels, what) for labels, what in groups.values()]
+
+
+def _group_line(labels: list[str], what) -> str:
+    """The report's line for one decision and the Scans it covers."""
+    label = labels[0] if len(labels) == 1 else f"{len(labels)} Scans ({labels[0]}, ...)"
+    return f"{label}: {what}" if isinstance(what, str) else _line(label, what, len(labels))
 
 
 def _measure_shortened(sub, node, opset: int, shapes: dict, names: list[str], build, threads: int, seconds: float,
@@ -170,13 +192,14 @@ def _origin(declared: bool, observed: set[str]) -> str:
     return " (declared; observed in a run)" if observed else " (declared)"
 
 
-def _line(label: str, choice: dict) -> str:
-    """The report's line for a measured Scan: every form's time and the one kept, in words
-    that match the numbers."""
+def _line(label: str, choice: dict, count: int = 1) -> str:
+    """The report's line for a measured Scan (``count`` identical ones): every form's time and
+    the one kept, in words that match the numbers."""
     # the loop first, then fastest first: the same line whether measured now or read from the cache
     order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
     times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
     how = "cached" if choice.get("cached") else f"{choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%"
+    how += ", measured once" if count > 1 and not choice.get("cached") else ""
     if choice.get("form") is None:
         return f"{label}: {undecided_text(choice)} ({choice['where']}); modelled instead"
     won = choice["form"]
@@ -369,7 +392,8 @@ def _deployment_inputs(sub, deployment: ShapeTable):
 def _shape_key(shapes: dict) -> str:
     import hashlib
 
-    return "-" + hashlib.sha256(repr(sorted((k, v[1]) for k, v in shapes.items())).encode()).hexdigest()[:12]
+    # in the subgraph's input order (the signature's canonical names), not by name: twins share it
+    return "-" + hashlib.sha256(repr([v[1] for v in shapes.values()]).encode()).hexdigest()[:12]
 
 
 def _feeds(sub, shapes: dict) -> dict:
