@@ -35,7 +35,7 @@ def shortened(sub: onnx.ModelProto, node: onnx.NodeProto, opset: int, shapes: di
     if len(lengths) != 1:
         return "its scan inputs differ in length"
     total = lengths.pop()
-    if total <= 2 * steps:
+    if total <= steps:
         return f"its length {total} is already short"
     short = onnx.ModelProto()
     short.CopyFrom(sub)

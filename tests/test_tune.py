@@ -391,3 +391,22 @@ class _Counter:
 
     def count(self, done, total):
         self.seen.append((done, total))
+
+
+def test_a_scan_of_50_steps_is_cut_to_16_and_32_steps_and_one_of_20_is_not():
+    """The two cuts (16 and 32 steps) need only a length over 32 (T=50 was refused as short)."""
+    import linrec_builders as lb
+
+    from scanopt.tune_short import shortened
+
+    for steps_total, cuts in ((50, {16: 16, 32: 32}), (20, {16: 16, 32: None})):
+        model = lb.mingru(T=steps_total, I=8, H=8, B=2)
+        shapes = {v.name: (1, tuple(d.dim_value for d in v.type.tensor_type.shape.dim)) for v in model.graph.input}
+        for steps, want in cuts.items():
+            found = shortened(model, model.graph.node[0], 17, shapes, steps)
+            if want is None:
+                assert isinstance(found, str) and "already short" in found
+            else:
+                short, cut, total = found
+                assert total == steps_total and cut["X"][1] == (want, 2, 8)
+                assert [d.dim_value for d in short.graph.input[1].type.tensor_type.shape.dim] == [want, 2, 8]
