@@ -25,7 +25,7 @@ provider measured here comes as ``measured``; one that is not is modelled by its
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 NOISE = 0.05
@@ -87,6 +87,7 @@ class Estimate:
     speedup: float | None  # original / rewritten time; None when nothing predicts it
     note: str  # for the report: the numbers behind the choice, or why the rewrite was not applied
     measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
+    kept: str = ""  # on a decline: the form chosen instead ("loop" or another form), where known
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,17 @@ class CostPolicy:
         top = level is None or not getattr(level, "path", "")
         origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
         if top and origin in self.measured and pass_name != "upgrade":
-            return _measured_verdict(pass_name, self.measured[origin])
+            choice = self.measured[origin]
+            if choice.get("form") is not None:
+                return _measured_verdict(pass_name, choice)
+            from scanopt.tune import undecided_text
+
+            modelled = self._unmeasured(pass_name, node, view, match, ctx, level)
+            return modelled if modelled is None else replace(modelled, note=f"{undecided_text(choice)}; {modelled.note}")
+        return self._unmeasured(pass_name, node, view, match, ctx, level)
+
+    def _unmeasured(self, pass_name: str, node: Any, view: Any, match: Any, ctx: Any, level: Any) -> Estimate | None:
+        """The decision without a measurement: the target, the form's own bounds, the model."""
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
         provider = _provider_verdict(self.provider, pass_name)
@@ -217,7 +228,8 @@ class CostPolicy:
         hint = ("declare shapes (--input-shape) to measure" if cpu else
                 f"optimize where onnxruntime runs {getattr(self.provider, 'label', on)[len('onnxruntime '):].lower()} to measure")
         return Estimate(False, speedup, f"not applied: {why} on {on} (modelled: {listing}; {where}); "
-                                        f"{hint}, --target portable applies it anyway")
+                                        f"{hint}, --target portable applies it anyway",
+                        kept=form_name((best,)) if best != "loop" else "loop")
 
     def _seconds(self, form: str, kind: str, p: dict, body_nodes: int, lifted: int = 2) -> float:
         """Modelled seconds of ``form`` on the target's provider (the CPU's: :func:`model_seconds`)."""
@@ -333,7 +345,7 @@ def _measured_verdict(pass_name: str, choice: dict) -> Estimate:
                                           f" ({times[loop] * 1e3:.3g} ms; no form faster beyond the noise)")
     head += f"; {mine} {mine_time * 1e3:.3g} ms" if mine_time is not None and mine != best else ""
     return Estimate(False, times[loop] / mine_time if mine_time else None,
-                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True)
+                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True, kept=best)
 
 
 # upgrade strategy (c) at batch 1 with sequence_lens against the Scan-8 it replaces

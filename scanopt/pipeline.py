@@ -268,10 +268,10 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
         options.update(deployment=deployment, observed=observed)
     if progress:
         progress("timing the candidate forms of each Scan at the deployment shapes")
-    measured, notes = tune(model, _run_passes, chosen, options, deployment)
+    measured, notes = tune(model, _run_passes, chosen, options, deployment, getattr(progress, "count", None))
     notes = observed_notes + notes
     options = dict(options, measured=measured)
-    if _scans_in(model) > len(measured) and target.model == "cpu":  # some Scan is modelled: calibrate the model here (cached)
+    if _scans_in(model) > sum(1 for c in measured.values() if c.get("form")) and target.model == "cpu":  # some Scan is modelled: calibrate the model here (cached)
         import scanopt.tune
         from scanopt.calibrate import scales
 

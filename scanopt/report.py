@@ -252,12 +252,17 @@ def _reason(outcome: NodeOutcome) -> str:
     """A skip's reason with names masked; a decline by the cost policy from its numbers."""
     if outcome.declined_for_speed and outcome.speedup is not None:
         how = "measured" if outcome.measured else "predicted"
-        if outcome.speedup >= NOISE_FLOOR:  # not slower: declined for a faster form of a later pass
-            return f"{how} {outcome.speedup:.2f}x: no clear gain over the loop, or another form is faster"
-        # the provider the verdict was modelled for (scanopt.cost names it: "on onnxruntime CUDA (modelled")
-        where = re.search(r" on (onnxruntime \w+) \(modelled", outcome.detail or "")
-        on = where.group(1) if where else "onnxruntime CPU"
-        return f"{how} slower on {on} ({outcome.speedup:.2f}x; --target portable applies it)"
+        if outcome.kept and outcome.kept != "loop":
+            return f"{how} {outcome.speedup:.2f}x the loop's speed; {outcome.kept} {how} faster"
+        if outcome.speedup < NOISE_FLOOR:
+            # the provider the verdict was modelled for (scanopt.cost names it: "on onnxruntime CUDA (modelled")
+            where = re.search(r" on (onnxruntime \w+) \(modelled", outcome.detail or "")
+            on = where.group(1) if where else "onnxruntime CPU"
+            return f"{how} slower on {on} ({outcome.speedup:.2f}x; --target portable applies it)"
+        if outcome.speedup <= 1.05:
+            return f"{how} about as fast as the loop ({outcome.speedup:.2f}x): no clear gain"
+        margin = "this machine's noise" if outcome.measured else "the model's error margin or not at every size"
+        return f"{how} {outcome.speedup:.2f}x, within {margin}: loop kept"
     return _masked(outcome.detail)
 
 

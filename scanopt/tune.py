@@ -45,13 +45,16 @@ MAX_PRODUCERS = 16
 measure = timing.measure
 
 
-def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None):
+def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None, progress=None):
     """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known
-    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are).
+    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are); the
+    notes hold one line per distinct decision, identical Scans grouped. ``progress(done, total)``
+    counts the Scans.
 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
-    threads = options.get("threads")
+    threads = options.get("threads") or 1  # one thread, thread CPU time, unless the user names more
+    retune = bool(options.get("retune"))
     target = options.get("deployment_target")  # a provider other than the CPU, measured here (scanopt.providers)
     providers = target.session_providers() if target is not None and target.mode == "measured" else None
     on_device = {"providers": providers} if providers else {}  # the CPU's call is unchanged
@@ -71,52 +74,76 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     read = _read_values(model)
     index = GraphIndex(model.graph)
     measured: dict[str, dict] = {}
-    notes: list[str] = []
+    groups: dict[str, tuple[list[str], object]] = {}  # one per decision: its labels, its choice or words
     by_key: dict[str, dict] = {}
+
+    def note(key: str, label: str, what) -> None:
+        groups.setdefault(key, ([], what))[0].append(label)
+
     deadline = time.perf_counter() + budget
     observed = set(options.get("observed") or ())  # values whose deployment shape a run gave (scanopt.observe)
-    for node in model.graph.node:
-        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or not names:
-            continue
+    scans = [n for n in model.graph.node if n.op_type == "Scan" and n.domain in ("", "ai.onnx")] if names else []
+    for done, node in enumerate(scans):
+        if progress is not None:
+            progress(done, len(scans))
         label = proto_node_label(node)
         sub = _extract(node, inits, original_shapes, model, read, index)
         feeds_shapes = _deployment_inputs(sub, deployment, model, index)
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
-            notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
+            why = f"not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead"
+            note(why, label, why)
             continue
         entry = tune_cache.key(sub, names, base_options, threads, providers) + _shape_key(feeds_shapes)
-        choice = by_key.get(entry) or tune_cache.load(directory, entry)
+        if entry in by_key:  # an identical Scan (names apart) decided in this run
+            measured[label] = measured[groups[entry][0][0]]
+            note(entry, label, None)
+            continue
+        choice = None if retune else tune_cache.load(directory, entry)
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
-            notes.append(_line(label, measured[label]))
+            note(entry, label, measured[label])
             continue
         if time.perf_counter() > deadline:
-            notes.append(f"{label}: not measured (time budget of {budget:g} s per model spent); modelled instead")
+            why = f"not measured (time budget of {budget:g} s per model spent); modelled instead"
+            note(why, label, why)
             continue
         forms, same = _forms(sub, run_passes, chosen, neutral, names, base_options)
         if len(forms) == 1:
             continue  # no pass rewrites it: nothing to choose
         feeds = _feeds(sub, feeds_shapes)
         try:
-            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads,
-                              seconds=min(per_scan, max(deadline - time.perf_counter(), 0.05)), **on_device)
+            seconds = min(per_scan, max(deadline - time.perf_counter(), 0.05))
+            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads, seconds=seconds,
+                              patience=min(seconds, max(deadline - time.perf_counter() - seconds, 0.0)), **on_device)
         except Exception as exc:  # noqa: BLE001 - a form onnxruntime cannot run is not a winner
-            notes.append(f"{label}: not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead")
+            why = f"not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead"
+            note(why, label, why)
             continue
+        stretched = ""
+        if isinstance(timings, str) and timings.startswith("one run"):  # too slow whole: time it shortened
+            build = lambda short: _forms(short, run_passes, chosen, neutral, names, base_options)[0]  # noqa: E731
+            try:
+                timings, stretched = _measure_shortened(sub, node, default_opset(model), feeds_shapes, list(forms), build,
+                                                        threads, seconds, timings)
+            except Exception as exc:  # noqa: BLE001 - as above
+                timings = f"shortened, onnxruntime: {str(exc).splitlines()[0][:120]}"
         if isinstance(timings, str):
-            notes.append(f"{label}: not measured ({timings}); modelled instead")
+            note(f"not measured ({timings}); modelled instead", label, f"not measured ({timings}); modelled instead")
             continue
-        best = timing.best_form(timings)
+        verdict = timing.decide(timings)
+        best = verdict.form
         choice = {
-            "form": best,
+            "form": best if verdict.outcome != "undecided" else None,
+            "verdict": verdict.outcome,
             "passes": sorted(forms[best][1]),
             "times": {name: t.seconds for name, t in timings.forms.items()},
             "ratios": {name: t.ratio for name, t in timings.forms.items()},
             "noise": timings.noise,
             "rounds": timings.rounds,
             "clock": timings.clock,
-            "where": _where(node, default_opset(model), feeds_shapes) + _origin(declared, observed.intersection(feeds_shapes)),
+            "where": (_where(node, default_opset(model), feeds_shapes) + _origin(declared, observed.intersection(feeds_shapes))
+                      + stretched),
             "same": same,
             "threads": threads,
         }
@@ -124,11 +151,45 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             from scanopt.providers import form_fallbacks
 
             choice["fallbacks"] = form_fallbacks({name: m for name, (m, _) in forms.items()}, feeds, providers, threads)
-        tune_cache.store(directory, entry, choice)
+        if verdict.final:  # a decision under high noise is measured again next run
+            tune_cache.store(directory, entry, choice)
         by_key[entry] = choice
         measured[label] = dict(choice, cached=False)
-        notes.append(_line(label, measured[label]))
-    return measured, notes
+        note(entry, label, measured[label])
+    if progress is not None and scans:
+        progress(len(scans), len(scans))
+    return measured, [_group_line(labels, what) for labels, what in groups.values()]
+
+
+def _group_line(labels: list[str], what) -> str:
+    """The report's line for one decision and the Scans it covers."""
+    label = labels[0] if len(labels) == 1 else f"{len(labels)} Scans ({labels[0]}, ...)"
+    return f"{label}: {what}" if isinstance(what, str) else _line(label, what, len(labels))
+
+
+def _measure_shortened(sub, node, opset: int, shapes: dict, names: list[str], build, threads: int, seconds: float,
+                       why: str):
+    """(Timings extrapolated to the full length, the report's words), or why not: every form of
+    ``names`` timed at tune_short.STEPS steps and twice that (``build``: short subgraph -> forms)."""
+    from scanopt import tune_short
+
+    steps = tune_short.STEPS
+    cuts = [tune_short.shortened(sub, node, opset, shapes, n) for n in (steps, 2 * steps)]
+    if any(isinstance(c, str) for c in cuts):
+        return f"{why}; not shortened: {next(c for c in cuts if isinstance(c, str))}", ""
+    (short, short_shapes, total), (longer, longer_shapes, _) = cuts
+    short_forms, longer_forms = build(short), build(longer)
+    kept = [n for n in names if n in short_forms and n in longer_forms]
+    if len(kept) < 2 or kept[0] != names[0]:
+        return f"{why}; shortened to {steps} steps, its forms differ", ""
+    models = tune_short.timed_forms({n: short_forms[n][0] for n in kept}, {n: longer_forms[n][0] for n in kept})
+    longer_feeds = _feeds(longer, longer_shapes)
+    timings = measure(models, _feeds(short, short_shapes), threads=threads, seconds=seconds,
+                      form_feeds={n: longer_feeds for n in models if n.endswith(tune_short.LONGER)})
+    if isinstance(timings, str):
+        return f"{why}; at {steps} steps: {timings}", ""
+    return (tune_short.extrapolate(timings, kept, steps, total),
+            f"; measured at T={steps} and T={2 * steps}, extrapolated per step to T={total}")
 
 
 def _origin(declared: bool, observed: set[str]) -> str:
@@ -138,15 +199,31 @@ def _origin(declared: bool, observed: set[str]) -> str:
     return " (declared; observed in a run)" if observed else " (declared)"
 
 
-def _line(label: str, choice: dict) -> str:
-    """The report's line for a measured Scan: every form's time and the one kept."""
+def _line(label: str, choice: dict, count: int = 1) -> str:
+    """The report's line for a measured Scan (``count`` identical ones): every form's time and
+    the one kept, in words that match the numbers."""
     # the loop first, then fastest first: the same line whether measured now or read from the cache
     order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
     times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
-    return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
-            + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
-            + ")" + "".join(f"; {form} left on another provider: {', '.join(nodes)}"
-                            for form, nodes in (choice.get("fallbacks") or {}).items() if nodes))
+    how = "cached" if choice.get("cached") else f"{choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%"
+    how += ", measured once" if count > 1 and not choice.get("cached") else ""
+    if choice.get("form") is None:
+        return f"{label}: {undecided_text(choice)} ({choice['where']}); modelled instead"
+    won = choice["form"]
+    if won == "loop":
+        why = "no form faster beyond the noise"
+    else:
+        why = f"{choice['times']['loop'] / choice['times'][won]:.2f}x faster than the loop"
+    fallbacks = "".join(f"; {form} left on another provider: {', '.join(nodes)}"
+                        for form, nodes in (choice.get("fallbacks") or {}).items() if nodes)
+    return f"{label}: {times} -> {won} ({why}; {choice['where']}, {how}){fallbacks}"
+
+
+def undecided_text(choice: dict) -> str:
+    """What a measurement the noise left open says (the report's and the cost note's words)."""
+    order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
+    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
+    return f"measured {times}: undecided under noise {choice['noise'] * 100:.0f}% after {choice['rounds']} rounds"
 
 
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:
@@ -356,7 +433,8 @@ def _static(shape) -> bool:
 def _shape_key(shapes: dict) -> str:
     import hashlib
 
-    return "-" + hashlib.sha256(repr(sorted((k, v[1]) for k, v in shapes.items())).encode()).hexdigest()[:12]
+    # in the subgraph's input order (the signature's canonical names), not by name: twins share it
+    return "-" + hashlib.sha256(repr([v[1] for v in shapes.values()]).encode()).hexdigest()[:12]
 
 
 def _feeds(sub, shapes: dict) -> dict:

@@ -86,12 +86,13 @@ def signature(model: onnx.ModelProto) -> str:
     for value in list(graph.input) + [t for t in model.graph.initializer]:
         canonical(value.name)
     for g in walk_proto_graphs(graph):
+        g.name, g.doc_string = "", ""  # a body's name is a name too: twins named apart hash alike
         for value in list(g.input) + list(g.output) + list(g.value_info):
             value.name = canonical(value.name)
         for t in g.initializer:
             t.name = canonical(t.name)
         for node in g.node:
-            node.name = ""
+            node.name, node.doc_string = "", ""
             node.input[:] = [canonical(n) for n in node.input]
             node.output[:] = [canonical(n) for n in node.output]
     digest.update(graph.SerializeToString(deterministic=True))
@@ -120,7 +121,7 @@ def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int
     import onnxruntime as ort
 
     relevant = {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool)) and k not in
-                ("tune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
+                ("tune", "retune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
     parts = [FORMAT, code_fingerprint(), signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__,
              cpu_model(),
              threads or "default"]

@@ -97,7 +97,7 @@ class FakeTimer:
     def __init__(self, factors):
         self.factors, self.calls = factors, []
 
-    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, **device):
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None, form_feeds=None, **device):
         self.calls.append((list(forms), device))
         return Timings({n: FormTime(1e-3 * self.factors.get(n, 1.0), self.factors.get(n, 1.0), 0.0) for n in forms},
                        0.02, 9, "wall" if device else "thread CPU")

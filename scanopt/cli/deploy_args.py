@@ -18,8 +18,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser, *, tune: bool = True) 
                              "them: --input-shape X:100,8,64 h0:8,4): the cost policy, the measurements and one verification seed use it; "
                              "the model's interface does not change (--inputs implies the shapes of its arrays)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
-                        help="intra-op threads the model will run with, which the choice of forms is made for "
-                             "(default: onnxruntime's default)")
+                        help="intra-op threads the model will run with, which the choice of forms is made for; "
+                             "N > 1 measures wall time (default: one thread, measured in thread CPU time)")
     add_provider_argument(parser, help="an onnxruntime execution provider the model will run with (repeatable, in "
                                        "priority order; full names or cpu, cuda, tensorrt, openvino, dml, coreml, ...): "
                                        "the forms are chosen for the first, measured where this onnxruntime runs it, "
@@ -31,6 +31,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser, *, tune: bool = True) 
         group.add_argument("--no-tune", dest="tune", action="store_const", const=False,
                            help="never measure: decide by the analytic cost model with its committed constants "
                                 "(output independent of the machine)")
+        parser.add_argument("--retune", action="store_true",
+                            help="measure every Scan again, ignoring and overwriting the cached choices")
         parser.add_argument("--tune-seconds", type=float, metavar="S",
                             help="time budget for measuring, per model (default 30; 2 per distinct Scan)")
 
@@ -69,12 +71,14 @@ def session_providers(names):
 
 
 def deploy_options(args, feeds: list[dict] | None) -> dict:
-    """options["input_shapes"], ["threads"], ["tune"], ["tune_seconds"] from the flags."""
+    """options["input_shapes"], ["threads"], ["tune"], ["retune"], ["tune_seconds"] from the flags."""
     options = {"input_shapes": merge_input_shapes(args.input_shape, feeds), "threads": args.threads}
     if args.execution_provider:
         options["execution_providers"] = list(args.execution_provider)
     if getattr(args, "tune", None) is not None:
         options["tune"] = args.tune
+    if getattr(args, "retune", False):
+        options["retune"] = True
     if getattr(args, "tune_seconds", None) is not None:
         if args.tune_seconds <= 0:
             from scanopt.errors import ScanoptError
