@@ -125,3 +125,24 @@ def test_edge_sets_name_trip_counts_lengths_and_non_finite_steps():
         "loop", [vi("M", [], TP.INT64), vi("v0", [2])], [vi("v", [2])]), 17)
     sets = dict(edge_sets(loop, {"M": np.array(5, np.int64), "v0": np.zeros(2, np.float32)}))
     assert sets["'M' = 0 (a Loop's trip count)"]["M"] == 0
+
+
+def test_the_screening_child_outlives_a_crash_and_serves_the_next_screening():
+    """One child answers every screening of a process; a run that kills it is that run's
+    "crash" alone: a new child takes the runs after it (a crash read as a timeout had marked
+    every later run "crash", so guarded candidates failed as if they had died)."""
+    import cell_builders as cb
+    from scanopt import isolated
+
+    body = cb.Body()
+    states, h_new = cb.cell("RNN", body)
+    dies = cb.scan_model(body, states, ys=[h_new], in_axis=1)  # SIGFPE on a zero-length sequence
+    rng = np.random.default_rng(0)  # X [batch, seq, 3] scanned over axis 1, h0 [batch, 4]
+    full = {"X": rng.standard_normal([5, 4, 3]).astype(np.float32), "h0": np.zeros([5, 4], np.float32)}
+    empty = {"X": full["X"][:, :0], "h0": full["h0"]}
+    status = isolated.screen([dies, dies], [full, empty, full])
+    assert status == [["ok", "crash", "ok"], ["ok", "crash", "ok"]]
+    child = isolated._child
+    assert child is not None and child.poll() is None
+    assert isolated.screen([dies], [full]) == [["ok"]]
+    assert isolated._child is child  # the same process answered
