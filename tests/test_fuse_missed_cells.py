@@ -93,3 +93,53 @@ def test_hardtanh_gru_candidate_with_unclipped_gates_is_declined():
     clip.input.extend([body.const(np.float32(-1.0), "lo", where="body"), body.const(np.float32(1.0), "hi", where="body")])
     reason = cb.declined(cb.scan_model(body, [("h", h_new, H)], ys=[h_new]))
     assert "clips differ across the gates (z None, r None, h̃ 1.0)" in reason
+
+
+# -- 2. a Clip on the stacked pre-activation, before the gate Split ----------------------------
+
+def _clipped_lstm(c, *, order="torch", unclipped=()):
+    """PyTorch-style LSTM cell with ``gates = clamp(x·Wᵀ + h·Rᵀ + b, -c, c)`` split into i, f, g, o;
+    gates named in ``unclipped`` read the Split of the unclipped sum instead. Returns the model
+    and the native LSTM (ONNX order i, o, f, c) with the same weights."""
+    W, R, Wb, Rb = big(0, 4 * H, I), big(1, 4 * H, H), big(2, 4 * H), big(3, 4 * H)
+    names = ["i", "f", "c", "o"] if order == "torch" else ["i", "o", "f", "c"]
+    onnx_order = ["i", "o", "f", "c"]
+    rows = lambda a, g: a[onnx_order.index(g) * H:(onnx_order.index(g) + 1) * H]  # noqa: E731
+    stack = lambda a: np.concatenate([rows(a, g) for g in names])  # noqa: E731
+    body = cb.Body()
+    pre = body.op("Add", body.linear("x", stack(W), stack(Wb), form="gemm"), body.linear("h", stack(R), stack(Rb), form="gemm"))
+    clipped = dict(zip(names, body.split(_clip(body, pre, -c, c), 4)))
+    if unclipped:
+        raw = dict(zip(names, body.split(pre, 4)))
+        clipped.update({g: raw[g] for g in unclipped})
+    i, f, o = (body.op("Sigmoid", clipped[g]) for g in "ifo")
+    g = body.op("Tanh", clipped["c"])
+    c_new = body.op("Add", body.op("Mul", f, "c"), body.op("Mul", i, g))
+    h_new = body.op("Mul", o, body.op("Tanh", c_new))
+    model = cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new])
+    native = cb.native_model("LSTM", W, R, np.concatenate([Wb, Rb]), clip=c)
+    return model, native
+
+
+@pytest.mark.parametrize("order", ["torch", "onnx"])
+def test_clip_before_the_gate_split_is_the_lstm_clip(order):
+    model, native = _clipped_lstm(2.5, order=order)
+    out = cb.check_fused(model, "LSTM")
+    assert cb.native(out)[1]["clip"] == 2.5
+    cb.assert_same_as_native(out, native)
+    cb.assert_same_as_native(model, native, shapes=((9, 3),))
+
+
+def test_clip_before_the_split_read_by_some_gates_only_is_declined():
+    model, _ = _clipped_lstm(2.5, unclipped=("o",))
+    assert "clips differ across the gates; LSTM clips all or none" in cb.declined(model)
+
+
+def test_asymmetric_clip_before_the_gate_split_is_declined():
+    body = cb.Body()
+    pre = body.op("Add", body.linear("x", big(0, 3 * H, I)), body.linear("h", big(1, 3 * H, H)))
+    a, g, o = body.split(_clip(body, pre, -1.0, 3.0), 3)
+    c_new = body.op("Add", body.op("Mul", body.op("Sigmoid", a), "c"), body.op("Mul", body.op("Sigmoid", a), body.op("Tanh", g)))
+    h_new = body.op("Mul", body.op("Sigmoid", o), body.op("Tanh", c_new))
+    reason = cb.declined(cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new]))
+    assert "bounds [-1.0, 3.0] are not a symmetric ±c (the clip attribute)" in reason

@@ -38,7 +38,8 @@ class GateReader:
         gate with no nonlinearity (a placeholder of ``linear_gates``) is Affine(1, 0).
 
         The clip attribute clips each gate's pre-activation to [-c, c] before its activation, so
-        a symmetric Clip under the activation is the clip. A Clip as
+        a symmetric Clip under the activation is the clip, also when the gates are cut from one
+        clipped value (Clip is elementwise: a cut of Clip(p) is Clip of that cut of p). A Clip as
         the activation itself is one with the clip: Clip(p, -c, c) = Affine(1, 0)(Clip(p, -c, c))
         (hardtanh), Clip(p, 0, c) = Relu(Clip(p, -c, c)) (ReLU6), Clip(p, 0) = Relu(p)."""
         if id(tensor) in self.linear_gates:
@@ -56,10 +57,11 @@ class GateReader:
                 raise NoMatch(f"{what} {self.describe(tensor)} is a {node.op} output: {why}")
             act, pre = found
             clip = None
-            clipper = producer(resolve(pre))
+            inner, base = _cuts(resolve(pre))
+            clipper = producer(base)
             if clipper is not None and is_op(clipper, "Clip"):
                 clip = _symmetric_clip(clipper, self.alg.const)
-                pre = clipper.inputs[0]
+                pre, cuts = clipper.inputs[0], cuts + inner
         whole = self.alg.value(pre)
         for node, out in reversed(cuts):
             start, stop = self.alg.column_range(node, out, whole.width())
