@@ -143,3 +143,91 @@ def test_asymmetric_clip_before_the_gate_split_is_declined():
     h_new = body.op("Mul", body.op("Sigmoid", o), body.op("Tanh", c_new))
     reason = cb.declined(cb.scan_model(body, [("h", h_new, H), ("c", c_new, H)], ys=[h_new]))
     assert "bounds [-1.0, 3.0] are not a symmetric ±c (the clip attribute)" in reason
+
+
+# -- 3. gate weights stacked on a leading gate axis ---------------------------------------------
+
+def _stacked_cell(kind, read="gather", batch=True, bias_rows=True):
+    """A PyTorch module holding W [G, H, I], R [G, H, H] (gate order z, r, n for GRU; i, f, g, o
+    for LSTM) and biases [G, H]: ``gx = x @ W.transpose(1, 2) + bx[:, None]`` (a [G, B, H] stack),
+    read per gate as ``gx[k]`` (Gather, ``read="gather"``) or ``gx.unbind(0)`` (Split on axis 0 +
+    Squeeze). Returns the Scan model and the native op with the same weights."""
+    G = 3 if kind == "GRU" else 4
+    W, R, Wb, Rb = cb.rand(0, G, H, I), cb.rand(1, G, H, H), cb.rand(2, G, H), cb.rand(3, G, H)
+    b = cb.Body(batch=batch)
+    ints = lambda v: b.const(np.asarray(v, np.int64), "idx", where="body")  # noqa: E731
+
+    def stack(src, w, bias):
+        prod = b.op("MatMul", src, b.op("Transpose", b.const(w, "stacked_w"), perm=[0, 2, 1]))
+        return b.op("Add", prod, b.const(bias[:, None, :] if batch and bias_rows else bias, "stacked_b"))
+
+    def gates(value):
+        if read == "gather":
+            return [b.op("Gather", value, ints(k), axis=0) for k in range(G)]
+        parts = b.op("Split", value, ints([1] * G), outputs=G, axis=0)
+        return [b.op("Squeeze", p, ints([0])) for p in parts]
+
+    xg, hg = gates(stack("x", W, Wb)), gates(stack("h", R, Rb))
+    if kind == "GRU":
+        z = b.op("Sigmoid", b.op("Add", xg[0], hg[0]))
+        r = b.op("Sigmoid", b.op("Add", xg[1], hg[1]))
+        n = b.op("Tanh", b.op("Add", xg[2], b.op("Mul", r, hg[2])))
+        one = b.const(np.float32(1.0), "one", where="body")
+        h_new = b.op("Add", b.op("Mul", b.op("Sub", one, z), n), b.op("Mul", z, "h"))
+        model = cb.scan_model(b, [("h", h_new, H)], ys=[h_new])
+        flat = lambda a, n: a.reshape(G * H, n)  # noqa: E731
+        return model, cb.native_model("GRU", flat(W, I), flat(R, H), np.concatenate([Wb.reshape(-1), Rb.reshape(-1)]),
+                                      linear_before_reset=1)
+    i, f, g, o = (b.op(a, b.op("Add", xg[k], hg[k])) for k, a in enumerate(["Sigmoid", "Sigmoid", "Tanh", "Sigmoid"]))
+    c_new = b.op("Add", b.op("Mul", f, "c"), b.op("Mul", i, g))
+    h_new = b.op("Mul", o, b.op("Tanh", c_new))
+    model = cb.scan_model(b, [("h", h_new, H), ("c", c_new, H)], ys=[h_new])
+    onnx_order = [0, 3, 1, 2]  # i, o, f, c from i, f, g, o
+    flat = lambda a, n: a[onnx_order].reshape(G * H, n)  # noqa: E731
+    return model, cb.native_model("LSTM", flat(W, I), flat(R, H),
+                                  np.concatenate([Wb[onnx_order].reshape(-1), Rb[onnx_order].reshape(-1)]))
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+@pytest.mark.parametrize("read", ["gather", "split"])
+def test_gate_weights_stacked_on_a_leading_axis_fuse(kind, read):
+    model, native = _stacked_cell(kind, read)
+    out = cb.check_fused(model, kind)
+    cb.assert_same_as_native(out, native)
+    cb.assert_same_as_native(model, native, shapes=((9, 3),))
+
+
+@pytest.mark.parametrize("read", ["gather", "split"])
+def test_stacked_gates_in_a_body_without_batch_axis_fuse(read):
+    """x [I] @ W [G, I, H] is a [G, H] stack; its biases [G, H] have the stack's rank."""
+    model, _ = _stacked_cell("GRU", read, batch=False)
+    cb.check_fused(model, "GRU")
+
+
+def test_a_stack_read_along_another_axis_is_declined():
+    """Gather on axis 1 of the [G, B, H] stack picks a batch row, not a gate: no cell."""
+    model, _ = _stacked_cell("GRU")
+    for node in model.graph.node[0].attribute[0].g.node:
+        if node.op_type == "Gather":
+            node.attribute[0].i = 1
+    reason = cb.declined(model)
+    assert "(Gather output)" in reason
+
+
+def test_gates_picked_from_a_stack_of_activations_fuse():
+    """``g = sigmoid(gx + gh); z, r = g[0], g[1]``: entry k of an activated stack is the activation
+    of entry k (elementwise), so each gate reads its own pre-activation."""
+    W, R, Wb = cb.rand(0, 3, H, I), cb.rand(1, 3, H, H), cb.rand(2, 3, H)
+    b = cb.Body()
+    idx = lambda k: b.const(np.int64(k), "k", where="body")  # noqa: E731
+    tw = lambda w: b.op("Transpose", b.const(w, "stacked_w"), perm=[0, 2, 1])  # noqa: E731
+    gx = b.op("Add", b.op("MatMul", "x", tw(W[:2])), b.const(Wb[:2, None, :], "bx"))
+    zr = b.op("Sigmoid", b.op("Add", gx, b.op("MatMul", "h", tw(R[:2]))))
+    z, r = (b.op("Gather", zr, idx(k), axis=0) for k in range(2))
+    n = b.op("Tanh", b.op("Add", b.linear("x", W[2], Wb[2]), b.op("Mul", r, b.linear("h", R[2]))))
+    one = b.const(np.float32(1.0), "one", where="body")
+    h_new = b.op("Add", b.op("Mul", b.op("Sub", one, z), n), b.op("Mul", z, "h"))
+    out = cb.check_fused(cb.scan_model(b, [("h", h_new, H)], ys=[h_new]), "GRU")
+    native = cb.native_model("GRU", W.reshape(3 * H, I), R.reshape(3 * H, H),
+                             np.concatenate([Wb.reshape(-1), np.zeros(3 * H)]), linear_before_reset=1)
+    cb.assert_same_as_native(out, native)

@@ -24,6 +24,7 @@ from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
 from scanopt.passes.fuse.layout import (
     LAYOUT_OPS, concat_matmul, last_axis_concat, layout_rank, runtime_matrix, same_rows, through_layout,
 )
+from scanopt.passes.fuse.stacked import entry, picked
 from scanopt.passes.fuse.poly import (
     NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -179,6 +180,10 @@ class Algebra:
             if a is None or b is None or min(a, b) < 1:
                 return None
             return max(a, b) if min(a, b) >= 2 else a + b - 2
+        if node.op == "Gather":
+            index = self.const(node.inputs[1]) if len(node.inputs) > 1 else None
+            data = self._rank(node.inputs[0], depth + 1)
+            return None if index is None or data is None else data + index.ndim - 1
         return 2 if node.op == "Gemm" else None
 
     def is_runtime(self, tensor: gs.Tensor) -> bool:
@@ -295,6 +300,26 @@ def _cut(alg, node, out):
     return columns(whole, start, stop)
 
 
+def _gather(alg, node, out):
+    """Entry k of a stack of gates (:mod:`scanopt.passes.fuse.stacked`); any other Gather is a leaf."""
+    found = picked(alg, node)
+    return leaf(out) if found is None or _activated(alg, found[0]) else entry(alg, *found)
+
+
+def _squeeze(alg, node, out):
+    found = picked(alg, node)  # Squeeze(Split(stack, axis 0)[k], [0]): entry k of the stack
+    if found is None:
+        return same_rows(alg, node, out)
+    return leaf(out) if _activated(alg, found[0]) else entry(alg, *found)
+
+
+def _activated(alg, stack) -> bool:
+    """A stack computed by a node the algebra does not expand (an activation): each entry is its
+    own value, as gates read it (like a last-axis cut of an activation)."""
+    src = producer(stack)
+    return src is not None and not is_algebra(src) and alg.const(stack) is None and not alg.is_runtime(stack)
+
+
 _RANK_KEEPING = {"Identity", "Neg", "Cast", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Elu", "HardSigmoid", "Softsign",
                  "Softplus", "ThresholdedRelu", "Clip", "Concat"}
 
@@ -311,7 +336,8 @@ _HANDLERS = {
     "Slice": _cut,
     "SequenceAt": _cut,
     "Unsqueeze": same_rows,
-    "Squeeze": same_rows,
+    "Squeeze": _squeeze,
+    "Gather": _gather,
     "Reshape": same_rows,
     "Flatten": same_rows,
     "Cast": same_rows,

@@ -12,6 +12,7 @@ from scanopt.passes.fuse.cell import ACTIVATION_OPS, AFFINE, NOT_FUSED, Activati
 from scanopt.passes.fuse.linear import (
     _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip, clip_bounds,
 )
+from scanopt.passes.fuse.stacked import entry, picked
 from scanopt.passes.fuse.poly import Leaf, NoMatch, Poly, Runtime, columns, format_poly
 
 
@@ -46,6 +47,12 @@ class GateReader:
             return AFFINE, None, self.linear_gates[id(tensor)]
         cuts, tensor = _cuts(tensor)
         node = producer(tensor)
+        pick = picked(self.alg, node) if node is not None else None
+        if pick is not None and producer(pick[0]) is not None and (
+                self.activation(pick[0], scaled) is not None or is_op(producer(pick[0]), "Clip")):
+            tensor, node = pick[0], producer(pick[0])  # entry k of a stack of activations: act(entry k)
+        else:
+            pick = None
         if node is not None and is_op(node, "Clip"):
             act, clip, pre = _clip_activation(node, what, self.describe(tensor), self.alg.const)
         else:
@@ -62,7 +69,7 @@ class GateReader:
             if clipper is not None and is_op(clipper, "Clip"):
                 clip = _symmetric_clip(clipper, self.alg.const)
                 pre, cuts = clipper.inputs[0], cuts + inner
-        whole = self.alg.value(pre)
+        whole = self.alg.value(pre) if pick is None else entry(self.alg, pre, pick[1])
         for node, out in reversed(cuts):
             start, stop = self.alg.column_range(node, out, whole.width())
             whole = columns(whole, start, stop)
