@@ -9,6 +9,7 @@ clip of every gate it feeds."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 import cell_builders as cb
@@ -231,3 +232,41 @@ def test_gates_picked_from_a_stack_of_activations_fuse():
     native = cb.native_model("GRU", W.reshape(3 * H, I), R.reshape(3 * H, H),
                              np.concatenate([Wb.reshape(-1), np.zeros(3 * H)]), linear_before_reset=1)
     cb.assert_same_as_native(out, native)
+
+
+# -- 4. onnxscript's ``1 - z``: Sub(CastLike(1, z), z) ----------------------------------------------
+
+def _onnxscript_gru(one):
+    """A GRU cell as onnxscript writes it: Python literals become Constant nodes cast to the
+    other operand's type, ``(1 - z) * n + z * h`` is ``Sub(CastLike(Constant(1), z), z)``."""
+    from onnx import helper as oh
+
+    b = cb.Body(opset=19)
+    h_new = cb.gru(b, "x", "h", lbr=1, form="gemm")
+    sub = next(n for n in b.nodes if n.op_type == "Sub")
+    literal = b._name("const")
+    value = oh.make_tensor(literal, *((7, [], [1]) if one == "int" else (1, [], [1.0])))  # INT64 / FLOAT scalar
+    b.nodes.insert(0, oh.make_node("Constant", [], [literal], value=value))
+    cast = b._name("castlike")
+    b.nodes.insert(b.nodes.index(sub), oh.make_node("CastLike", [literal, sub.input[1]], [cast]))
+    sub.input[0] = cast
+    return cb.scan_model(b, [("h", h_new, H)], ys=[h_new])
+
+
+@pytest.mark.parametrize("one", ["int", "float"])
+def test_onnxscript_castlike_one_minus_z_fuses(one):
+    cb.check_fused(_onnxscript_gru(one), "GRU")
+
+
+def test_castlike_to_a_value_of_unknown_dtype_stays_opaque():
+    """The target's dtype must be known (declared, a constant's, or kept from a declared input) to
+    fold the cast: a CastLike like the output of an op fuse does not follow (Erf) stays a leaf, and the
+    update is no GRU update."""
+    model = _onnxscript_gru("float")
+    body = model.graph.node[0].attribute[0].g
+    cast = next(n for n in body.node if n.op_type == "CastLike")
+    # cast like the output of an op whose dtype the fuse algebra does not follow
+    body.node.insert(list(body.node).index(cast), onnx.helper.make_node("Erf", ["h"], ["erf_h"]))
+    cast.input[1] = "erf_h"
+    reason = cb.declined(model)
+    assert "the new state expands to 'castlike_" in reason and "nor (1-z)⊙h̃ + z⊙h (GRU)" in reason

@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_op
 from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
+from scanopt.passes.fuse.layout import _dtype
 from scanopt.passes.fuse.layout import (
     LAYOUT_OPS, concat_matmul, last_axis_concat, layout_rank, runtime_matrix, same_rows, through_layout,
 )
@@ -74,7 +75,19 @@ class Algebra:
         self._local = None if body is None else {id(n) for n in body.nodes}
         self._varying = {id(t) for t in varying}
         self._memo: dict[int, Poly | NoMatch] = {}
-        self.const = (folder or ConstantFolder()).value  # tensor -> its constant value, or None
+        self._fold = (folder or ConstantFolder()).value
+
+    def const(self, tensor: gs.Tensor) -> np.ndarray | None:
+        """``tensor``'s constant value, or None: what the folder evaluates, and also a CastLike of
+        a constant to the dtype of its second input where that dtype is known (onnxscript writes
+        ``1 - z`` as ``Sub(CastLike(1, z), z)``; the cast is the whole computation)."""
+        value = self._fold(tensor)
+        node = producer(tensor) if value is None else None
+        if node is not None and is_op(node, "CastLike") and len(node.inputs) == 2:
+            source = self._fold(node.inputs[0])
+            to = None if source is None else _dtype(self, node.inputs[1])
+            value = None if to is None else source.astype(to)
+        return value
 
     def _deps(self, tensor: gs.Tensor) -> list[gs.Tensor]:
         """The values :meth:`_expand` reads to expand ``tensor`` (none for a leaf)."""
