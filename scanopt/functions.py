@@ -10,7 +10,9 @@ The passes rewrite the main graph and the bodies in it. Before they run, the pip
   model of its own (input types from the call sites, which must agree on element types and
   ranks), the passes run on it, and the rewritten body replaces the old one, so every call
   sees it. The whole model, through all its callers, is then verified against the
-  original; a function whose rewrite fails keeps its old body;
+  original; a function whose rewrite fails keeps its old body. Declared input shapes
+  (``--input-shape``) reach its body as the deployment shapes of its inputs where every call
+  site gets the same static shape from them (the body's interface stays as the calls type it);
 - functions without loops, and functions that take attributes, stay as they are.
 """
 
@@ -62,9 +64,12 @@ def call_sites(model: onnx.ModelProto) -> dict[tuple[str, str], list[onnx.NodePr
     return found
 
 
-def prepare_functions(model: onnx.ModelProto, run_passes, verify) -> PreparedModel | None:
+def prepare_functions(model: onnx.ModelProto, run_passes, verify, shapes=None) -> PreparedModel | None:
     """The model with its loop-holding functions inlined or optimized (the same object
-    when none changed), and what was done or why not; None when no function has a loop. ``run_passes(model) -> (model, report)`` runs the chosen passes on one model;
+    when none changed), and what was done or why not; None when no function has a loop.
+    ``run_passes(model, shapes) -> (model, report)`` runs the chosen passes on one model, deciding
+    for ``shapes`` ({input name: dims}: the deployment shapes of a function body's inputs, where the
+    declared ``shapes`` of the model's inputs give every call site the same static shape);
     ``verify(candidate) -> (passed, summary) | None`` checks a candidate against the
     original (None: verification is off)."""
     loopy = [f for f in model.functions if _has_loop(f.node)]
@@ -104,7 +109,7 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify) -> PreparedMod
             prepared.outcomes.append(NodeOutcome("functions", label, "", False, body))
             continue
         try:
-            rewritten, report = run_passes(body)
+            rewritten, report = run_passes(body, _deployed_dims(current, f, shapes) if shapes else {})
         except ScanoptError as exc:
             prepared.outcomes.append(NodeOutcome("functions", label, "", False, f"its body cannot be optimized alone: {exc}"))
             continue
@@ -172,6 +177,25 @@ def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto, depth: int = 0) -
         if typed.type.HasField("tensor_type") and typed.type.tensor_type.elem_type:
             out.CopyFrom(typed)
     return body
+
+
+def _deployed_dims(model: onnx.ModelProto, f: onnx.FunctionProto, shapes) -> dict[str, list[int]]:
+    """{input of ``f``: dims} that the model's declared input ``shapes`` give ``f``'s inputs: the
+    shape every call site agrees on, fully static (an input the calls disagree on, or leave
+    partly unknown, is left out: the cost policy then assumes its usual range)."""
+    from scanopt.deploy import shaped_model
+
+    deployed = shaped_model(model, shapes)
+    calls = call_sites(deployed)[function_key(f)]
+    tables = _value_types(deployed, f, calls) if calls else "never called"
+    if isinstance(tables, str):
+        return {}
+    dims = {}
+    for k, name in enumerate(f.input):
+        seen = [table.type_of(c.input[k])[1] if k < len(c.input) and c.input[k] else None for c, table in zip(calls, tables)]
+        if seen[0] is not None and all(s == seen[0] for s in seen) and all(isinstance(d, int) for d in seen[0]):
+            dims[name] = list(seen[0])
+    return dims
 
 
 def _value_types(model: onnx.ModelProto, f: onnx.FunctionProto, calls: list, depth: int = 0) -> list[ShapeTable] | str:

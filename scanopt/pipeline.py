@@ -175,8 +175,10 @@ def _prepare_functions(model, chosen, options, verify, inputs, engine, seeds, pr
         return None
     from scanopt.functions import prepare_functions
 
-    def run(body):
-        return _run_passes(body, chosen, options, frozenset(), progress)
+    def run(body, shapes):
+        # the body's own deployment: the declared shapes its call sites give its inputs
+        body_options, _ = deploy_decisions(body, chosen, dict(options, input_shapes=shapes or None), progress)
+        return _run_passes(body, chosen, body_options, frozenset(), progress)
 
     def check(candidate):
         if not verify:
@@ -189,7 +191,7 @@ def _prepare_functions(model, chosen, options, verify, inputs, engine, seeds, pr
             return False, str(exc)
         return outcome.passed, outcome.summary()
 
-    return prepare_functions(model, run, check)
+    return prepare_functions(model, run, check, options.get("input_shapes"))
 
 
 def _report_functions(result, functions, original):

@@ -235,3 +235,35 @@ def test_a_function_called_only_from_another_function_gets_its_input_types_from_
     data = {"x": rng.standard_normal((5, 2, 3)).astype(np.float32),
             "w": rng.uniform(-1, 1, (3, 4)).astype(np.float32), "w2": rng.uniform(-1, 1, (3, 4)).astype(np.float32)}
     assert_equivalent(model, optimized, inputs=[data], engine="both")
+
+
+def test_declared_shapes_reach_a_function_called_twice():
+    """``--input-shape`` binds the model's T and B; both calls of layers.rnn_layer get x [64, 8, 3],
+    so its body is decided at those shapes (not the assumed range) and fused; the function keeps its
+    symbolic interface and agrees with the original at other shapes too."""
+    model = load("fn_rnn_twice")
+    unshaped = scanopt.optimize(model)[1]
+    fuse = [o for o in unshaped.outcomes if o.pass_name == "fuse"]
+    assert fuse and not fuse[0].applied and "T=? B=?" in fuse[0].detail
+    optimized, report = scanopt.optimize(model, input_shapes={"x": [64, 8, 3], "h0": [8, 4]})
+    assert report.verification["passed"] is True
+    fused = [o for o in report.outcomes if o.pass_name == "fuse"]
+    assert fused and fused[0].applied and fused[0].path == "function layers.rnn_layer", [o.detail for o in fused]
+    assert "RNN" in function_ops(optimized, "rnn_layer")
+    assert [d.dim_param for d in optimized.graph.input[0].type.tensor_type.shape.dim[:2]] == ["T", "B"]
+    extra = feeds(t=5, b=2)
+    extra["w2"] = rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32)
+    assert_equivalent(model, optimized, inputs=[extra], engine="both")
+
+
+def test_call_sites_at_different_declared_shapes_get_only_the_dims_they_agree_on():
+    """Declared shapes that give the two calls different T: the body's x gets no deployment shape
+    (the cost policy assumes its usual range for T), while h, at [8, 4] in both calls, gets it."""
+    from scanopt.functions import _deployed_dims
+
+    model = _rnn_called_with((["T", "B", 3], ["B", 4]), (["S", "B", 3], ["B", 4]))
+    fn = next(f for f in model.functions if f.name == "rnn_layer")
+    dims = _deployed_dims(model, fn, {"xa": [64, 8, 3], "xb": [32, 8, 3], "ha": [8, 4], "hb": [8, 4]})
+    assert dims == {fn.input[1]: [8, 4], fn.input[2]: [3, 4], fn.input[3]: [4, 4]}
+    same = _deployed_dims(model, fn, {"xa": [64, 8, 3], "xb": [64, 8, 3], "ha": [8, 4], "hb": [8, 4]})
+    assert same[fn.input[0]] == [64, 8, 3]

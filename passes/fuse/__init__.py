@@ -52,7 +52,8 @@ direction of the native op, bidirectional partners), ``reversal`` (X reversed ou
 around the native op), and the matcher: ``poly`` (polynomials), ``algebra`` (body values as
 polynomials), ``cuts`` (last-axis cuts), ``layout`` (nodes that keep last-axis rows),
 ``recognize`` with ``reader``/``gru``/``lstm`` (cells, Affine included), ``cell`` and ``linear``
-(their terms), ``projection`` (scan inputs computed as X·W + b outside), ``lengths`` (step masks as sequence_lens),
+(their terms), ``stacked`` (gates stacked on a leading axis, x @ W[G, I, H], read per gate by
+Gather or Split + Squeeze), ``projection`` (scan inputs computed as X·W + b outside), ``lengths`` (step masks as sequence_lens),
 ``cell_states`` (an LSTM's per-step cell state recomputed from Y), ``native_step`` (a one-step native op as the cell).
 """
 

@@ -21,9 +21,11 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.graph import is_op
 from scanopt.passes.fuse.cuts import column_range, cut_source, is_cut, producer
+from scanopt.passes.fuse.layout import _dtype
 from scanopt.passes.fuse.layout import (
     LAYOUT_OPS, concat_matmul, last_axis_concat, layout_rank, runtime_matrix, same_rows, through_layout,
 )
+from scanopt.passes.fuse.stacked import entry, picked
 from scanopt.passes.fuse.poly import (
     NoMatch, Poly, Runtime, Term, add, columns, constant, leaf, matmul, mul, runtime_matmul, scale,
 )
@@ -73,7 +75,19 @@ class Algebra:
         self._local = None if body is None else {id(n) for n in body.nodes}
         self._varying = {id(t) for t in varying}
         self._memo: dict[int, Poly | NoMatch] = {}
-        self.const = (folder or ConstantFolder()).value  # tensor -> its constant value, or None
+        self._fold = (folder or ConstantFolder()).value
+
+    def const(self, tensor: gs.Tensor) -> np.ndarray | None:
+        """``tensor``'s constant value, or None: what the folder evaluates, and also a CastLike of
+        a constant to the dtype of its second input where that dtype is known (onnxscript writes
+        ``1 - z`` as ``Sub(CastLike(1, z), z)``; the cast is the whole computation)."""
+        value = self._fold(tensor)
+        node = producer(tensor) if value is None else None
+        if node is not None and is_op(node, "CastLike") and len(node.inputs) == 2:
+            source = self._fold(node.inputs[0])
+            to = None if source is None else _dtype(self, node.inputs[1])
+            value = None if to is None else source.astype(to)
+        return value
 
     def _deps(self, tensor: gs.Tensor) -> list[gs.Tensor]:
         """The values :meth:`_expand` reads to expand ``tensor`` (none for a leaf)."""
@@ -179,6 +193,10 @@ class Algebra:
             if a is None or b is None or min(a, b) < 1:
                 return None
             return max(a, b) if min(a, b) >= 2 else a + b - 2
+        if node.op == "Gather":
+            index = self.const(node.inputs[1]) if len(node.inputs) > 1 else None
+            data = self._rank(node.inputs[0], depth + 1)
+            return None if index is None or data is None else data + index.ndim - 1
         return 2 if node.op == "Gemm" else None
 
     def is_runtime(self, tensor: gs.Tensor) -> bool:
@@ -295,6 +313,26 @@ def _cut(alg, node, out):
     return columns(whole, start, stop)
 
 
+def _gather(alg, node, out):
+    """Entry k of a stack of gates (:mod:`scanopt.passes.fuse.stacked`); any other Gather is a leaf."""
+    found = picked(alg, node)
+    return leaf(out) if found is None or _activated(alg, found[0]) else entry(alg, *found)
+
+
+def _squeeze(alg, node, out):
+    found = picked(alg, node)  # Squeeze(Split(stack, axis 0)[k], [0]): entry k of the stack
+    if found is None:
+        return same_rows(alg, node, out)
+    return leaf(out) if _activated(alg, found[0]) else entry(alg, *found)
+
+
+def _activated(alg, stack) -> bool:
+    """A stack computed by a node the algebra does not expand (an activation): each entry is its
+    own value, as gates read it (like a last-axis cut of an activation)."""
+    src = producer(stack)
+    return src is not None and not is_algebra(src) and alg.const(stack) is None and not alg.is_runtime(stack)
+
+
 _RANK_KEEPING = {"Identity", "Neg", "Cast", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Elu", "HardSigmoid", "Softsign",
                  "Softplus", "ThresholdedRelu", "Clip", "Concat"}
 
@@ -311,7 +349,8 @@ _HANDLERS = {
     "Slice": _cut,
     "SequenceAt": _cut,
     "Unsqueeze": same_rows,
-    "Squeeze": same_rows,
+    "Squeeze": _squeeze,
+    "Gather": _gather,
     "Reshape": same_rows,
     "Flatten": same_rows,
     "Cast": same_rows,

@@ -114,7 +114,8 @@ def _last_dim(tensor):
     return shape[-1] if shape and isinstance(shape[-1], int) else None
 
 
-def _symmetric_clip(node: gs.Node, const=constant_value) -> float:
+def clip_bounds(node: gs.Node, const=constant_value) -> tuple[float | None, float | None]:
+    """A Clip's (min, max), None for an absent bound; NoMatch when a bound is not constant."""
     if "min" in node.attrs or "max" in node.attrs or len(node.inputs) == 1:
         lo, hi = node.attrs.get("min"), node.attrs.get("max")
     else:
@@ -122,6 +123,11 @@ def _symmetric_clip(node: gs.Node, const=constant_value) -> float:
         if any(t.name and b is None for t, b in zip(node.inputs[1:3], bounds)):
             raise NoMatch(f"Clip '{node.name}' bounds are not constant")
         lo, hi = (None if b is None else float(b) for b in bounds[:2])
+    return (None if lo is None else float(lo)), (None if hi is None else float(hi))
+
+
+def _symmetric_clip(node: gs.Node, const=constant_value) -> float:
+    lo, hi = clip_bounds(node, const)
     if lo is None or hi is None or hi <= 0 or lo != -hi:
         raise NoMatch(f"Clip '{node.name}' bounds [{lo}, {hi}] are not a symmetric ±c (the clip attribute)")
     return float(hi)

@@ -10,8 +10,9 @@ from scanopt.graph import is_op
 from scanopt.passes.fuse.algebra import Algebra, cut_source, describe, is_cut, producer, resolve
 from scanopt.passes.fuse.cell import ACTIVATION_OPS, AFFINE, NOT_FUSED, Activation, Cell
 from scanopt.passes.fuse.linear import (
-    _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip,
+    _Linear, _bias, _cat, _last_dim, _onnx, _size, _symmetric_clip, clip_bounds,
 )
+from scanopt.passes.fuse.stacked import entry, picked
 from scanopt.passes.fuse.poly import Leaf, NoMatch, Poly, Runtime, columns, format_poly
 
 
@@ -35,28 +36,40 @@ class GateReader:
     # -- pieces -------------------------------------------------------------------------
     def gate(self, tensor: gs.Tensor, what: str, scaled: bool = False) -> tuple[Activation, float | None, Poly]:
         """(activation, clip, pre-activation) of a gate value, also of a Split/Slice of one; a
-        gate with no nonlinearity (a placeholder of ``linear_gates``) is Affine(1, 0)."""
+        gate with no nonlinearity (a placeholder of ``linear_gates``) is Affine(1, 0).
+
+        The clip attribute clips each gate's pre-activation to [-c, c] before its activation, so
+        a symmetric Clip under the activation is the clip, also when the gates are cut from one
+        clipped value (Clip is elementwise: a cut of Clip(p) is Clip of that cut of p). A Clip as
+        the activation itself is one with the clip: Clip(p, -c, c) = Affine(1, 0)(Clip(p, -c, c))
+        (hardtanh), Clip(p, 0, c) = Relu(Clip(p, -c, c)) (ReLU6), Clip(p, 0) = Relu(p)."""
         if id(tensor) in self.linear_gates:
             return AFFINE, None, self.linear_gates[id(tensor)]
-        cuts = []
+        cuts, tensor = _cuts(tensor)
         node = producer(tensor)
-        while is_cut(node):
-            cuts.append((node, tensor))
-            tensor = cut_source(node)
-            node = producer(tensor)
-        found = self.activation(tensor, scaled)
-        if found is None:
-            if node is None:
-                raise NoMatch(f"{what} {self.describe(tensor)} is not computed by an activation")
-            why = NOT_FUSED.get(node.op, "not an activation the recurrent ops support")
-            raise NoMatch(f"{what} {self.describe(tensor)} is a {node.op} output: {why}")
-        act, pre = found
-        clip = None
-        clipper = producer(resolve(pre))
-        if clipper is not None and is_op(clipper, "Clip"):
-            clip = _symmetric_clip(clipper, self.alg.const)
-            pre = clipper.inputs[0]
-        whole = self.alg.value(pre)
+        pick = picked(self.alg, node) if node is not None else None
+        if pick is not None and producer(pick[0]) is not None and (
+                self.activation(pick[0], scaled) is not None or is_op(producer(pick[0]), "Clip")):
+            tensor, node = pick[0], producer(pick[0])  # entry k of a stack of activations: act(entry k)
+        else:
+            pick = None
+        if node is not None and is_op(node, "Clip"):
+            act, clip, pre = _clip_activation(node, what, self.describe(tensor), self.alg.const)
+        else:
+            found = self.activation(tensor, scaled)
+            if found is None:
+                if node is None:
+                    raise NoMatch(f"{what} {self.describe(tensor)} is not computed by an activation")
+                why = NOT_FUSED.get(node.op, "not an activation the recurrent ops support")
+                raise NoMatch(f"{what} {self.describe(tensor)} is a {node.op} output: {why}")
+            act, pre = found
+            clip = None
+            inner, base = _cuts(resolve(pre))
+            clipper = producer(base)
+            if clipper is not None and is_op(clipper, "Clip"):
+                clip = _symmetric_clip(clipper, self.alg.const)
+                pre, cuts = clipper.inputs[0], cuts + inner
+        whole = self.alg.value(pre) if pick is None else entry(self.alg, pre, pick[1])
         for node, out in reversed(cuts):
             start, stop = self.alg.column_range(node, out, whole.width())
             whole = columns(whole, start, stop)
@@ -195,3 +208,32 @@ class GateReader:
         W, R, Wb, rows = self.weights([lin], ["the new state"], hidden)
         return Cell("RNN", hidden, rows, _cat(*W), _cat(*R), _cat(*Wb, np.zeros(hidden)), None, (AFFINE,),
                     notes=("no nonlinearity: Affine(1, 0)",), h=h)
+
+
+def _cuts(tensor: gs.Tensor) -> tuple[list, gs.Tensor]:
+    """The last-axis cuts (node, output), outermost first, that ``tensor`` is taken through,
+    and the value they cut."""
+    cuts = []
+    node = producer(tensor)
+    while is_cut(node):
+        cuts.append((node, tensor))
+        tensor = resolve(cut_source(node))
+        node = producer(tensor)
+    return cuts, tensor
+
+
+def _clip_activation(node: gs.Node, what: str, name: str, const) -> tuple[Activation, float | None, gs.Tensor]:
+    """A Clip used as the activation as (activation, clip, pre-activation), or NoMatch with the
+    reason; ``Clip(Relu(p), lo <= 0, c)`` (onnx-tf's Relu6) is min(relu(p), c) = Relu with clip c."""
+    lo, hi = clip_bounds(node, const)
+    pre = resolve(node.inputs[0])
+    inner = producer(pre)
+    if inner is not None and is_op(inner, "Relu") and (lo is None or lo <= 0) and (hi is None or hi > 0):
+        return Activation("Relu"), hi, inner.inputs[0]
+    if lo is not None and hi is not None and hi > 0 and lo == -hi:
+        return AFFINE, hi, node.inputs[0]  # hardtanh
+    if lo == 0 and (hi is None or hi > 0):
+        return Activation("Relu"), hi, node.inputs[0]  # ReLU6 (hi = 6); Relu when unbounded above
+    raise NoMatch(f"{what} {name} is Clip(·, {lo}, {hi}): the recurrent ops clip the pre-activation to a symmetric "
+                  "[-c, c] before the activation, so only Clip(·, -c, c) (identity with clip=c) and Clip(·, 0, c) "
+                  "(Relu with clip=c) are recurrent activations")
