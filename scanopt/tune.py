@@ -112,6 +112,10 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         if len(forms) == 1:
             continue  # no pass rewrites it: nothing to choose
         feeds = _feeds(sub, feeds_shapes)
+        if any(getattr(value, "size", 1) == 0 for value in feeds.values()):  # onnxruntime's Scan may die on it
+            why = "not measured (an empty input at the deployment shapes: nothing to time); modelled instead"
+            note(why, label, why)
+            continue
         try:
             seconds = min(per_scan, max(deadline - time.perf_counter(), 0.05))
             timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads, seconds=seconds,
