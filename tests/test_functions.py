@@ -25,8 +25,18 @@ def load(name: str) -> onnx.ModelProto:
 
 
 def function_ops(model: onnx.ModelProto, name: str):
+    """Op types of function ``name``, with those of the If branches in it (a fused op sits
+    behind an If on an empty input)."""
     fn = next(f for f in model.functions if f.name == name)
-    return [n.op_type for n in fn.node]
+
+    def ops(nodes):
+        for n in nodes:
+            yield n.op_type
+            if n.op_type == "If":
+                for a in n.attribute:
+                    yield from ops(a.g.node)
+
+    return list(ops(fn.node))
 
 
 def feeds(flag=None, t=4, b=3):
