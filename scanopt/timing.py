@@ -107,8 +107,13 @@ def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, ch
     order = names + [AA]
     fed = {name: (form_feeds or {}).get(name, feeds) for name in names}
     fed[AA] = fed[names[0]]
-    for name, s in sessions.items():  # warm-up: allocations, prepacking, first-run caches
+    warm = time.perf_counter()
+    for count, (name, s) in enumerate(sessions.items(), 1):  # warm-up: allocations, prepacking, first-run caches
         s.run(None, fed[name])
+        spent = time.perf_counter() - warm
+        if check_budget and spent * MIN_ROUNDS > 2 * seconds:  # a big Scan: known before every form ran once
+            return (f"one run of every form takes {'' if count == len(sessions) else 'over '}{spent:.2f} s, over "
+                    f"the time budget of {seconds:g} s")
     samples: dict[str, list[float]] = {name: [] for name in order}
     start = time.perf_counter()
     deadline = start + seconds

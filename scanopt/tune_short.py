@@ -3,7 +3,9 @@
 Loops, native ops and loop-free forms cost a setup plus an amount per step (linear in T past
 the setup), so timing every form at :data:`STEPS` and twice that many steps (same widths and
 batch, interleaved, with an A/A pair at each length) gives each round's estimate at the full
-length: ``t(T) = t(S) + (T - S) * (t(2S) - t(S)) / S``, never less than ``t(2S)``. Those
+length: ``t(T) = t(S) + (T - S) * (t(2S) - t(S)) / S``, never less than ``t(2S)``; where one
+round of that is over the budget, at :data:`FEWEST_STEPS` and twice that, and then with the
+budget check relaxed (the fewest rounds: measured short rather than modelled). Those
 per-round estimates are judged exactly as whole runs are (:func:`scanopt.timing.decide`).
 """
 
@@ -14,6 +16,7 @@ import onnx
 from scanopt.timing import AA, Timings, summarize
 
 STEPS = 16
+FEWEST_STEPS = 8  # where a round at STEPS and 2 * STEPS is over the budget (a wide LSTM at batch 64)
 LONGER = " @2S"  # suffix of a form's name at twice the steps
 
 

@@ -69,7 +69,7 @@ def test_unknown_dims_are_assumed_over_the_stated_range_and_the_choice_is_never_
         for b in cost.UNKNOWN_RANGE["B"]:
             for t in cost.UNKNOWN_RANGE["T"]:
                 ratio = modelled(o.pass_name, b, t) * cost.MODEL_MARGIN[o.pass_name] / modelled("loop", b, t)
-                assert ratio <= cost.SLOWER_BOUND, (o.pass_name, b, t, ratio)
+                assert ratio <= cost.RANGE_BOUND, (o.pass_name, b, t, ratio)
 
 
 def test_declared_shapes_replace_the_assumed_range():
@@ -143,17 +143,36 @@ def test_geometric_mean_picks_among_forms_that_are_safe_everywhere():
 
 
 def test_a_decline_for_the_worst_point_of_the_range_reads_slower_not_no_clear_gain():
-    """README's sample without shapes: the native RNN is modelled faster on average but slower at
-    T=1024 B=32, so the loop stays; the report's reason says slower (its number from that point),
-    not 'predicted 1.84x: no clear gain' (the average it was not declined for)."""
-    import onnx
-
-    model = onnx.load(os.path.join(os.path.dirname(__file__), "..", "models", "scan_rnn.onnx"))
+    """A tanh RNN at I=H=8 without shapes: the native RNN is modelled faster on average but
+    far slower at T=1024 B=32 (its activations; at H=32 measured 3.4x there), so the loop stays; the
+    report's reason says slower (its number from that point), not 'no clear gain' (the average
+    it was not declined for)."""
+    model = rnn_scan(batch="B", steps="T", hidden=8, inputs=8)
     _, report = scanopt.optimize(model, verify=False, options={"tune": False})
     fuse = outcome_of(report, "fuse")
-    assert not fuse.applied and fuse.declined_for_speed and "at T=1024 B=32" in fuse.detail
+    assert not fuse.applied and fuse.declined_for_speed and "at T=1024 B=32" in fuse.detail, fuse.detail
+    assert "more than 25% slower there" in fuse.detail
     worst = float(fuse.detail.split("predicted ", 1)[1].split("x the loop's time", 1)[0])
-    assert worst > cost.SLOWER_BOUND and fuse.speedup == pytest.approx(1 / worst, rel=0.01)
+    assert worst > cost.RANGE_BOUND and fuse.speedup == pytest.approx(1 / worst, rel=0.01)
     text = report.format()
     assert f"predicted slower on onnxruntime CPU ({fuse.speedup:.2f}x; --target portable applies it)" in text
     assert "no clear gain" not in text
+
+
+def test_without_shapes_a_native_gru_that_wins_at_small_batch_and_loses_a_little_at_b32_is_applied():
+    """Issue 28: GRU I=H=64, T and B unknown: native measured 5x faster at B=1 and 1.0-1.2x slower
+    at B=32 (bench_cost over the range); the loop was kept ("never 5% slower anywhere") and the
+    bench's GRU 500x1x64x64 ran 7.2x slower than the native op. A GRU at H=256 keeps the loop."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from bench_policy import cell_model
+
+    for hidden, want in ((64, True), (256, False)):
+        model, _ = cell_model("GRU0", hidden, hidden)
+        _, report = scanopt.optimize(model, verify=False, options={"tune": False})
+        fuse = outcome_of(report, "fuse")
+        assert fuse.applied is want, (hidden, fuse.expected or fuse.detail)
+        assert "T, B unknown" in (fuse.expected or fuse.detail)
+
+

@@ -93,3 +93,20 @@ def test_upgrade_shows_its_phases_too(tmp_path):
     phases = [line.split("  ")[0] for line in result.stderr.splitlines()]
     assert phases == [f"scanopt: loading {src}", f"scanopt: moving {src} to opset 13, verified",
                       f"scanopt: writing {out}"]
+
+
+def test_a_long_counting_phase_prints_its_counter_every_few_seconds_when_not_live():
+    """Issue 28: timing 300 Scans into a log said nothing until the phase ended; now a counter
+    line every LOG_SECONDS (5 s), none for a phase that counts faster."""
+    stream, clock = io.StringIO(), _Clock()
+    progress = Progress(stream, live=False, clock=clock)
+    progress("timing")
+    for done in range(300):
+        clock.now = done * 0.1  # 0.1 s per Scan: 30 s in all
+        progress.count(done, 300)
+    clock.now = 30.0
+    progress.count(300, 300)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "scanopt: timing  50/300 Scans  5.0 s (total 5.0 s)", lines
+    assert 5 <= len(lines) <= 7 and lines[-1] == "scanopt: timing  300/300 Scans  30.0 s (total 30.0 s)"

@@ -410,3 +410,44 @@ def test_a_scan_of_50_steps_is_cut_to_16_and_32_steps_and_one_of_20_is_not():
                 short, cut, total = found
                 assert total == steps_total and cut["X"][1] == (want, 2, 8)
                 assert [d.dim_value for d in short.graph.input[1].type.tensor_type.shape.dim] == [want, 2, 8]
+
+
+class BigModelTimer:
+    """Stands in for scanopt.timing.measure on a big model: with the budget check on, any run
+    longer than ``fits`` steps is over the budget; a form's time is its steps times its factor."""
+
+    def __init__(self, fits, factors):
+        self.fits, self.factors, self.calls = fits, factors, []
+
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None, form_feeds=None):
+        from scanopt.timing import AA, summarize
+
+        steps = {name: (form_feeds or {}).get(name, feeds)["X"].shape[0] for name in forms}
+        self.calls.append((sorted(set(steps.values())), check_budget))
+        if check_budget and max(steps.values()) > self.fits:
+            return f"one run of every form takes 3.00 s, over the time budget of {seconds:g} s"
+        samples = {name: [1e-4 * steps[name] * self.factors.get(name.split(" @")[0], 1.0)] * 9 for name in forms}
+        first = next(iter(forms))
+        samples[AA] = list(samples[first])
+        return summarize(samples, "thread CPU")
+
+
+@pytest.mark.parametrize("fits, cut", [(32, "T=16 and T=32"), (16, "T=8 and T=16"), (4, "T=8 and T=16, extrapolated per step to T=512 (one round over the 2 s budget, timed anyway)")])
+def test_a_big_lstm_is_measured_shortened_even_where_16_steps_are_over_the_budget(monkeypatch, tmp_path, fits, cut):
+    """LSTM T=512 B=64 (widths small here: the timer says what a wide one costs): the full length
+    is over the budget, so it is timed at 16/32 steps, else 8/16, else 8/16 with the check relaxed,
+    and the form measured fastest is chosen (not modelled)."""
+    from cell_builders import Body, cell, scan_model
+
+    monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
+    body = Body(hidden=8, inputs=8)
+    states, h_new = cell("LSTM", body)
+    model = scan_model(body, states, ys=(h_new,))
+    timer = BigModelTimer(fits, {"native": 0.4, "hoisted": 0.9})
+    monkeypatch.setattr(scanopt.tune, "measure", timer)
+    shapes = dict({"X": [512, 64, 8]}, **{f"{s}0": [64, 8] for s, _, _ in states})
+    out, report = scanopt.optimize(model, options={"tune": True}, input_shapes=shapes, seeds=1)
+    line = next(line for line in report.tuning if "-> " in line or "not measured" in line)
+    assert f"measured at {cut}" in line and "extrapolated per step to T=512" in line and "-> native" in line, line
+    assert "LSTM" in ops(out) and "Scan" not in ops(out)
+    assert timer.calls[0] == ([512], True)  # the full length was tried first
