@@ -209,6 +209,19 @@ def test_batch_one_without_lengths_squeezes_around_one_scan9(target):
     assert_equivalent(original, result)
 
 
+def the_scan(model):
+    """The model's Scan, in the main graph or behind the empty-input If strategy (b) adds."""
+    for node in model.graph.node:
+        if node.op_type == "Scan":
+            return node
+        if node.op_type == "If":
+            branch = next(a.g for a in node.attribute if a.name == "else_branch")
+            found = [n for n in branch.node if n.op_type == "Scan"]
+            if found:
+                return found[0]
+    raise AssertionError("no Scan")
+
+
 @pytest.mark.parametrize("batch,lens,target", [(2, False, 9), ("B", False, 13), ("B", True, 9), (3, True, 17)])
 def test_polymorphic_body_runs_one_scan9_over_time(batch, lens, target):
     original = sum_model(batch=batch, steps="T", lens=lens)
@@ -217,7 +230,7 @@ def test_polymorphic_body_runs_one_scan9_over_time(batch, lens, target):
     counts = ops(result)
     assert counts["Scan"] == 1 and "Loop" not in counts
     assert counts["Where"] == (2 if lens else 0)  # one per state (in the body), one per scan output (after)
-    scan = next(n for n in result.graph.node if n.op_type == "Scan")
+    scan = the_scan(result)
     attrs = {a.name: h.get_attribute_value(a) for a in scan.attribute}
     # x, and with lengths the precomputed step mask, scanned along axis 1
     assert attrs["scan_input_axes"] == [1] * (2 if lens else 1) and attrs["scan_output_axes"] == [1]
@@ -312,7 +325,7 @@ def test_bidaf_like_body_with_outer_weights_is_batched(lens):
     original = bidaf_like(batch="batch", steps="seq", lens=lens)
     result, details = upgrade(original, 17)
     assert details[0].startswith("strategy (b)")
-    body = next(n for n in result.graph.node if n.op_type == "Scan").attribute[0].g
+    body = the_scan(result).attribute[0].g
     assert [n.op_type for n in body.node][:3] == ["Concat", "MatMul", "Add"]
     assert {i.name for i in result.graph.initializer} >= {"W", "bias"}  # still read from the outer graph
     assert_equivalent(original, result)
@@ -333,7 +346,7 @@ def test_axis_ops_are_shifted_and_converted(target):
     original = axes_model(batch="B", lens=True)
     result, details = upgrade(original, target)
     assert details[0].startswith("strategy (b)")
-    body = next(n for n in result.graph.node if n.op_type == "Scan").attribute
+    body = the_scan(result).attribute
     body = next(a.g for a in body if a.name == "body")
     by_op = {n.op_type: n for n in body.node}
     attrs = lambda op: {a.name: h.get_attribute_value(a) for a in by_op[op].attribute}  # noqa: E731
@@ -740,3 +753,25 @@ def test_an_input_nothing_types_takes_the_type_its_body_declares(target):
 def test_an_input_neither_the_graph_nor_the_body_types_is_declined_with_the_reason():
     with pytest.raises(ScanoptError, match="an input of the Scan has no known element type"):
         migrate(_scan8_after_untyped_op(body_declares_type=False), 13)
+
+
+@pytest.mark.parametrize("strategy", ["b", "c"])
+def test_an_upgraded_scan_runs_on_an_empty_batch_and_zero_steps(strategy):
+    """onnxruntime runs Scan-8 over zero steps (the initial states, an empty Y) and refuses an
+    empty batch cleanly; a Scan-9 over axis 1 died of SIGFPE on both, and one over zero steps
+    was refused: the upgraded form sits behind If(B == 0 or T == 0) and gives Scan-8's result
+    there (child processes: a crash must not end the test)."""
+    from child_run import run_in_child
+
+    original = sum_model(batch="B", steps="T")
+    result, details = upgrade(original, 17, strategy=strategy)
+    assert details[0].startswith(f"strategy ({strategy})")
+    s0 = np.arange(6, dtype=np.float32).reshape(3, 2)
+    status, out = run_in_child(result, {"s": s0, "x": np.zeros([3, 0, 2], np.float32)})
+    assert status == "ok", out
+    expected = run_in_child(original, {"s": s0, "x": np.zeros([3, 0, 2], np.float32)})
+    assert expected[0] == "ok" and [v.shape for v in out.values()] == [v.shape for v in expected[1].values()]
+    assert np.array_equal(list(out.values())[0], s0)
+    status, out = run_in_child(result, {"s": np.zeros([0, 2], np.float32), "x": np.zeros([0, 5, 2], np.float32)})
+    assert status == "ok" and [v.shape for v in out.values()] == [(0, 2), (0, 5, 2)], out
+    assert_equivalent(original, result)

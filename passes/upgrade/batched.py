@@ -17,6 +17,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
+from scanopt.passes.upgrade.empty_guard import guarded, step_dims
 from scanopt.rewrite import rebind_outputs
 
 
@@ -53,9 +54,12 @@ def rewrite_batched(node: gs.Node, match, level, ctx) -> gs.Node:
         directions += [0] * len(ranks)
         _mask_states(body, ranks, match, held(body, match, ctx), ctx)
     m = len(scans)
-    scan_9(outer, states + scans, finals + outputs, body, m,
-           directions=directions, input_axes=[1] * m, output_axes=[1] * k)
-    scan = (finals + outputs)[0].inputs[0]
+
+    def run(e: Emitter, results) -> None:
+        scan_9(e, states + scans, results, body, m, directions=directions, input_axes=[1] * m, output_axes=[1] * k)
+
+    scan = guarded(outer, node.inputs[1 + n], states, finals + outputs, step_dims(body, n, match, batched=True),
+                   run, match, ctx)
     if mask is not None:  # zero every output past len[b], once, on the whole [B, T, ...] tensor
         outputs = [
             outer.op("Where", [mask.shaped(match.output_ranks[n + j]), y, outer.const("zero", np.zeros((), d))], dtype=d)

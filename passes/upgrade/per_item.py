@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from scanopt.passes.upgrade.empty_guard import guarded, step_dims
 from scanopt.rewrite import new_graph, rebind_outputs
 
 
@@ -63,7 +64,11 @@ def rewrite_per_item(node: gs.Node, match, level, ctx) -> gs.Node:
 
     outer = held(level.graph, match, ctx)
     stacked = [outer.b.variable(f"{t.name}_stacked", dtype=d) for t, d in zip(node.outputs, match.output_dtypes)]
-    scan_9(outer, per_batch, stacked, items, len(per_batch))
-    loop = stacked[0].inputs[0]
+
+    def run(e, results) -> None:
+        scan_9(e, per_batch, results, items, len(per_batch))
+
+    loop = guarded(outer, node.inputs[1 + n], list(node.inputs[1:1 + n]), stacked,
+                   step_dims(node.attrs["body"], n, match, batched=False), run, match, ctx)
     rebind_outputs(node, stacked, level.graph)
     return loop

@@ -1,0 +1,65 @@
+"""An upgraded Scan-8 behind ``If(B == 0 or T == 0)``.
+
+onnxruntime runs a Scan-8 over zero steps (the initial states, empty outputs) and refuses an
+empty batch cleanly, but dies of SIGFPE in a Scan-9 over axis 1 when either is 0 and refuses
+a Scan-9 over zero steps: an upgraded model would crash or fail where the original ran. Behind
+the guard, the empty branch gives the initial states and zeros of shape [B, T, per-step
+dims...] (what Scan-8 gives at T = 0) and the other branch runs the upgrade's own form. A
+per-step output dim that is not stated leaves the form unguarded (verification's edge
+inputs then decide)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.emit import Emitter
+from scanopt.rewrite import new_graph, stored_in
+
+
+def step_dims(body: gs.Graph, n: int, match, *, batched: bool) -> list[tuple[list[int], np.dtype]] | None:
+    """Per scan output of the Scan-8 body (after its ``n`` states): its dims after the batch
+    and time axes, all stated, and its dtype; None when one is not stated. ``batched``: the
+    body's outputs already carry the batch axis first (strategy (b))."""
+    found = []
+    for tensor, dtype in zip(body.outputs[n:], match.output_dtypes[n:]):
+        shape = tensor.shape
+        dims = None if shape is None else list(shape[1:] if batched else shape)
+        if dims is None or dtype is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+            return None
+        found.append((dims, np.dtype(dtype)))
+    return found
+
+
+def guarded(outer: Emitter, x: gs.Tensor, states, outputs, per_step, run: Callable, match, ctx) -> gs.Node:
+    """Emit ``run(emitter, results)`` (the upgraded form, writing the final states then the scan
+    outputs) behind the guard when ``per_step`` is known, else as it is; ``outputs`` receive
+    the values; ``x``: the Scan-8's first scan input [B, T, ...]. Returns the node that
+    produces ``outputs``."""
+    from scanopt.passes.upgrade.upgrade_pass import held
+
+    if per_step is None:
+        run(outer, outputs)
+        return outputs[0].inputs[0]
+    shape = outer.op("Shape", [x])
+    batch = outer.op("Gather", [shape, outer.ints("zero", [0])], axis=0)
+    steps = outer.op("Gather", [shape, outer.ints("one", [1])], axis=0)
+    zero = outer.ints("zero", [0])
+    empty = outer.op("Or", [outer.op("Equal", [batch, zero]), outer.op("Equal", [steps, zero])])  # [1]: If's condition
+    then_graph, else_graph = new_graph("scan8_empty"), new_graph("scan8_upgraded")
+    results = [held(else_graph, match, ctx).b.variable(f"{t.name}_run", dtype=t.dtype) for t in outputs]
+    run(held(else_graph, match, ctx), results)
+    else_graph.outputs = results
+    quick = held(then_graph, match, ctx)
+    kept = [quick.op("Identity", [s], dtype=out.dtype) for s, out in zip(states, outputs)]
+    zeros = []
+    for dims, dtype in per_step:
+        parts = [batch, steps] + ([quick.ints("dims", dims)] if dims else [])
+        value = gs.Constant(quick.b.names.fresh("zero_value"), np.zeros([1], dtype))
+        zeros.append(quick.op("ConstantOfShape", [quick.op("Concat", parts, axis=0)], value=value, dtype=dtype))
+    then_graph.outputs = kept + zeros
+    stored_in(outer.b.graph, [t for node in else_graph.nodes for t in node.inputs])
+    outer.op("If", [empty], outputs=outputs, then_branch=then_graph, else_branch=else_graph)
+    return outputs[0].inputs[0]
