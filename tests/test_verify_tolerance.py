@@ -57,6 +57,7 @@ def test_a_candidate_within_the_factor_of_the_engine_spread_passes_and_beyond_fa
     near = after_scan("Y", scaled(1.0, SPREAD_FACTOR * DELTA / 2))
     far = after_scan("Y", scaled(1.0, SPREAD_FACTOR * DELTA * 2))
     assert not verify.compare_outputs({"Y": np.zeros(3, np.float32)}, {"Y": np.full(3, SPREAD_FACTOR * DELTA / 2, np.float32)})[0].passed
+    monkeypatch.setattr(verify, "long_sequences", lambda model, feeds: iter(()))  # the spread at the seeds' sizes
     passed = compare_models(original(), near, engine="ort", seeds=1)
     assert passed.passed, passed.summary()
     failed = compare_models(original(), far, engine="ort", seeds=1)
@@ -141,14 +142,22 @@ def _float64_gru(feeds) -> np.ndarray:
 @pytest.fixture(scope="module")
 def fused_gru():
     model = onnx.load(GRU)
-    fused, report = scanopt.optimize(model, options={"target": "portable"})
+    fused, _ = scanopt.optimize(model, options={"target": "portable"}, verify=False)
+    _, report = scanopt.optimize(model, options={"target": "portable"})
     return model, fused, report
 
 
-def test_drift_case_the_fusion_is_kept_at_the_synthesized_sizes(fused_gru):
-    _, fused, report = fused_gru
-    assert count_ops(fused)["GRU"] == 1, report.verification
-    assert report.verification["passed"]
+def test_drift_case_passes_at_the_seeds_and_is_rolled_back_by_the_truth_at_1024_steps(fused_gru, monkeypatch):
+    """At the seeds' sizes the engines' spread covers the native kernel's per-step rounding; at
+    the named length's 1024 steps (a weak spot) the float64 truth judges: the fused GRU is ~70x
+    farther from it than the Scan (9e-5 against 1.3e-6), beyond 8x + 16 ulp: rolled back."""
+    model, fused, report = fused_gru
+    assert count_ops(fused)["GRU"] == 1
+    assert report.verification["rolled_back"] == ["fuse on torch_gru_inputs"], report.verification
+    long = compare_models(model, fused, engine="ort", seeds=2)
+    assert [c.inputs for c in long.comparisons if not c.passed] == ["'T' = 1024 steps (a Scan's length)"]
+    monkeypatch.setattr(verify, "long_sequences", lambda model, feeds: iter(()))
+    assert compare_models(model, fused, engine="ort", seeds=2).passed
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's float32 sigmoid overflows to 0/1, as it should
