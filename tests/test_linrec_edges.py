@@ -1,0 +1,61 @@
+"""linrec's loop-free forms on the edge inputs the loop accepts (issue 33: S2, S5, S7, S8): the
+rewrite is kept by the default verification (which feeds those edges) and gives the loop's
+outputs there: no value read from a later step, the loop's shapes at an empty batch, a state
+that overflows as the loop's does, integer sums exact and wrapping as the loop's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import linrec_builders as lb
+from equivalence import ops
+from scanopt.engines import run
+from scanopt.pipeline import optimize
+
+
+def kept(model, form: str, **options):
+    """The model optimized with verification on (edge inputs included): the linrec rewrite kept."""
+    out, report = optimize(model, options=options)
+    done = [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "linrec"]
+    assert any(applied and form in detail for applied, detail in done), (done, report.verification)
+    assert "Scan" not in ops(out) and "Loop" not in ops(out)
+    return out
+
+
+def same_where_finite(want: dict, got: dict, rtol=1e-4, atol=1e-4):
+    """``got`` equals ``want`` where ``want`` is finite, and is non-finite where ``want`` is."""
+    for name, w in want.items():
+        g = got[name]
+        assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape)
+        finite = np.isfinite(w)
+        assert np.array_equal(np.isfinite(g), finite), (name, np.argwhere(np.isfinite(g) != finite)[:5])
+        np.testing.assert_allclose(g[finite], w[finite], rtol=rtol, atol=atol, err_msg=name)
+
+
+# ---------------------------------------------------------------- S2: decayed linear attention
+ATTENTION = {
+    "einsum": lambda: lb.linear_attention(T=64, DK=4, DV=4, gamma=0.9, einsum=True),
+    "matmul": lambda: lb.linear_attention(T=64, DK=4, DV=5, gamma=0.9, einsum=False),
+    "transposed": lambda: lb.linear_attention_transposed(T=64, DK=4, DV=6, gamma=0.9),
+}
+
+
+@pytest.mark.parametrize("chunk", [64, 16])
+@pytest.mark.parametrize("case", list(ATTENTION))
+def test_attention_matmul_form_never_reads_a_later_step(case, chunk):
+    """A NaN or inf in K or V at step 30: the loop's steps 0..29 stay finite (and each later step
+    is non-finite only in the loop's places); the masked product once multiplied a later inf by 0."""
+    m = ATTENTION[case]()
+    out = kept(m, "chunked matmul form", target="portable", linrec_attention_chunk=chunk)
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in m.graph.input}
+    for name in ("K", "V", "Q"):
+        for bad in (np.nan, np.inf, -np.inf):
+            probe = dict(feeds)
+            probe[name] = feeds[name].copy()
+            probe[name][30, 1] = bad
+            want, got = run(m, probe), run(out, probe)
+            assert np.all(np.isfinite(got["Y"][:30])), (name, bad)
+            same_where_finite(want, got)
