@@ -59,3 +59,34 @@ def test_attention_matmul_form_never_reads_a_later_step(case, chunk):
             want, got = run(m, probe), run(out, probe)
             assert np.all(np.isfinite(got["Y"][:30])), (name, bad)
             same_where_finite(want, got)
+
+
+# ---------------------------------------------------------------- S8: integer running sums
+def integer_sum(dtype):
+    """h' = h + x over X [T, 2] of an integer type, T symbolic: the final state is not a static row."""
+    from onnx import helper as h
+
+    return lb.body_model([h.make_node("Add", ["h", "x"], ["h_new"])], T="T", H=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("target", ["portable", None])
+def test_integer_running_sum_is_exact_and_wraps_like_the_loop(target):
+    """onnxruntime's int64 ReduceSum rounds (2^55 + 3 -> 2^55) and its int32 one may saturate;
+    the loop's sum is exact and wraps. The final state is the last row of the running sum."""
+    from onnx import TensorProto as TP
+
+    options = {"target": target} if target else {"input_shapes": {"X": [4, 2]}}
+    cases = {TP.INT64: (np.array([0, 7], np.int64), np.array([[2 ** 55, 1], [1, 2], [1, 3], [1, 4]], np.int64)),
+             TP.INT32: (np.array([2 ** 31 - 10, -5], np.int32), np.array([[5, -2 ** 31 + 9], [5, 0], [5, -7], [5, 1]],
+                                                                           np.int32))}
+    for dtype, (h0, x) in cases.items():
+        m = integer_sum(dtype)
+        out = kept(m, "CumSum", **options)
+        for steps in (4, 1, 0):
+            feeds = {"h0": h0, "X": x[:steps]}
+            # onnxruntime refuses a zero-step Scan: the spec's (the reference executor's) loop there
+            want, got = run(m, feeds, engine="reference" if steps == 0 else "ort"), run(out, feeds)
+            for name in want:
+                assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+                np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} at {steps} steps")
+        assert run(m, {"h0": h0, "X": x})["hT"][0] == (2 ** 55 + 3 if dtype == TP.INT64 else -2 ** 31 + 10)
