@@ -14,12 +14,13 @@ from scanopt.engines import run
 from scanopt.pipeline import optimize
 
 
-def kept(model, form: str, **options):
-    """The model optimized with verification on (edge inputs included): the linrec rewrite kept."""
+def kept(model, form: str, loop_free: bool = True, **options):
+    """The model optimized with verification on (edge inputs included): the linrec rewrite kept
+    (``loop_free``: no Scan or Loop left; the symbolic-length forms loop over chunk positions)."""
     out, report = optimize(model, options=options)
     done = [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "linrec"]
     assert any(applied and form in detail for applied, detail in done), (done, report.verification)
-    assert "Scan" not in ops(out) and "Loop" not in ops(out)
+    assert not loop_free or ("Scan" not in ops(out) and "Loop" not in ops(out))
     return out
 
 
@@ -90,3 +91,37 @@ def test_integer_running_sum_is_exact_and_wraps_like_the_loop(target):
                 assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
                 np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} at {steps} steps")
         assert run(m, {"h0": h0, "X": x})["hT"][0] == (2 ** 55 + 3 if dtype == TP.INT64 else -2 ** 31 + 10)
+
+
+# ---------------------------------------------------------------- S5: an empty batch, symbolic T and B
+def decay_model(with_x: bool):
+    """h' = a ⊙ h (+ x) with a constant a per channel, state [B, 4], X [T, B, 4], T and B symbolic;
+    y = h' (without x: y = h' ⊙ x, so the scan input is read)."""
+    from onnx import helper as h
+
+    import builders as b
+
+    nodes = [h.make_node("Mul", ["h", "a"], ["ah"])]
+    nodes += [h.make_node("Add", ["ah", "x"], ["h_new"]), h.make_node("Identity", ["h_new"], ["y"])] if with_x else \
+        [h.make_node("Identity", ["ah"], ["h_new"]), h.make_node("Mul", ["h_new", "x"], ["y"])]
+    st = ["B", 4]
+    return lb._scan_model(nodes, [b.vi("h", st), b.vi("x", st)], [b.vi("h_new", st), b.vi("y", st)],
+                          [b.vi("h0", st), b.vi("X", ["T"] + st)], [b.vi("hT", st), b.vi("Y", ["T"] + st)],
+                          [b.init("a", np.array([0.9, 0.5, -0.7, 1.1], np.float32))], num_scan_inputs=1,
+                          scan_inputs=["h0", "X"])
+
+
+@pytest.mark.parametrize("with_x", [False, True], ids=["product", "decay_plus_x"])
+def test_symbolic_chunked_forms_keep_an_empty_batch(with_x):
+    """A Reshape to [-1, *tail] (or [count, *h0's shape]) read the 0 of an empty batch as "copy
+    the input's dim": the product form gave hT [0, 4] but Y [0, 32, 4], the decay + x form failed."""
+    m = decay_model(with_x)
+    out = kept(m, "symbolic length", loop_free=False, target="portable")
+    rng = np.random.default_rng(3)
+    for steps, batch in [(5, 0), (40, 0), (5, 2), (37, 3)]:
+        feeds = {"h0": rng.standard_normal((batch, 4)).astype(np.float32),
+                 "X": rng.standard_normal((steps, batch, 4)).astype(np.float32)}
+        want, got = run(m, feeds), run(out, feeds)
+        for name in want:
+            assert got[name].shape == want[name].shape, (name, steps, batch)
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)

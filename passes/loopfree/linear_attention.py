@@ -28,9 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.emit import INT64_MAX
 from scanopt.graph import constant_axes, identity_root
-from scanopt.passes.loopfree.prefix_scan import doubling, split_steps
+from scanopt.passes.loopfree.prefix_scan import doubling, merge_steps, split_steps
 from scanopt.protos import in_default_domain
 
 
@@ -195,8 +194,7 @@ def emit_attention(e, gamma: gs.Tensor, keys, values, queries, s0, nb: int, step
                                 e.const("zero", zero)])
         y = e.op("Add", [e.op("MatMul", [scores, v]), e.op("MatMul", [e.op("Mul", [q, query_weight]), starts])])
         y = e.op("Transpose", [y], perm=back)
-        tail = e.slice(e.op("Shape", [y]), [2], [INT64_MAX], [0])
-        y = e.op("Reshape", [y, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+        y = merge_steps(e, y)
         ys.append(e.op("Add", [y, poison]))
     return ys, final
 
