@@ -11,7 +11,9 @@ number of times and reads the i-th slice of outer tensors: a Scan over them. The
   is the trip count (where it is shorter the Loop fails on its Gather, so nothing that
   runs changes);
 - loop-carried values stay states; a carried stack becomes a scan output along its axis;
-- the Loop's own scan outputs stay scan outputs.
+- the Loop's own scan outputs stay scan outputs;
+- where the trip count may be 0, the Scan sits behind an If that gives the Loop's
+  zero-step outputs (:mod:`.zero_steps`): onnxruntime's Scan refuses zero steps.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from scanopt.graph import HUGE, GraphLevel, is_op, node_label, remove_node
 from scanopt.pass_api import LoopPass, Match, PassContext, Skip, register_pass
 from scanopt.rewrite import Builder, detach, place_appended, replace_all_uses, replacing
 
+from scanopt.passes.loop_to_scan import zero_steps
 from scanopt.passes.loop_to_scan.analysis import CounterTest, LoopMatch, Read, analyse, shape_dim
 
 
@@ -46,6 +49,9 @@ class LoopToScan(LoopPass):
             if any(not _proven_length(found.trip, r, ctx, folder) for r in found.reads):
                 return Skip("opset 9: a scanned tensor's length is not provably the trip count, and Slice "
                             "takes a computed end only from opset 10")
+        if isinstance(found, LoopMatch) and zero_steps.may_run_zero_steps(
+                found, folder, lambda read: _proven_length(found.trip, read, ctx, folder)):
+            found.zero_steps = zero_steps.plan(node, found, ctx)  # None: not known, no guard
         return found
 
     def rewrite(self, node: gs.Node, match: Match, level: GraphLevel, ctx: PassContext) -> str:
@@ -153,7 +159,12 @@ class LoopToScan(LoopPass):
         label = node_label(node)
         final = node.outputs[count.slot] if count is not None else None
         detach(node, graph)
-        graph.nodes.append(gs.Node("Scan", name=node.name, attrs=attrs, inputs=inputs, outputs=outputs))
+        scan = gs.Node("Scan", name=node.name, attrs=attrs, inputs=inputs, outputs=outputs)
+        if match.zero_steps is not None:
+            zero_steps.guard(scan, outputs, match.zero_steps, sources[0], axes[0], outer, emit, label,
+                             later=tuple(stacked for stacked, _ in merges))
+        else:
+            graph.nodes.append(scan)
         if final is not None and (final.outputs or any(o is final for o in graph.outputs)):
             _final_counter(count, trip if not count.is_plain(folder) else _trip_count(count, emit, ctx), final, emit, ctx)
         for stacked, stack in merges:  # torch.cat(outs): [.., T, k, ..] -> [.., T*k, ..]
@@ -161,7 +172,10 @@ class LoopToScan(LoopPass):
             head = outer.op("Slice", [shape, emit.ints("start", [0]), emit.ints("end", [stack.axis])], dtype=np.int64)
             tail = outer.op("Slice", [shape, emit.ints("start", [stack.axis + 2]), emit.ints("end", [INT64_MAX])],
                             dtype=np.int64)
-            merged = outer.op("Concat", [head, emit.ints("merged", [-1]), tail], axis=0, dtype=np.int64)
+            pair = outer.op("Slice", [shape, emit.ints("start", [stack.axis]), emit.ints("end", [stack.axis + 2])],
+                            dtype=np.int64)
+            product = outer.op("ReduceProd", [pair], keepdims=1, dtype=np.int64)  # T*k, not -1: Reshape refuses
+            merged = outer.op("Concat", [head, product, tail], axis=0, dtype=np.int64)  # -1 when a dim is 0
             outer.op("Reshape", [stacked, merged], outputs=[stack.result])
         place_appended(graph, position, start - 1)
         return _describe(label, match, len(sources), cut, gathered)

@@ -105,6 +105,7 @@ class LoopMatch(Match):
     trip: gs.Tensor | None = None  # the trip count: M, or the bound of a counter test
     counter_slot: int | None = None  # the carried counter a counter test increments
     count: CounterTest | None = None  # the counter test, when one bounds the Loop
+    zero_steps: list | None = None  # where it may run zero steps: each Scan output's value then (zero_steps.plan)
 
 
 def analyse(node: gs.Node, graph: gs.Graph, opset: int, shapes: ShapeTable, folder: ConstantFolder) -> LoopMatch | Skip:

@@ -13,6 +13,12 @@ Mul or MatMul of Unsqueeze(k, -1) and Unsqueeze(v, -2)); every scan output is q�
 The state may be stored transposed, [*batch, dv, dk]: S' = γ·S + vᵀk with every output S'·q
 (Einsum ``...ij,...j->...i`` or MatMul of S' and a vector q); the form then runs on Sᵀ.
 Powers of γ are repeated products (no log, no exp, no division).
+
+A step never reads the future (issue 33, S2): the masked product is a Where (a Mul by the 0/1
+mask made 0·inf = NaN of a later key), and the values enter the chunk products with their
+non-finite entries zeroed (a masked score times a later inf is NaN too); a NaN or inf in
+v_t[c] is put back as a NaN (0·x, summed causally by CumSum) in y[t:, c] and the final state's
+column c, where the loop's state column is non-finite from step t on.
 """
 
 from __future__ import annotations
@@ -22,9 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.emit import INT64_MAX
 from scanopt.graph import constant_axes, identity_root
-from scanopt.passes.loopfree.prefix_scan import doubling, split_steps
+from scanopt.passes.loopfree.prefix_scan import doubling, merge_steps, split_steps
 from scanopt.protos import in_default_domain
 
 
@@ -156,7 +161,8 @@ def emit_attention(e, gamma: gs.Tensor, keys, values, queries, s0, nb: int, step
     cumulative, _ = doubling(e, e.op("Expand", [g, e.ints("chunk", [chunk])]), None, 0, chunk, 1, one, zero)
     powers = e.op("Concat", [e.const("one", np.ones([1], dtype)), cumulative], axis=0)  # γ^0 .. γ^C
     i, j = np.meshgrid(np.arange(chunk), np.arange(chunk), indexing="ij")
-    decay = e.op("Where", [e.const("causal", i >= j), e.op("Gather", [powers, e.ints("lag", np.maximum(i - j, 0))]),
+    causal = e.const("causal", i >= j)
+    decay = e.op("Where", [causal, e.op("Gather", [powers, e.ints("lag", np.maximum(i - j, 0))]),
                           e.const("zero", zero)])  # [C, C]
     key_weight = e.op("Gather", [powers, e.ints("to_end", [[chunk - 1 - c] for c in range(chunk)])])  # [C, 1]
     query_weight = e.op("Gather", [powers, e.ints("from_start", [[c + 1] for c in range(chunk)])])  # [C, 1]
@@ -166,6 +172,8 @@ def emit_attention(e, gamma: gs.Tensor, keys, values, queries, s0, nb: int, step
     def chunks(x):
         return e.op("Transpose", [split_steps(e, x, chunk)], perm=perm)
 
+    flag = e.op("Mul", [values, e.const("zero", zero)])  # 0 where finite, NaN at a NaN or inf
+    values = e.op("Where", [e.op("Equal", [flag, e.const("zero", zero)]), values, e.const("zero", zero)])
     k, v = chunks(keys), chunks(values)
     updates = e.op("MatMul", [e.op("Transpose", [e.op("Mul", [k, key_weight])], perm=swap), v])  # [*b, n, dk, dv]
     last = e.op("Gather", [powers, e.ints("chunk_index", [chunk])])
@@ -174,15 +182,24 @@ def emit_attention(e, gamma: gs.Tensor, keys, values, queries, s0, nb: int, step
     s0_row = e.unsqueeze(s0, [nb])
     ends = e.op("Add", [e.op("Mul", [a_cum, s0_row]), b_cum])  # the state after each chunk
     final = e.squeeze(e.slice(ends, [n - 1], [n], [nb]), [nb])
+    final = e.op("Add", [final, e.unsqueeze(_sum_over_steps(e, flag), [nb])])  # [*b, 1, dv]
+    poison = e.op("CumSum", [flag, e.const("axis", np.int64(0))])  # [T, *b, dv]: NaN from a bad value on
     starts = s0_row if n == 1 else e.op("Concat", [s0_row, e.slice(ends, [0], [n - 1], [nb])], axis=nb)
     k_t = e.op("Transpose", [k], perm=swap)
     back = [nb, nb + 1] + list(range(nb)) + [nb + 2]  # [*b, n, C, d] -> [n, C, *b, d]
     ys = []
     for q_steps in queries:
         q = chunks(q_steps)
-        scores = e.op("Mul", [e.op("MatMul", [q, k_t]), decay])
+        scores = e.op("Where", [causal, e.op("Mul", [e.op("MatMul", [q, k_t]), decay]),
+                                e.const("zero", zero)])
         y = e.op("Add", [e.op("MatMul", [scores, v]), e.op("MatMul", [e.op("Mul", [q, query_weight]), starts])])
         y = e.op("Transpose", [y], perm=back)
-        tail = e.slice(e.op("Shape", [y]), [2], [INT64_MAX], [0])
-        ys.append(e.op("Reshape", [y, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)]))
+        y = merge_steps(e, y)
+        ys.append(e.op("Add", [y, poison]))
     return ys, final
+
+
+def _sum_over_steps(e, x):
+    if e.opset >= 13:
+        return e.op("ReduceSum", [x, e.ints("axes", [0])], keepdims=0)
+    return e.op("ReduceSum", [x], axes=[0], keepdims=0)

@@ -755,9 +755,14 @@ def _evaluate(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, dtype, ctx):
 def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None,
                      reduce: str = "ReduceSum", combine: str = "Add") -> gs.Tensor:
     """The final state of a sum (product): the last row for a static length >= 1, else h0 + the
-    total (h0 ⊙ the product), which is h0 for zero steps."""
+    total (h0 ⊙ the product), which is h0 for zero steps. An integer state: the last row of
+    [h0; h] (issue 33, S8): onnxruntime's integer ReduceSum is not exact (int64 2^55 + 3 gives
+    2^55) and its int32 one saturates, where CumSum and Add are exact and wrap as the loop does."""
     if trip is not None and trip >= 1:
         return e.squeeze(e.slice(h, [trip - 1], [trip], [0]), [0])
+    if h.dtype is not None and np.dtype(h.dtype).kind in "iu" or h0.dtype is not None and np.dtype(h0.dtype).kind in "iu":
+        rows = e.op("Concat", [e.unsqueeze(h0, [0]), h], axis=0)
+        return e.squeeze(e.slice(rows, [-1], [INT64_MAX], [0]), [0])
     axes_input = e.opset >= 18 or (reduce == "ReduceSum" and e.opset >= 13)
     total = e.op(reduce, [b, e.ints("axes", [0])], keepdims=0) if axes_input else e.op(reduce, [b], axes=[0], keepdims=0)
     return e.op(combine, [h0, total])

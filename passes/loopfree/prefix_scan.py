@@ -62,8 +62,7 @@ def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, r
     h = e.op("Mul", [a, e.unsqueeze(starts, [1])])
     if b is not None:
         h = e.op("Add", [h, b])
-    tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
-    h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    h = merge_steps(e, h)
     if padding:
         h = e.slice(h, [0], [steps], [0])
     return h, final
@@ -116,8 +115,7 @@ def chunk_loop_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None
     starts, final = chunk_starts(e, last_a, last_b, h0, count, rank, dtype)
     h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
     h = e.op("Transpose", [h], perm=major)
-    tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
-    h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    h = merge_steps(e, h)
     if padding:
         h = e.slice(h, [0], [steps], [0])
         if steady:  # the padding steps applied the steady a: the last real step holds the final state
@@ -207,11 +205,10 @@ def chunk_loop_scan_symbolic(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tens
     trips = e.op("Reshape", [count, e.ints("scalar", [])])
     _, (starts,) = carry_loop(e, last_a, last_b, h0, None, rank, dtype, trips, False, before=True)
     # [count, ...state]: onnxruntime gives a zero-iteration Loop's stacked output shape [0]
-    starts = e.op("Reshape", [starts, e.op("Concat", [count, e.op("Shape", [h0])], axis=0)])
+    starts = reshape(e, starts, e.op("Concat", [count, e.op("Shape", [h0])], axis=0))
     h = e.op("Add", [e.op("Mul", [prod, e.unsqueeze(starts, [0])]), local])  # [chunk, count, ...]
     h = e.op("Transpose", [h], perm=major)
-    tail = e.slice(e.op("Shape", [h]), [2], [INT64_MAX], [0])
-    h = e.op("Reshape", [h, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    h = merge_steps(e, h)
     h = e.op("Slice", [h, e.ints("zero", [0]), steps, e.ints("axes", [0])])
     # the last real step, or h0 when there is none
     last = e.op("Concat", [e.unsqueeze(h0, [0]), e.slice(h, [-1], [INT64_MAX], [0])], axis=0)
@@ -225,8 +222,31 @@ def _pad_end(e: Emitter, x: gs.Tensor, count: int, rank: int, value: np.ndarray)
 
 def split_steps(e: Emitter, x: gs.Tensor, chunk: int) -> gs.Tensor:
     """[T, ...] -> [T / chunk, chunk, ...]."""
-    tail = e.slice(e.op("Shape", [x]), [1], [INT64_MAX], [0])
-    return e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [-1, chunk]), tail], axis=0)])
+    shape = e.op("Shape", [x])
+    tail = e.slice(shape, [1], [INT64_MAX], [0])
+    if e.opset < 14:
+        return e.op("Reshape", [x, e.op("Concat", [e.ints("chunks", [-1, chunk]), tail], axis=0)])
+    count = e.op("Div", [e.slice(shape, [0], [1], [0]), e.ints("chunk", [chunk])])
+    return reshape(e, x, e.op("Concat", [count, e.ints("chunk", [chunk]), tail], axis=0))
+
+
+def merge_steps(e: Emitter, x: gs.Tensor) -> gs.Tensor:
+    """[K, C, ...] -> [K·C, ...]."""
+    shape = e.op("Shape", [x])
+    tail = e.slice(shape, [2], [INT64_MAX], [0])
+    if e.opset < 14:
+        return e.op("Reshape", [x, e.op("Concat", [e.ints("steps", [-1]), tail], axis=0)])
+    steps = e.op("ReduceProd", [e.slice(shape, [0], [2], [0])], keepdims=1)
+    return reshape(e, x, e.op("Concat", [steps, tail], axis=0))
+
+
+def reshape(e: Emitter, x: gs.Tensor, shape: gs.Tensor) -> gs.Tensor:
+    """Reshape to ``shape`` (no -1) taking a 0 in it as a 0 (opset 14+: allowzero), not as
+    "the input's dim here": an empty batch keeps its shape (issue 33, S5). Before opset 14 a
+    0 copies the input's dim, which is right only where the dims line up."""
+    if e.opset < 14:
+        return e.op("Reshape", [x, shape])
+    return e.op("Reshape", [x, shape], allowzero=1)
 
 
 def doubling(e: Emitter, a, b, axis: int, length: int, rank: int, one, zero):
