@@ -82,7 +82,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
             continue
         entry = tune_cache.key(sub, names, base_options, threads) + _shape_key(feeds_shapes)
-        choice = by_key.get(entry) or tune_cache.load(directory, entry)
+        choice = by_key.get(entry) or tune_cache.load(directory, entry, malformed_choice, notes, f"{label}: ")
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
@@ -122,6 +122,34 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
         measured[label] = dict(choice, cached=False)
         notes.append(_line(label, measured[label]))
     return measured, notes
+
+
+CHOICE_FIELDS = {"form": (str, "a string"), "passes": (list, "a list"), "times": (dict, "an object"),
+                 "noise": ((int, float), "a number"), "rounds": (int, "an integer"), "clock": (str, "a string"),
+                 "where": (str, "a string"), "same": (dict, "an object")}
+
+
+def malformed_choice(choice: dict) -> str | None:
+    """Why a cached choice cannot be used (what the report and the cost policy read), or None."""
+    reason = tune_cache.mistyped(choice, CHOICE_FIELDS)
+    if reason:
+        return reason
+    times = choice["times"]
+    if not all(isinstance(k, str) and tune_cache.is_number(v) for k, v in times.items()):
+        return "'times' holds a value that is not a number of seconds"
+    for needed in (form_name(()), choice["form"]):
+        if needed not in times:
+            return f"'times' has no '{needed}'"
+    if not all(isinstance(p, str) for p in choice["passes"]):
+        return "'passes' holds a value that is not a string"
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in choice["same"].items()):
+        return "'same' holds a value that is not a string"
+    if not tune_cache.is_number(choice["noise"]) or not tune_cache.is_number(choice["rounds"]):
+        return "'noise' or 'rounds' is out of range"
+    threads = choice.get("threads")
+    if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool)):
+        return "'threads' is not an integer"
+    return None
 
 
 def _origin(declared: bool, observed: set[str]) -> str:
