@@ -1,7 +1,7 @@
 """Does the default output pick the fastest form? Issue 18's "Done when" grid.
 
     python benchmarks/bench_policy.py [--seconds 1.5] [--kinds RNN,GRU0,GRU1,LSTM] [--sizes 16x1x32x32,...]
-                                      [--range-seconds 0.4] [--no-range] [--threads 1]
+                                      [--range-seconds 0.4] [--no-range] [--threads 1] [--load off|on|both]
 
 For each cell (tanh RNN, GRU with linear_before_reset 0 and 1, LSTM; bodies as
 tests/cell_builders.py writes them, dims "seq" and "batch" symbolic) and size T,B,I,H, these
@@ -21,6 +21,11 @@ Bounds checked (issue 18): static and declared within 10% of the fastest of the 
 every case and within 5% in geometric mean; undeclared never more than 5% slower than the loop.
 Outputs are checked equal to the loop's first. The optimizer's own measurements go to a fresh
 cache directory (each run measures anew).
+
+``--load on`` runs the grid while two busy-loop processes per core spin beside it (started
+and stopped here); ``--load both`` runs it quiet, then loaded, and prints how often the
+static and declared choices agree between the two runs (issue 28: >= 95%) and the worst
+default / fastest ratio of each run.
 """
 
 from __future__ import annotations
@@ -111,16 +116,74 @@ def check_equal(models, feeds):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--load", choices=("off", "on", "both"), default="off",
+                   help="on: two busy-loop processes per core spin during the run; both: quiet, then loaded, compared")
     p.add_argument("--sizes", default=SIZES)
     p.add_argument("--kinds", default=KINDS)
     p.add_argument("--seconds", type=float, default=1.5, help="timing per case (all forms interleaved)")
     p.add_argument("--range-seconds", type=float, default=0.4, help="timing per point of the undeclared range")
     p.add_argument("--no-range", action="store_true", help="skip the undeclared-range check")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--why", action="store_true", help="print the optimizer's measurement lines under each row")
     args = p.parse_args(argv)
+    runs = {"off": [False], "on": [True], "both": [False, True]}[args.load]
+    results = []
+    for loaded in runs:
+        print(f"=== {'loaded: two busy-loop processes per core' if loaded else 'quiet'} ===", flush=True)
+        with busy_loops(2 * (os.cpu_count() or 1) if loaded else 0):
+            results.append(run_grid(args))
+    if len(results) == 2:
+        compare(*results)
+
+
+def busy_loops(count: int):
+    """A context that keeps ``count`` processes spinning (none: nothing)."""
+    import contextlib
+    import multiprocessing
+
+    @contextlib.contextmanager
+    def spinning():
+        context = multiprocessing.get_context("fork")
+        spinners = [context.Process(target=_spin, daemon=True) for _ in range(count)]
+        for process in spinners:
+            process.start()
+        try:
+            yield
+        finally:
+            for process in spinners:
+                process.terminate()
+                process.join(5)
+
+    return spinning()
+
+
+def _spin():
+    while True:
+        pass
+
+
+def compare(quiet: dict, loaded: dict) -> None:
+    """Agreement of the choices of two runs over their common cells, and each run's worst ratio."""
+    cells = [c for c in quiet if c in loaded]
+    for what in ("static", "declared"):
+        same = sum(quiet[c][what][0] == loaded[c][what][0] for c in cells)
+        worst = {name: max((run[c][what][1] for c in cells), default=math.nan) for name, run in (("quiet", quiet),
+                                                                                                 ("loaded", loaded))}
+        print(f"{what}: choices agree in {same}/{len(cells)} cells ({100 * same / max(len(cells), 1):.0f}%); "
+              f"worst default/fastest quiet {worst['quiet']:.2f}, loaded {worst['loaded']:.2f}")
+        for c in cells:
+            if quiet[c][what][0] != loaded[c][what][0]:
+                print(f"  {c}: quiet {quiet[c][what][0]} ({quiet[c][what][1]:.2f}x), "
+                      f"loaded {loaded[c][what][0]} ({loaded[c][what][1]:.2f}x)")
+
+
+def run_grid(args) -> dict:
+    """Run the grid once; {cell label: {"static": (form, x), "declared": (form, x)}}."""
     cache = tempfile.mkdtemp(prefix="bench-policy-cache-")
     os.environ["SCANOPT_CACHE_DIR"] = cache
     os.environ.pop("SCANOPT_TUNE", None)
+    rows = {}
+    print(f"scanopt from {os.path.dirname(scanopt.__file__)}")
     print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}, thread CPU time; "
           "ms = median per run; xN = time / fastest of loop, native, hoisted, hoisted+native")
     print(f"{'cell':5} {'T':>4} {'B':>3} {'I':>4} {'H':>4} | {'loop':>8} {'native':>8} {'hoisted':>8} {'h+native':>8} "
@@ -137,9 +200,9 @@ def main(argv=None):
             same = name_of(both, refs)
             if same not in refs:
                 refs["hoisted+native"] = both
-            opts = {"threads": args.threads}
-            out_static, _ = scanopt.optimize(static, verify=False, options=dict(opts))
-            out_declared, _ = scanopt.optimize(dynamic, verify=False, options=dict(opts, input_shapes=shapes))
+            opts = {} if args.threads == 1 else {"threads": args.threads}  # the default: one thread, thread CPU time
+            out_static, rep_static = scanopt.optimize(static, verify=False, options=dict(opts))
+            out_declared, rep_declared = scanopt.optimize(dynamic, verify=False, options=dict(opts, input_shapes=shapes))
             out_open, rep_open = scanopt.optimize(dynamic, verify=False, options=dict(opts))
             refs_static = {"loop": form(static, []), "native": form(static, ["fuse"]), "hoisted": form(static, ["hoist"])}
             timed = dict(refs)
@@ -169,14 +232,19 @@ def main(argv=None):
                     failures.append(f"{label}: {what} {x:.2f}x the fastest")
             if worst > 1.05:
                 failures.append(f"{label}: undeclared {open_name} {worst:.2f}x the loop somewhere in the range")
+            rows[label] = {"static": (static_name, x_static), "declared": (declared_name, x_declared)}
             hn = f"{ms['hoisted+native']:>8.3f}" if "hoisted+native" in ms else f"{'=' + same:>8}"
             print(f"{label} | {ms['loop']:>8.3f} {ms['native']:>8.3f} {ms['hoisted']:>8.3f} {hn} "
                   f"{result.noise:>5.2f} | {static_name:>22} {x_static:>5.2f} | {declared_name:>22} "
                   f"{x_declared:>5.2f} | {open_name}, {worst:.2f}", flush=True)
+            if args.why:
+                for what, rep in (("static", rep_static), ("declared", rep_declared)):
+                    print("\n".join(f"    {what}: {line}" for line in rep.tuning), flush=True)
     geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
     print(f"geometric mean over the fastest: static {geo(static_ratios):.3f}, declared {geo(declared_ratios):.3f}")
     print("within bounds" if not failures and geo(static_ratios) <= 1.05 and geo(declared_ratios) <= 1.05
           else "OUT OF BOUNDS:\n  " + "\n  ".join(failures))
+    return rows
 
 
 def worst_over_range(dynamic, optimized, states, i, hd, args) -> float:

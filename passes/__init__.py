@@ -7,6 +7,7 @@ pipeline order lives in :mod:`scanopt.pipeline`.
 from scanopt.passes import canonicalize  # noqa: F401
 from scanopt.passes import cleanup  # noqa: F401
 from scanopt.passes import fuse  # noqa: F401
+from scanopt.passes import linattn  # noqa: F401
 from scanopt.passes import loop_to_scan  # noqa: F401
 from scanopt.passes import loopfree  # noqa: F401
 from scanopt.passes import unroll  # noqa: F401

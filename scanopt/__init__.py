@@ -12,7 +12,27 @@ Library use::
 runs the same pipeline as an onnx_ir pass.
 """
 
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """The installed distribution's version where it describes this copy of the package (a
+    wheel install), else this source tree's (a checkout, an editable install)."""
+    from pathlib import Path
+
+    from scanopt._version import VERSION
+
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        dist = distribution("scanopt")
+        if Path(str(dist.locate_file("scanopt/__init__.py"))).resolve() == Path(__file__).resolve():
+            return dist.version
+    except (ImportError, PackageNotFoundError, OSError):
+        pass
+    return VERSION
+
+
+__version__ = _version()
 
 # The names below load on first use (PEP 562), so `import scanopt.cli` stays light: the command
 # line installs its signal handlers before onnx, onnxruntime and graphsurgeon are imported.

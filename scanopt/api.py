@@ -98,6 +98,10 @@ def check_arguments(*, passes=None, skip=(), verify=True, input_shapes=None, inp
         checked["input_shapes"] = input_shapes
     if checked.get("input_shapes") is not None:
         checked["input_shapes"] = _input_shapes(checked["input_shapes"])
+    if checked.get("execution_providers") is not None:
+        from scanopt.providers import resolve
+
+        checked["execution_providers"] = list(resolve(checked["execution_providers"]))  # unknown names raise
     if not isinstance(verify, bool):
         raise InvalidArgumentError(f"verify must be True or False, not {verify!r}")
     if progress is not None and not callable(progress):
@@ -186,6 +190,13 @@ def _check_feeds(model: onnx.ModelProto, feeds: dict) -> None:
     for name, value in feeds.items():
         if np.asarray(value).dtype.kind not in "biufc":
             raise InvalidArgumentError(f"inputs[{name!r}] must be a numeric or bool array, not {type(value).__name__}")
+    from scanopt.errors import ScanoptError
+    from scanopt.inputs import check_feeds
+
+    try:  # dtypes, ranks, static dims and shared symbolic dims, as the CLI checks --inputs
+        check_feeds(model, feeds)
+    except ScanoptError as exc:
+        raise InvalidArgumentError(f"inputs: {exc}") from None
 
 
 def _feeds(inputs) -> list[dict] | None:

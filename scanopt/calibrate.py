@@ -32,9 +32,9 @@ def scales(options: dict, run_passes, chosen, measure=timing.measure, notes: lis
     to the loop's, divided by the committed model's (medians over the points); cached."""
     import onnxruntime as ort
 
-    threads = options.get("threads")
+    threads = options.get("threads") or 1  # as scanopt.tune measures: one thread unless the user names more
     directory = tune_cache.cache_dir(options)
-    entry = "calibration3-" + tune_cache.digest([ort.__version__, tune_cache.cpu_model(), threads or "default", POINTS])
+    entry = "calibration3-" + tune_cache.digest([ort.__version__, tune_cache.cpu_model(), threads, POINTS])
     found = tune_cache.load(directory, entry, malformed_scales, notes, "calibration: ")
     if found is not None:
         return found["scales"]

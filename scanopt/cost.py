@@ -16,13 +16,16 @@ belongs to the chosen form. The form is chosen:
   so a run without measurements gives the same output on every machine.
 
 Targets: ``onnxruntime`` (the default) as above; ``portable`` applies every rewrite (native
-ops and loop-free forms are what other backends can run).
+ops and loop-free forms are what other backends can run). The execution provider
+(:mod:`scanopt.providers`, ``options["deployment_target"]``): the CPU's is the model above; a
+provider measured here comes as ``measured``; one that is not is modelled by its own model
+(CUDA: :func:`scanopt.providers.cuda_seconds`) or, without one, gets the portable preference.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 NOISE = 0.05
@@ -59,9 +62,15 @@ DEFAULT_CONSTANTS = {
 }
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 FORM_NAMES = {(): "loop", ("fuse",): "native", ("hoist",): "hoisted", ("fuse", "hoist"): "hoisted+native",
-              ("vectorize",): "vectorized", ("unroll",): "unrolled"}
+              ("vectorize",): "vectorized", ("unroll",): "unrolled", ("linattn",): "LinearAttention"}
 CELL_STATE_NODES = 12  # the ops around the recomputed gates (products, cuts, activations)
-MODELLED = ("fuse", "hoist", "unroll")  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
+MODELLED = ("fuse", "hoist", "unroll")
+# Forms applied only where measured faster (or under --target portable): unmeasured, the loop stays.
+UNMEASURED_KEEPS_LOOP = {
+    "linattn": "onnxruntime 1.32 CPU runs LinearAttention through its function body (itself a Scan): 1.1x "
+               "the time of a one-node loop (issue 32), 0.14-0.24x that of Einsum bodies (benchmarks/bench_linattn.py), "
+               "so only a measurement at the model's shapes can tell",
+}  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
 
 
 def form_name(passes) -> str:
@@ -78,6 +87,7 @@ class Estimate:
     speedup: float | None  # original / rewritten time; None when nothing predicts it
     note: str  # for the report: the numbers behind the choice, or why the rewrite was not applied
     measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
+    kept: str = ""  # on a decline: the form chosen instead ("loop" or another form), where known
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,8 @@ class CostPolicy:
     """Decides per proposed rewrite; see the module docstring."""
 
     def __init__(self, target: str = "onnxruntime", measured: dict | None = None, deployment: Any = None,
-                 declared: bool = False, constants: dict | None = None, scales: dict | None = None):
+                 declared: bool = False, constants: dict | None = None, scales: dict | None = None,
+                 provider: Any = None):
         if target not in TARGETS:
             raise ValueError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
         self.target = target
@@ -107,11 +118,14 @@ class CostPolicy:
         self.declared = declared
         self.constants = dict(DEFAULT_CONSTANTS, **(constants or {}))
         self.scales = dict(scales or {})  # per form, this machine against the constants (scanopt.calibrate)
+        self.provider = provider  # scanopt.providers.Target, or None: the CPU
+        self.provider_model = getattr(provider, "model", "cpu") or "cpu"
 
     @classmethod
     def from_options(cls, options: dict) -> "CostPolicy":
         return cls(options.get("target", "onnxruntime"), options.get("measured"), options.get("deployment"),
-                   bool(options.get("input_shapes")), options.get("cost_constants"), options.get("cost_scales"))
+                   bool(options.get("input_shapes")), options.get("cost_constants"), options.get("cost_scales"),
+                   options.get("deployment_target"))
 
     def decide(self, pass_name: str, label: str, node: Any, view: Any, match: Any, ctx: Any, level: Any = None) -> Estimate | None:
         """None for a pass that does not change speed (canonicalize, cleanup)."""
@@ -120,11 +134,24 @@ class CostPolicy:
         top = level is None or not getattr(level, "path", "")
         origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
         if top and origin in self.measured and pass_name != "upgrade":
-            return _measured_verdict(pass_name, self.measured[origin])
+            choice = self.measured[origin]
+            if choice.get("form") is not None:
+                return _measured_verdict(pass_name, choice)
+            from scanopt.tune import undecided_text
+
+            modelled = self._unmeasured(pass_name, node, view, match, ctx, level)
+            return modelled if modelled is None else replace(modelled, note=f"{undecided_text(choice)}; {modelled.note}")
+        return self._unmeasured(pass_name, node, view, match, ctx, level)
+
+    def _unmeasured(self, pass_name: str, node: Any, view: Any, match: Any, ctx: Any, level: Any) -> Estimate | None:
+        """The decision without a measurement: the target, the form's own bounds, the model."""
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
+        provider = _provider_verdict(self.provider, pass_name)
+        if provider is not None:
+            return provider
         below = getattr(match, "slower_below", None)
-        if below is not None and getattr(view, "trip_count", None) is None:
+        if below is not None and getattr(view, "trip_count", None) is None and self.provider_model == "cpu":
             steps = scan_shape(node, view, match, ctx, self.deployment).T if self.deployment is not None else None
             if steps is None:
                 return Estimate(False, None, f"the length is symbolic and unmeasured: this form measured slower than the "
@@ -133,6 +160,9 @@ class CostPolicy:
             if steps < below:
                 return Estimate(False, None, f"declared {steps} steps, unmeasured: this form measured slower than the "
                                              f"loop below {below}")
+        if pass_name in UNMEASURED_KEEPS_LOOP:
+            return Estimate(False, None, f"not applied unmeasured: {UNMEASURED_KEEPS_LOOP[pass_name]}; declare shapes "
+                                         "(--input-shape) to have it measured, or --target portable")
         if pass_name == "upgrade":
             return _upgrade(view, match, scan_shape(node, view, match, ctx, self.deployment))
         if pass_name == "unroll" and "unroll_max" in ctx.options:  # the user chose the threshold
@@ -156,9 +186,14 @@ class CostPolicy:
         lifted = _lifted(match if pass_name == "hoist" else alternatives.get("hoist"))
         from scanopt.calibrate import scale_key
 
-        scale = {f: self.scales.get(scale_key(f, kind), 1.0) for f in forms}
-        ratios = {f: [MODEL_MARGIN[f] * scale[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted)
-                      / model_seconds("loop", kind, p, body_nodes, self.constants) for p in points] for f in forms}
+        cpu = self.provider_model == "cpu"
+        scale = {f: self.scales.get(scale_key(f, kind), 1.0) if cpu else 1.0 for f in forms}
+        seconds = self._seconds
+        if not cpu:
+            lbr = _linear_before_reset(match if pass_name == "fuse" else alternatives.get("fuse"))
+            points = [dict(p, lbr=lbr) for p in points]
+        ratios = {f: [MODEL_MARGIN[f] * scale[f] * seconds(f, kind, p, body_nodes, lifted)
+                      / seconds("loop", kind, p, body_nodes) for p in points] for f in forms}
         best, geo = range_choice(ratios)
         where = shape.describe() + (" (declared)" if self.declared else "")
         if unknown:
@@ -166,13 +201,14 @@ class CostPolicy:
                       "chosen as never >5% slower than the loop there and best in geometric mean")
         listing = ", ".join(f"{form_name((f,))} {geo[f] / MODEL_MARGIN[f]:.2f}x of the loop's time" for f in forms)
         calibrated = (f"calibrated on this machine ({', '.join(f'{form_name((f,))} x{scale[f]:g}' for f in forms)})"
-                      if self.scales else "committed constants")
+                      if self.scales and cpu else "committed constants" if cpu else
+                      f"scanopt's {self.provider_model.upper()} model, not measured")
         if unknown:
             listing += " (geometric mean)"
         else:
             p = points[0]
-            loop = model_seconds("loop", kind, p, body_nodes, self.constants)
-            listing = ", ".join(f"{form_name((f,))} {scale[f] * model_seconds(f, kind, p, body_nodes, self.constants, lifted) * 1e3:.3g} ms"
+            loop = seconds("loop", kind, p, body_nodes)
+            listing = ", ".join(f"{form_name((f,))} {scale[f] * seconds(f, kind, p, body_nodes, lifted) * 1e3:.3g} ms"
                                 for f in forms) + f" vs loop {loop * 1e3:.3g} ms"
         listing += f"; {calibrated}"
         speedup = MODEL_MARGIN[pass_name] / geo[pass_name]
@@ -188,8 +224,20 @@ class CostPolicy:
             speedup = 1 / ratios[pass_name][worst]  # the point it was declined for, not the average
         else:
             why = "predicted slower than the loop"
-        return Estimate(False, speedup, f"not applied: {why} on onnxruntime CPU (modelled: {listing}; {where}); "
-                                        "declare shapes (--input-shape) to measure, --target portable applies it anyway")
+        on = getattr(self.provider, "label", "onnxruntime CPU")
+        hint = ("declare shapes (--input-shape) to measure" if cpu else
+                f"optimize where onnxruntime runs {getattr(self.provider, 'label', on)[len('onnxruntime '):].lower()} to measure")
+        return Estimate(False, speedup, f"not applied: {why} on {on} (modelled: {listing}; {where}); "
+                                        f"{hint}, --target portable applies it anyway",
+                        kept=form_name((best,)) if best != "loop" else "loop")
+
+    def _seconds(self, form: str, kind: str, p: dict, body_nodes: int, lifted: int = 2) -> float:
+        """Modelled seconds of ``form`` on the target's provider (the CPU's: :func:`model_seconds`)."""
+        if self.provider_model == "cpu":
+            return model_seconds(form, kind, p, body_nodes, self.constants, lifted)
+        from scanopt.providers import model_seconds as provider_seconds
+
+        return provider_seconds(self.provider_model, form, kind, p, body_nodes, lifted)
 
     def _alternatives(self, pass_name: str, node: Any, view: Any, level: Any, ctx: Any):
         """(pass, its match) for the other modelled passes of this run that would rewrite this Scan."""
@@ -246,6 +294,29 @@ def _cell_sequences(fuse_match) -> int:
     return sum(1 for d in getattr(fuse_match, "dirs", None) or () if getattr(d, "cell_outputs", None))
 
 
+def _provider_verdict(target: Any, pass_name: str) -> Estimate | None:
+    """The verdict a provider that is not the CPU gives without its numbers: the portable
+    preference where scanopt has no model of it; a loop-free form under the CUDA model (no host
+    loop: a Scan step costs microseconds per body node there, whatever its width); else None."""
+    if target is None or getattr(target, "model", "cpu") == "cpu":
+        return None
+    if target.mode == "portable":
+        return Estimate(True, None, f"{target.label}: no cost model, not measured: native ops and loop-free "
+                                    "forms preferred (the portable preference)")
+    if target.model == "cuda" and pass_name not in MODELLED and pass_name != "upgrade":  # upgrade: a migration's need
+        return Estimate(True, None, f"{target.label} (modelled, not measured): a loop-free form removes the host-side "
+                                    "loop, whose every step launches the body's kernels (about 5 us + 8 us per node; "
+                                    "CUDA graphs cannot capture it)")
+    return None
+
+
+def _linear_before_reset(fuse_match) -> int | None:
+    """A fused GRU's linear_before_reset (None when the match is not a GRU)."""
+    dirs = getattr(fuse_match, "dirs", None)
+    cell = getattr(dirs[0], "cell", None) if dirs else None
+    return getattr(cell, "linear_before_reset", None) if getattr(cell, "kind", None) == "GRU" else None
+
+
 def _lifted(hoist_match) -> int:
     """How many body nodes hoisting moves out of this Scan (the plan of hoist's match, when
     hoist is a candidate), else 2 (a cell's input projection: MatMul and bias Add)."""
@@ -274,7 +345,7 @@ def _measured_verdict(pass_name: str, choice: dict) -> Estimate:
                                           f" ({times[loop] * 1e3:.3g} ms; no form faster beyond the noise)")
     head += f"; {mine} {mine_time * 1e3:.3g} ms" if mine_time is not None and mine != best else ""
     return Estimate(False, times[loop] / mine_time if mine_time else None,
-                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True)
+                    head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True, kept=best)
 
 
 # upgrade strategy (c) at batch 1 with sequence_lens against the Scan-8 it replaces

@@ -74,7 +74,22 @@ def check_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]] |
                 if isinstance(have, int) and have != want:
                     raise ScanoptError(f"input shape for '{name}': dim {axis} is {have} in the model, {want} given")
         checked[name] = dims
+    _check_symbols(inputs, checked)
     return checked
+
+
+def _check_symbols(inputs: Mapping[str, onnx.ValueInfoProto], shapes: Mapping[str, list[int]]) -> None:
+    """One size per symbolic dim: `batch` given 8 in one input and 4 in another is refused
+    (the model cannot run at both; onnxruntime failed at run time and the run went on)."""
+    bound: dict[str, tuple[int, str, int]] = {}
+    for name, dims in shapes.items():
+        for axis, (symbol, size) in enumerate(zip(declared_type(inputs[name])[1] or [], dims)):
+            if not isinstance(symbol, str) or not symbol:
+                continue
+            first = bound.setdefault(symbol, (size, name, axis))
+            if first[0] != size:
+                raise ScanoptError(f"input shapes contradict: dim '{symbol}' is {first[0]} in '{first[1]}' (axis "
+                                   f"{first[2]}) and {size} in '{name}' (axis {axis})")
 
 
 def shaped_model(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:

@@ -21,6 +21,8 @@ import os
 import re
 import sys
 import weakref
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Callable, Mapping
 
 import numpy as np
@@ -63,6 +65,21 @@ class Runner:
         # a sequence or map output (a list or dict) stays as it is: np.asarray would stack or wrap it
         return {name: value if isinstance(value, (list, dict)) else np.asarray(value)
                 for name, value in zip(self.output_names, values)}
+
+
+# The provider list onnxruntime sessions are made with (scanopt run/verify --execution-provider)
+_PROVIDERS: ContextVar[tuple[str, ...] | None] = ContextVar("scanopt_ort_providers", default=None)
+
+
+@contextmanager
+def ort_providers(providers):
+    """Within the block, onnxruntime sessions this module makes use ``providers`` (a session
+    provider list, scanopt.providers.run_providers) instead of the CPU provider alone."""
+    token = _PROVIDERS.set(tuple(providers) if providers else None)
+    try:
+        yield
+    finally:
+        _PROVIDERS.reset(token)
 
 
 def prepare(model: ModelLike, engine: str, *, path: str | os.PathLike | None = None) -> Runner:
@@ -149,7 +166,7 @@ def _prepare_ort(model: onnx.ModelProto, path) -> Runner:
     else:
         loaded_from, kept = ort_source(model, options)
     try:
-        session = ort.InferenceSession(loaded_from, options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(loaded_from, options, providers=list(_PROVIDERS.get() or ["CPUExecutionProvider"]))
         session.scanopt_weights = kept  # the shared weights live as long as the session
     except Exception as exc:  # onnxruntime's pybind errors share no useful base class
         raise EngineError(f"onnxruntime cannot load the model: {_one_line(exc)}") from exc

@@ -45,8 +45,14 @@ RUN_OPTIONS = (
            "{graph input name: [dims]}: the sizes the model will run at, for the cost model "
            "(optimize's ``input_shapes`` argument sets it)", owner="cost"),
     Option("threads", (int,), None,
-           "intra-op threads the optimized model will run with (None: onnxruntime's default)",
+           "intra-op threads the optimized model will run with; forms are measured at that count by wall "
+           "time (None: one thread, thread CPU time, which a busy machine cannot inflate)",
            minimum=1, owner="cost"),
+    Option("execution_providers", (list, tuple, str), None,
+           "onnxruntime execution providers the model will run with, in priority order (full names or short "
+           "forms: cpu, cuda, tensorrt, openvino, dml, coreml, ...): the forms are ranked for the first, "
+           "measured where it runs here, else modelled (scanopt.providers); None: the CPU",
+           owner="cost"),
     Option("tune", (bool,), None,
            "True: time each Scan's candidate forms and keep the fastest; False: never; "
            "None: decided automatically", owner="cost"),
@@ -59,6 +65,8 @@ RUN_OPTIONS = (
     Option("tune_scan_seconds", (float, int), None,
            "time budget of tuning for one distinct Scan, in seconds (None: the tuner's default)",
            minimum=0, owner="cost"),
+    Option("retune", (bool,), False,
+           "True: measure every Scan again, ignoring (and overwriting) cached choices", owner="cost"),
     Option("tune_cache", (str,), None,
            "directory of the on-disk cache of measured forms, or 'off' (None: $SCANOPT_CACHE_DIR, "
            "else the user cache directory)", owner="cost"),

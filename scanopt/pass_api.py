@@ -33,6 +33,7 @@ class NodeOutcome:
     speedup: float | None = None  # the cost policy's number: expected (or measured) speed-up of this form
     measured: bool = False  # speedup was measured (--tune), not predicted
     declined_for_speed: bool = False  # the pass matched; the cost policy declined the rewrite
+    kept: str = ""  # on a decline for speed: the form chosen instead ("loop" or another), where known
 
     def to_dict(self) -> dict:
         return {
@@ -45,6 +46,7 @@ class NodeOutcome:
             "speedup": self.speedup,
             "measured": self.measured,
             "declined_for_speed": self.declined_for_speed,
+            "kept": self.kept,
         }
 
 
@@ -174,7 +176,7 @@ class ScanPass(Pass):
                 "speedup": estimate.speedup, "measured": estimate.measured}
             if estimate is not None and not estimate.apply:
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note, **speed,
-                                                   declined_for_speed=True))
+                                                   declined_for_speed=True, kept=estimate.kept))
                 continue
             detail = self.rewrite(node, found, level, ctx)
             ctx.edits += 1

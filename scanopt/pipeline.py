@@ -1,7 +1,7 @@
 """The pipeline: runs passes in order over every graph level, to a fixed point, then
 verifies the result numerically and rolls back rewrites that fail.
 
-Order (PIPELINE_ORDER): loop_to_scan -> upgrade -> canonicalize -> fuse -> linrec -> distances ->
+Order (PIPELINE_ORDER): loop_to_scan -> upgrade -> canonicalize -> fuse -> linattn -> linrec -> distances ->
 vectorize -> hoist -> unroll -> cleanup. Fusion runs before unrolling because unrolling destroys
 the patterns fusion needs. Passes not yet built are simply absent from the registry.
 """
@@ -27,7 +27,7 @@ from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
 
-PIPELINE_ORDER = ("loop_to_scan", "upgrade", "canonicalize", "fuse", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
+PIPELINE_ORDER = ("loop_to_scan", "upgrade", "canonicalize", "fuse", "linattn", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
 MAX_ROUNDS = 8
 
 
@@ -146,6 +146,7 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
         inputs = declared_feeds(model, options["input_shapes"], seeds, engine)
     candidate, report = _run_passes(model, chosen, options, frozenset(), progress)
     report.tuning = tuning
+    report.target = getattr(options.get("deployment_target"), "note", "")
     report.warnings = warnings + report.warnings
     if not report.modified or not verify:
         if report.modified:
@@ -240,12 +241,17 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
         raise ScanoptError(f"unknown target '{options['target']}' (choose from {', '.join(TARGETS)})")
     from scanopt.deploy import check_input_shapes, check_threads, shaped_model, tune_default
 
+    from scanopt.providers import plan
+
     declared = check_input_shapes(model, options.get("input_shapes"))
-    options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")))
+    target = plan(options.get("execution_providers"))  # which provider the forms are ranked for, and how
+    options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")),
+                   deployment_target=None if target.cpu_only else target)
     tune_on = options.get("tune")
     if tune_on is None:
         tune_on = tune_default()
-    tuning = tune_on and options.get("target", "onnxruntime") != "portable"
+    # a provider that cannot run here is modelled, never measured on the CPU in its place
+    tuning = tune_on and options.get("target", "onnxruntime") != "portable" and target.mode == "measured"
     if declared or tuning:
         model = _loops_as_scans(model, chosen)  # the Scans the passes will see, shaped and measured
     deployment = ShapeTable(shaped_model(model, declared)) if declared else None
@@ -262,10 +268,10 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
         options.update(deployment=deployment, observed=observed)
     if progress:
         progress("timing the candidate forms of each Scan at the deployment shapes")
-    measured, notes = tune(model, _run_passes, chosen, options, deployment)
+    measured, notes = tune(model, _run_passes, chosen, options, deployment, getattr(progress, "count", None))
     notes = observed_notes + notes
     options = dict(options, measured=measured)
-    if _scans_in(model) > len(measured):  # some Scan is modelled: calibrate the model here (cached)
+    if _scans_in(model) > sum(1 for c in measured.values() if c.get("form")) and target.model == "cpu":  # some Scan is modelled: calibrate the model here (cached)
         import scanopt.tune
         from scanopt.calibrate import scales
 
@@ -407,6 +413,8 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
             report.timings.append(PassTiming(scan_pass.name, time.perf_counter() - start, result.modified))
             report.add_outcomes(result.outcomes)
             changed |= result.modified
+            if result.modified and scan_pass.name == "loop_to_scan":
+                _describe_converted(graph, ctx, report)
         report.modified |= changed
         if not changed:
             break
@@ -419,6 +427,16 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
     optimized = export_model(graph, model)
     report.ops_after = count_ops(optimized)
     return optimized, report
+
+
+def _describe_converted(graph, ctx: PassContext, report: Report) -> None:
+    """Scans that Loops became join the report's Scans (marked ``from_loop``): the summary
+    counts them and says why each stays a Scan, as for the model's own."""
+    known = {(s["node"], s["graph_path"]) for s in report.scans}
+    for scan in describe_scans(graph, ctx):
+        if (scan["node"], scan["graph_path"]) not in known:
+            scan["from_loop"] = True
+            report.scans.append(scan)
 
 
 def applied_keys(report: Report) -> list[tuple[str, str]]:

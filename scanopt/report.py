@@ -27,9 +27,9 @@ WIDTH = 100  # the longest line the text report prints
 TOP_REASONS = 3  # reasons shown per pass for the Scans left
 FEW_SCANS = 6  # up to this many Scans, each one's applied rewrites are listed by default too
 # passes that tidy a Scan and keep it a Scan; any other applied pass replaced the loop
-KEEPS_SCAN = ("upgrade", "canonicalize", "hoist", "cleanup")
+KEEPS_SCAN = ("loop_to_scan", "upgrade", "canonicalize", "hoist", "cleanup")
 # passes whose skips say nothing about why a Scan stays a loop ("already canonical")
-TIDY = ("canonicalize", "hoist", "cleanup")
+TIDY = ("loop_to_scan", "canonicalize", "hoist", "cleanup")
 WENT_WITH_ANOTHER = "replaced by another Scan's rewrite (its bidirectional partner, say)"
 NOISE_FLOOR = 0.95  # a speed-up above it is "about as fast" (scanopt.cost.NOISE)
 
@@ -54,6 +54,8 @@ class Report:
     verification: dict | None = None
     warnings: list[str] = field(default_factory=list)
     tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
+    before_after: list[str] = field(default_factory=list)  # the CLI's table (scanopt.before_after), in place of the ops line
+    target: str = ""  # --execution-provider: the provider the forms were ranked for, and how (scanopt.providers)
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:
         """Record outcomes once each: a fixpoint round repeats the same skips."""
@@ -84,7 +86,7 @@ class Report:
             "verification": self.verification,
             "tuning": self.tuning,
             "warnings": self.warnings,
-        }
+        } | ({"target": self.target} if self.target else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -123,6 +125,7 @@ class Report:
         return {
             "scans": len(self.scans),
             "nested": sum(1 for s in self.scans if s.get("depth", 0) > 0),
+            "from_loops": sum(1 for s in self.scans if s.get("from_loop")),
             "replaced": dict(replaced.most_common()),
             "tidied": dict(tidied.most_common()),
             "left": len(left),
@@ -143,8 +146,10 @@ class Report:
         if self.scans:
             lines += self._summary_lines()
         changes = self.op_changes()
-        if changes:
+        if changes and not self.before_after:
             lines += _wrapped("ops: " + ", ".join(f"{op} {b} -> {a}" for op, (b, a) in changes.items()), "     ")
+        if self.target:
+            lines += _wrapped(f"target {self.target}", "  ")
         for line in self.tuning:
             lines += _wrapped(f"tuned {line}", "  ")
         if self.verification is not None:
@@ -153,13 +158,17 @@ class Report:
             lines += _wrapped(f"verification: {self.verification.get('summary', '')}{took}", "  ")
         for warning in self.warnings:
             lines += _wrapped(f"warning: {warning}", "  ")
+        lines += self.before_after
         if self.scans and not verbose:
             lines.append("every pass's verdict on every Scan: -v, or --report FILE.json")
         return printable_lines(lines)
 
     def _summary_lines(self) -> list[str]:
         s = self.summary()
-        nested = f" ({s['nested']} nested in bodies)" if s["nested"] else ""
+        notes = [f"{s['nested']} nested in bodies"] if s["nested"] else []
+        if s["from_loops"]:
+            notes.append(f"{s['from_loops']} from {'a Loop' if s['from_loops'] == 1 else 'Loops'}")
+        nested = f" ({'; '.join(notes)})" if notes else ""
         lines = [f"{_scans(s['scans'])} found{nested}: {s['scans'] - s['left']} replaced, {s['left']} still a Scan"]
         for form, n in s["replaced"].items():
             lines.append(f"  {n:>5}  {form}")
@@ -243,9 +252,17 @@ def _reason(outcome: NodeOutcome) -> str:
     """A skip's reason with names masked; a decline by the cost policy from its numbers."""
     if outcome.declined_for_speed and outcome.speedup is not None:
         how = "measured" if outcome.measured else "predicted"
-        if outcome.speedup >= NOISE_FLOOR:  # not slower: declined for a faster form of a later pass
-            return f"{how} {outcome.speedup:.2f}x: no clear gain over the loop, or another form is faster"
-        return f"{how} slower on onnxruntime CPU ({outcome.speedup:.2f}x; --target portable applies it)"
+        if outcome.kept and outcome.kept != "loop":
+            return f"{how} {outcome.speedup:.2f}x the loop's speed; {outcome.kept} {how} faster"
+        if outcome.speedup < NOISE_FLOOR:
+            # the provider the verdict was modelled for (scanopt.cost names it: "on onnxruntime CUDA (modelled")
+            where = re.search(r" on (onnxruntime \w+) \(modelled", outcome.detail or "")
+            on = where.group(1) if where else "onnxruntime CPU"
+            return f"{how} slower on {on} ({outcome.speedup:.2f}x; --target portable applies it)"
+        if outcome.speedup <= 1.05:
+            return f"{how} about as fast as the loop ({outcome.speedup:.2f}x): no clear gain"
+        margin = "this machine's noise" if outcome.measured else "the model's error margin or not at every size"
+        return f"{how} {outcome.speedup:.2f}x, within {margin}: loop kept"
     return _masked(outcome.detail)
 
 
@@ -278,7 +295,7 @@ def _scans(n: int) -> str:
 
 
 def _tidied(pass_name: str) -> str:
-    return {"upgrade": "upgraded", "canonicalize": "canonicalized", "hoist": "hoisted", "cleanup": "cleaned"}.get(
+    return {"loop_to_scan": "converted from a Loop", "upgrade": "upgraded", "canonicalize": "canonicalized", "hoist": "hoisted", "cleanup": "cleaned"}.get(
         pass_name, pass_name)
 
 

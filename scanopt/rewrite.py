@@ -144,6 +144,17 @@ def new_graph(name: str) -> gs.Graph:
     return graph
 
 
+def stored_in(graph: gs.Graph, tensors) -> None:
+    """Export each new Constant among ``tensors`` as an initializer of ``graph`` even when only
+    a body below reads it (gs would write it into that body): a weight stays where the
+    model's other weights are, and in the external-data file with them."""
+    from scanopt.ir import OWNER
+
+    for tensor in tensors:
+        if isinstance(tensor, gs.Constant) and getattr(tensor, OWNER, None) is None:
+            setattr(tensor, OWNER, graph)
+
+
 def place_appended(graph: gs.Graph, position: int, start: int) -> int:
     """Move the nodes appended from index ``start`` on to ``position`` (where a replaced node
     stood), so the graph stays topologically sorted; return how many there are."""

@@ -30,7 +30,7 @@ import onnx
 
 from scanopt import timing, tune_cache
 from scanopt.cost import NEUTRAL_PASSES, form_name
-from scanopt.protos import attribute_graphs, outer_names, proto_node_label
+from scanopt.protos import attribute_graphs, fed_inputs, outer_names, proto_node_label
 from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, ShapeTable
 from scanopt.validate import default_opset
 
@@ -45,13 +45,19 @@ MAX_PRODUCERS = 16
 measure = timing.measure
 
 
-def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None):
+def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: ShapeTable | None, progress=None):
     """({node label: choice dict}, notes) for the top-level Scans whose deployment shapes are known
-    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are).
+    (``deployment``: a ShapeTable of the model at its declared shapes, None when none are); the
+    notes hold one line per distinct decision, identical Scans grouped. ``progress(done, total)``
+    counts the Scans.
 
     A choice dict: ``passes`` (the set to apply), ``form``, ``times`` {form: seconds},
     ``noise``, ``rounds``, ``clock``, ``where``, ``cached``, ``same`` {form: form it equals}."""
-    threads = options.get("threads")
+    threads = options.get("threads") or 1  # one thread, thread CPU time, unless the user names more
+    retune = bool(options.get("retune"))
+    target = options.get("deployment_target")  # a provider other than the CPU, measured here (scanopt.providers)
+    providers = target.session_providers() if target is not None and target.mode == "measured" else None
+    on_device = {"providers": providers} if providers else {}  # the CPU's call is unchanged
     budget = float(options.get("tune_seconds", MODEL_SECONDS))
     per_scan = float(options.get("tune_scan_seconds", SCAN_SECONDS))
     directory = tune_cache.cache_dir(options)
@@ -68,65 +74,130 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     read = _read_values(model)
     index = GraphIndex(model.graph)
     measured: dict[str, dict] = {}
-    notes: list[str] = []
+    groups: dict[str, tuple[list[str], object]] = {}  # one per decision: its labels, its choice or words
     by_key: dict[str, dict] = {}
+
+    def note(key: str, label: str, what) -> None:
+        groups.setdefault(key, ([], what))[0].append(label)
+
     deadline = time.perf_counter() + budget
     observed = set(options.get("observed") or ())  # values whose deployment shape a run gave (scanopt.observe)
-    for node in model.graph.node:
-        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or not names:
-            continue
+    scans = [n for n in model.graph.node if n.op_type == "Scan" and n.domain in ("", "ai.onnx")] if names else []
+    for done, node in enumerate(scans):
+        if progress is not None:
+            progress(done, len(scans))
         label = proto_node_label(node)
         sub = _extract(node, inits, original_shapes, model, read, index)
-        feeds_shapes = _deployment_inputs(sub, deployment)
+        feeds_shapes = _deployment_inputs(sub, deployment, model, index)
         if isinstance(sub, str) or isinstance(feeds_shapes, str):
-            notes.append(f"{label}: not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead")
+            why = f"not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead"
+            note(why, label, why)
             continue
-        entry = tune_cache.key(sub, names, base_options, threads) + _shape_key(feeds_shapes)
-        choice = by_key.get(entry) or tune_cache.load(directory, entry, malformed_choice, notes, f"{label}: ")
+        entry = tune_cache.key(sub, names, base_options, threads, providers) + _shape_key(feeds_shapes)
+        if entry in by_key:  # an identical Scan (names apart) decided in this run
+            measured[label] = measured[groups[entry][0][0]]
+            note(entry, label, None)
+            continue
+        spoiled: list[str] = []
+        choice = None if retune else tune_cache.load(directory, entry, malformed_choice, spoiled)
+        for line in spoiled:  # one line per bad entry, then measured as if none were cached
+            note(line, label, line)
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
-            notes.append(_line(label, measured[label]))
+            note(entry, label, measured[label])
             continue
         if time.perf_counter() > deadline:
-            notes.append(f"{label}: not measured (time budget of {budget:g} s per model spent); modelled instead")
+            why = f"not measured (time budget of {budget:g} s per model spent); modelled instead"
+            note(why, label, why)
             continue
         forms, same = _forms(sub, run_passes, chosen, neutral, names, base_options)
         if len(forms) == 1:
             continue  # no pass rewrites it: nothing to choose
         feeds = _feeds(sub, feeds_shapes)
         try:
-            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads,
-                              seconds=min(per_scan, max(deadline - time.perf_counter(), 0.05)))
+            seconds = min(per_scan, max(deadline - time.perf_counter(), 0.05))
+            timings = measure({name: m for name, (m, _) in forms.items()}, feeds, threads=threads, seconds=seconds,
+                              patience=min(seconds, max(deadline - time.perf_counter() - seconds, 0.0)), **on_device)
         except Exception as exc:  # noqa: BLE001 - a form onnxruntime cannot run is not a winner
-            notes.append(f"{label}: not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead")
+            why = f"not measured (onnxruntime: {str(exc).splitlines()[0][:120]}); modelled instead"
+            note(why, label, why)
             continue
+        stretched = ""
+        if isinstance(timings, str) and timings.startswith("one run"):  # too slow whole: time it shortened
+            build = lambda short: _forms(short, run_passes, chosen, neutral, names, base_options)[0]  # noqa: E731
+            try:
+                timings, stretched = _measure_shortened(sub, node, default_opset(model), feeds_shapes, list(forms), build,
+                                                        threads, seconds, timings)
+            except Exception as exc:  # noqa: BLE001 - as above
+                timings = f"shortened, onnxruntime: {str(exc).splitlines()[0][:120]}"
         if isinstance(timings, str):
-            notes.append(f"{label}: not measured ({timings}); modelled instead")
+            note(f"not measured ({timings}); modelled instead", label, f"not measured ({timings}); modelled instead")
             continue
-        best = timing.best_form(timings)
+        verdict = timing.decide(timings)
+        best = verdict.form
         choice = {
-            "form": best,
+            "form": best if verdict.outcome != "undecided" else None,
+            "verdict": verdict.outcome,
             "passes": sorted(forms[best][1]),
             "times": {name: t.seconds for name, t in timings.forms.items()},
             "ratios": {name: t.ratio for name, t in timings.forms.items()},
             "noise": timings.noise,
             "rounds": timings.rounds,
             "clock": timings.clock,
-            "where": _where(node, default_opset(model), feeds_shapes) + _origin(declared, observed.intersection(feeds_shapes)),
+            "where": (_where(node, default_opset(model), feeds_shapes) + _origin(declared, observed.intersection(feeds_shapes))
+                      + stretched),
             "same": same,
             "threads": threads,
         }
-        tune_cache.store(directory, entry, choice)
+        if providers:
+            from scanopt.providers import form_fallbacks
+
+            choice["fallbacks"] = form_fallbacks({name: m for name, (m, _) in forms.items()}, feeds, providers, threads)
+        if verdict.final:  # a decision under high noise is measured again next run
+            tune_cache.store(directory, entry, choice)
         by_key[entry] = choice
         measured[label] = dict(choice, cached=False)
-        notes.append(_line(label, measured[label]))
-    return measured, notes
+        note(entry, label, measured[label])
+    if progress is not None and scans:
+        progress(len(scans), len(scans))
+    return measured, [_group_line(labels, what) for labels, what in groups.values()]
 
 
-CHOICE_FIELDS = {"form": (str, "a string"), "passes": (list, "a list"), "times": (dict, "an object"),
-                 "noise": ((int, float), "a number"), "rounds": (int, "an integer"), "clock": (str, "a string"),
-                 "where": (str, "a string"), "same": (dict, "an object")}
+def _group_line(labels: list[str], what) -> str:
+    """The report's line for one decision and the Scans it covers."""
+    label = labels[0] if len(labels) == 1 else f"{len(labels)} Scans ({labels[0]}, ...)"
+    return f"{label}: {what}" if isinstance(what, str) else _line(label, what, len(labels))
+
+
+def _measure_shortened(sub, node, opset: int, shapes: dict, names: list[str], build, threads: int, seconds: float,
+                       why: str):
+    """(Timings extrapolated to the full length, the report's words), or why not: every form of
+    ``names`` timed at tune_short.STEPS steps and twice that (``build``: short subgraph -> forms)."""
+    from scanopt import tune_short
+
+    steps = tune_short.STEPS
+    cuts = [tune_short.shortened(sub, node, opset, shapes, n) for n in (steps, 2 * steps)]
+    if any(isinstance(c, str) for c in cuts):
+        return f"{why}; not shortened: {next(c for c in cuts if isinstance(c, str))}", ""
+    (short, short_shapes, total), (longer, longer_shapes, _) = cuts
+    short_forms, longer_forms = build(short), build(longer)
+    kept = [n for n in names if n in short_forms and n in longer_forms]
+    if len(kept) < 2 or kept[0] != names[0]:
+        return f"{why}; shortened to {steps} steps, its forms differ", ""
+    models = tune_short.timed_forms({n: short_forms[n][0] for n in kept}, {n: longer_forms[n][0] for n in kept})
+    longer_feeds = _feeds(longer, longer_shapes)
+    timings = measure(models, _feeds(short, short_shapes), threads=threads, seconds=seconds,
+                      form_feeds={n: longer_feeds for n in models if n.endswith(tune_short.LONGER)})
+    if isinstance(timings, str):
+        return f"{why}; at {steps} steps: {timings}", ""
+    return (tune_short.extrapolate(timings, kept, steps, total),
+            f"; measured at T={steps} and T={2 * steps}, extrapolated per step to T={total}")
+
+
+CHOICE_FIELDS = {"passes": (list, "a list"), "times": (dict, "an object"), "noise": ((int, float), "a number"),
+                 "rounds": (int, "an integer"), "clock": (str, "a string"), "where": (str, "a string"),
+                 "same": (dict, "an object")}
 
 
 def malformed_choice(choice: dict) -> str | None:
@@ -137,8 +208,11 @@ def malformed_choice(choice: dict) -> str | None:
     times = choice["times"]
     if not all(isinstance(k, str) and tune_cache.is_number(v) for k, v in times.items()):
         return "'times' holds a value that is not a number of seconds"
-    for needed in (form_name(()), choice["form"]):
-        if needed not in times:
+    form = choice.get("form")
+    if form is not None and not isinstance(form, str):
+        return "'form' is not a string"
+    for needed in (form_name(()), form):
+        if needed is not None and needed not in times:
             return f"'times' has no '{needed}'"
     if not all(isinstance(p, str) for p in choice["passes"]):
         return "'passes' holds a value that is not a string"
@@ -146,6 +220,10 @@ def malformed_choice(choice: dict) -> str | None:
         return "'same' holds a value that is not a string"
     if not tune_cache.is_number(choice["noise"]) or not tune_cache.is_number(choice["rounds"]):
         return "'noise' or 'rounds' is out of range"
+    fallbacks = choice.get("fallbacks") or {}
+    if not isinstance(fallbacks, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(n, str) for n in v) for k, v in fallbacks.items()):
+        return "'fallbacks' is not an object of lists of node names"
     threads = choice.get("threads")
     if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool)):
         return "'threads' is not an integer"
@@ -159,14 +237,31 @@ def _origin(declared: bool, observed: set[str]) -> str:
     return " (declared; observed in a run)" if observed else " (declared)"
 
 
-def _line(label: str, choice: dict) -> str:
-    """The report's line for a measured Scan: every form's time and the one kept."""
+def _line(label: str, choice: dict, count: int = 1) -> str:
+    """The report's line for a measured Scan (``count`` identical ones): every form's time and
+    the one kept, in words that match the numbers."""
     # the loop first, then fastest first: the same line whether measured now or read from the cache
     order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
     times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
-    return (f"{label}: {times} -> {choice['form']} ({choice['where']}"
-            + (", cached" if choice.get("cached") else f", {choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%")
-            + ")")
+    how = "cached" if choice.get("cached") else f"{choice['rounds']} rounds, noise {choice['noise'] * 100:.0f}%"
+    how += ", measured once" if count > 1 and not choice.get("cached") else ""
+    if choice.get("form") is None:
+        return f"{label}: {undecided_text(choice)} ({choice['where']}); modelled instead"
+    won = choice["form"]
+    if won == "loop":
+        why = "no form faster beyond the noise"
+    else:
+        why = f"{choice['times']['loop'] / choice['times'][won]:.2f}x faster than the loop"
+    fallbacks = "".join(f"; {form} left on another provider: {', '.join(nodes)}"
+                        for form, nodes in (choice.get("fallbacks") or {}).items() if nodes)
+    return f"{label}: {times} -> {won} ({why}; {choice['where']}, {how}){fallbacks}"
+
+
+def undecided_text(choice: dict) -> str:
+    """What a measurement the noise left open says (the report's and the cost note's words)."""
+    order = sorted(choice["times"].items(), key=lambda item: (item[0] != "loop", item[1]))
+    times = ", ".join(f"{name} {t * 1e3:.3g} ms" for name, t in order)
+    return f"measured {times}: undecided under noise {choice['noise'] * 100:.0f}% after {choice['rounds']} rounds"
 
 
 def _forms(sub, run_passes, chosen, neutral, names, options) -> tuple[dict, dict]:
@@ -325,8 +420,10 @@ def _typed(name: str, shapes: ShapeTable) -> onnx.ValueInfoProto | None:
     return onnx.helper.make_tensor_value_info(name, elem, dims)
 
 
-def _deployment_inputs(sub, deployment: ShapeTable):
-    """{input name: (elem type, concrete shape)} of the subgraph at the deployment shapes, or why not."""
+def _deployment_inputs(sub, deployment: ShapeTable, model: onnx.ModelProto | None = None,
+                       index: GraphIndex | None = None):
+    """{input name: (elem type, concrete shape)} of the subgraph at the deployment shapes, or why not.
+    The reason's hint names only what ``--input-shape`` accepts: graph inputs."""
     if isinstance(sub, str):
         return sub
     found = {}
@@ -334,17 +431,48 @@ def _deployment_inputs(sub, deployment: ShapeTable):
         elem, shape = deployment.type_of(value.name)
         if not elem or shape is None or not all(isinstance(d, int) for d in shape):
             dims = "?" if shape is None else ",".join(str(d) if isinstance(d, int) else "?" for d in shape)
-            return f"deployment shape of '{value.name}' unknown: [{dims}]; declare it with --input-shape"
+            return f"deployment shape of '{value.name}' unknown: [{dims}]; " + _declare_hint(value.name, deployment, model, index)
         found[value.name] = (elem, tuple(shape))
     from scanopt.inputs import numpy_dtype, over_feed_budget
 
     return over_feed_budget({name: (numpy_dtype(elem, name), shape) for name, (elem, shape) in found.items()}) or found
 
 
+def _declare_hint(name: str, deployment: ShapeTable, model: onnx.ModelProto | None, index: GraphIndex | None) -> str:
+    """What to declare for ``name``: itself when it is a graph input, else the graph inputs it is
+    computed from whose deployment shape is not known."""
+    if model is None:
+        return "declare it with --input-shape"
+    fed = [v.name for v in fed_inputs(model.graph)]
+    if name in fed:
+        return "declare it with --input-shape"
+    index = index or GraphIndex(model.graph)
+    seen, pending, sources = {name}, [name], set()
+    while pending:
+        producer = index.written.get(pending.pop())
+        for read in node_reads(producer) if producer is not None else ():
+            if read in seen:
+                continue
+            seen.add(read)
+            if read in fed:
+                sources.add(read)
+            else:
+                pending.append(read)
+    unknown = [n for n in fed if n in sources and not _static(deployment.type_of(n)[1])]
+    if unknown:
+        return f"it is computed from {', '.join(unknown)}: declare {'it' if len(unknown) == 1 else 'them'} with --input-shape"
+    return "it is computed in the model and its shape is known only when it runs"
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
 def _shape_key(shapes: dict) -> str:
     import hashlib
 
-    return "-" + hashlib.sha256(repr(sorted((k, v[1]) for k, v in shapes.items())).encode()).hexdigest()[:12]
+    # in the subgraph's input order (the signature's canonical names), not by name: twins share it
+    return "-" + hashlib.sha256(repr([v[1] for v in shapes.values()]).encode()).hexdigest()[:12]
 
 
 def _feeds(sub, shapes: dict) -> dict:

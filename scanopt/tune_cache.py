@@ -91,12 +91,13 @@ def signature(model: onnx.ModelProto) -> str:
     for value in list(graph.input) + [t for t in model.graph.initializer]:
         canonical(value.name)
     for g in walk_proto_graphs(graph):
+        g.name, g.doc_string = "", ""  # a body's name is a name too: twins named apart hash alike
         for value in list(g.input) + list(g.output) + list(g.value_info):
             value.name = canonical(value.name)
         for t in g.initializer:
             t.name = canonical(t.name)
         for node in g.node:
-            node.name = ""
+            node.name, node.doc_string = "", ""
             node.input[:] = [canonical(n) for n in node.input]
             node.output[:] = [canonical(n) for n in node.output]
     digest.update(graph.SerializeToString(deterministic=True))
@@ -118,14 +119,19 @@ def digest(value) -> str:
     return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:32]
 
 
-def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int | None) -> str:
+def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int | None,
+        providers: list[str] | None = None) -> str:
+    """``providers``: a session provider list other than the CPU's (scanopt.providers), which
+    enters the key with the onnxruntime build's device; the CPU's keys are unchanged."""
     import onnxruntime as ort
 
     relevant = {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool)) and k not in
-                ("tune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
+                ("tune", "retune", "tune_seconds", "tune_scan_seconds", "tune_cache", "target", "threads")}
     parts = [FORMAT, code_fingerprint(), signature(sub), sorted(candidates), sorted(relevant.items()), ort.__version__,
              cpu_model(),
              threads or "default"]
+    if providers:
+        parts += [list(providers), ort.get_device()]
     return digest(parts)
 
 

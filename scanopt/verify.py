@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from scanopt.edge_inputs import LabelledFeeds, edge_sets, screened
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError, printable_lines
 from scanopt.external_data import has_marks, serialized_size_bound
@@ -26,7 +27,7 @@ from scanopt.inputs import (
     input_specs,
     output_specs,
 )
-from scanopt.weak_spots import long_trip_counts, row_queries
+from scanopt.weak_spots import long_sequences, long_trip_counts, row_queries
 from scanopt.widen import widened, widened_feeds
 
 # The tolerance rule, in one place (:func:`tolerance` applies it). An element passes when
@@ -516,14 +517,14 @@ def compare_models(
     pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort)
     if inputs is not None:
         try:
-            runs, sizes = _given_runs(original, inputs, pairs), {}
+            runs, sizes = _given_runs(original, candidate, inputs, pairs, notes), {}
         except EngineError as exc:
             # auto: inputs onnxruntime refuses but the spec allows (a sequence_lens entry
             # of 0) go to the reference executor, as synthesized inputs do
             if engine != "auto" or [p[0] for p in pairs] != ["ort"]:
                 raise
             pairs = _pairs_for("reference", original, original_path, candidate, candidate_path)
-            runs, sizes = _given_runs(original, inputs, pairs), {}
+            runs, sizes = _given_runs(original, candidate, inputs, pairs, notes), {}
             notes.append(f"using the reference executor: {exc}")
     else:
         if seeds < 1:
@@ -538,12 +539,18 @@ def compare_models(
     length = SequenceLength(original)
     for label, feeds, expected_by_engine in runs:  # one input set at a time: its outputs die with it
         ran = {}
+        fed_non_finite = _has_non_finite(feeds)
         spread = _Spread(feeds, expected_by_engine, other, length)
         wide = None
         for name, _, candidate_runner in pairs:
             expected = expected_by_engine[name]
             comp = Comparison(label, ("original", name), ("candidate", name))
-            actual = _run_candidate(candidate_runner, feeds, comp)
+            if name == "ort" and getattr(feeds, "unsafe", None):  # onnxruntime's process died on it
+                actual, comp.error = None, feeds.unsafe
+            else:
+                actual = _run_candidate(candidate_runner, feeds, comp)
+                if actual is not None and fed_non_finite:
+                    actual = _where_original_finite(expected, actual)
             if actual is not None:
                 comp.checks = compare_outputs(expected, actual, rtol=rtol, atol=atol)
                 if widen:
@@ -735,7 +742,9 @@ def runnable_feeds(model: ModelLike, *, seeds: int = 2, engine: str = "auto") ->
     engine = "auto" if engine == "both" else engine
     pairs, notes = _prepare_pairs(model, path, model, path, engine)
     _, runs, _ = _synthesized_runs(model, model, path, pairs, seeds, engine, notes)
-    return [feeds for _, feeds, _ in runs]
+    return [LabelledFeeds(feeds, label, getattr(feeds, "safe_for", ()), getattr(feeds, "unsafe", None))
+            for label, feeds, _ in runs]
+
 
 
 class CannotVerifyError(EngineError):
@@ -792,15 +801,23 @@ def _pairs_for(engine: str, original, original_path, candidate, candidate_path):
     return pairs
 
 
-def _given_runs(original, inputs, pairs) -> list[tuple[str, dict, dict]]:
-    """(label, feeds, original's outputs per engine) for the user's input sets."""
+def _given_runs(original, candidate, inputs, pairs, notes) -> list[tuple[str, dict, dict]]:
+    """(label, feeds, original's outputs per engine) for the user's input sets; those with an
+    empty input or a count of 0 are first run in a child process (edge_inputs.screened)."""
     given = [inputs] if isinstance(inputs, Mapping) else list(inputs)
     if not given:
         raise ScanoptError("no input sets given")
     labels = ["inputs"] if len(given) == 1 else [f"inputs #{i + 1}" for i in range(len(given))]
-    runs = []
+    labels = [getattr(feeds, "label", None) or label for label, feeds in zip(labels, given)]
+    checked = []
     for label, feeds in zip(labels, given):
-        feeds = check_feeds(original, feeds)
+        ready = check_feeds(original, feeds)
+        checked.append((label, LabelledFeeds(ready, label, getattr(feeds, "safe_for", ()), getattr(feeds, "unsafe", None))
+                        if isinstance(feeds, LabelledFeeds) else ready))
+    if any(name == "ort" for name, _, _ in pairs):
+        checked = screened(original, candidate, checked, notes, drop_errors=False)
+    runs = []
+    for label, feeds in checked:
         runs.append((label, feeds, {name: _run_original(runner, feeds, label) for name, runner, _ in pairs}))
     return runs
 
@@ -830,13 +847,28 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
         yield pending.pop()
         for seed in range(1, seeds):
             yield _seed_run(synthesizer, seed, original, candidate, candidate_path, pairs, engine, notes, sizes)[0]
-        for label, feeds in (*row_queries(original, seed0), *long_trip_counts(original, seed0)):
+        probes = [*row_queries(original, seed0), *long_trip_counts(original, seed0)]
+        if all(name != "reference" for name, _, _ in pairs):  # numpy steps a long Scan slowly
+            probes += long_sequences(original, seed0)
+        for label, feeds in probes:
             try:
                 expected = {name: runner(feeds) for name, runner, _ in pairs}
             except EngineError:
                 continue  # inputs the original refuses say nothing of the rewrite
             notes.append(f"also checked at seed 0's sizes with {label}")
             yield label, feeds, expected
+        edges = []
+        ort_used = any(name == "ort" for name, _, _ in pairs)
+        sets = list(edge_sets(original, seed0))
+        for label, feeds in screened(original, candidate, sets, notes) if ort_used else sets:
+            try:
+                expected = {name: runner(feeds) for name, runner, _ in pairs}
+            except EngineError:
+                continue  # an edge the original refuses: the candidate may refuse it too
+            edges.append(label)
+            yield f"edge: {label}", feeds, expected
+        if edges:
+            notes.append(f"also checked on {len(edges)} edge input(s) the original accepts: {'; '.join(edges)}")
 
     return pairs, runs(), sizes
 
@@ -882,6 +914,25 @@ def _first_that_runs(synthesizer: InputSynthesizer, seed: int, pairs):
             continue
         return (attempt, feeds, expected), failures
     return None, failures
+
+
+def _has_non_finite(feeds) -> bool:
+    return any(np.asarray(v).dtype.kind in "fc" and not np.all(np.isfinite(v)) for v in feeds.values()
+               if not isinstance(v, (list, dict)))
+
+
+def _where_original_finite(expected: dict, actual: dict) -> dict:
+    """``actual`` with the original's value wherever the original's is NaN or infinite, for a
+    feed set holding a NaN or inf: how a NaN propagates is not the model's meaning
+    (onnxruntime's native GRU clamps it inside its sigmoid), a finite value that changes, a
+    value read from a later step, or a NaN where the original is finite is."""
+    out = dict(actual)
+    for name, want in expected.items():
+        got = actual.get(name)
+        if isinstance(want, np.ndarray) and isinstance(got, np.ndarray) and want.dtype.kind in "fc" \
+                and want.shape == got.shape and got.dtype == want.dtype and not np.all(np.isfinite(want)):
+            out[name] = np.where(np.isfinite(want), got, want)
+    return out
 
 
 def _run_original(runner: Runner, feeds, label: str) -> dict:

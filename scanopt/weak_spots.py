@@ -8,8 +8,10 @@ the origin. Those rows are in the model, as a float initializer [R, F] beside a 
 exactly, within 1e-3 and 1e-5 of them (relative to the rows' spread), and a spread away, at
 the rows' own offset. And a Loop whose trip count is a graph input ran 0-4 steps on random
 integers: :func:`long_trip_counts` runs it LONG_LOOP steps (a converted Loop's Scan, with
-its Slice of the sequence, past the first few positions). Verification adds these sets to the
-synthesized ones (scanopt.verify); a set the original refuses is dropped.
+its Slice of the sequence, past the first few positions). And a Scan whose length is a named
+dim ran at a few dozen steps, where a loop-free form's reordered accumulation has not yet
+drifted: :func:`long_sequences` runs it LONG_SEQUENCE steps. Verification adds these sets to
+the synthesized ones (scanopt.verify); a set the original refuses is dropped.
 """
 
 from __future__ import annotations
@@ -27,19 +29,26 @@ MAX_TABLES = 2  # initializers tried per model (the largest that fit): verificat
 MAX_QUERIES = 24  # rows per probing feed set when the query count is free
 NEAR = (1e-3, 1e-5)  # distances of the near queries, relative to the rows' spread
 LONG_LOOP = 64  # steps of a Loop whose trip count is fed
+TABLE_BYTES = 2**24  # a larger table is not probed: reading it costs a copy beside the model's own
+SPREAD_ROWS = 4096  # rows read to estimate a table's spread
+_PLAIN = {onnx.TensorProto.FLOAT: np.dtype("<f4"), onnx.TensorProto.DOUBLE: np.dtype("<f8"), onnx.TensorProto.FLOAT16: np.dtype("<f2")}
+LONG_SEQUENCE = 1024  # steps of a Scan whose length is a named dim
+LONG_ELEMENTS = 1 << 20  # feed elements a long-sequence set may hold: verification stays cheap
 
 
 def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
     """(label, feeds) for each float graph input [N, F] and each float initializer [R, F]
     (R >= 2) of the top graph: ``feeds`` with that input's rows replaced by the initializer's
-    rows, near copies of them and points between them. N keeps its size in ``feeds``."""
+    rows, near copies of them and points between them. N keeps its size in ``feeds``
+    unless it is a named dim of that input alone."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
     for name, value in feeds.items():
         value = np.asarray(value)
         if name not in declared or value.ndim != 2 or value.dtype.kind != "f" or value.shape[0] < 1:
             continue
         for table_name, rows in _tables(model, value.shape[1]):
-            queries = _queries(rows.astype(np.float64), value.shape[0] if _fixed_rows(declared[name]) else None)
+            free = _free_rows(declared[name], declared.values())
+            queries = _queries(rows, None if free else value.shape[0])
             probe = dict(feeds)
             probe[name] = queries.astype(value.dtype)
             yield f"'{name}' at and near the rows of '{table_name}'", probe
@@ -57,31 +66,105 @@ def long_trip_counts(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) ->
             yield f"'{name}' = {LONG_LOOP} (a Loop's trip count)", probe
 
 
+def long_sequences(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) with each named dim that is a top-level Scan's sequence axis (on a graph
+    input it scans, directly or through one Transpose) at LONG_SEQUENCE: every input axis of
+    that name stretched alike, repeating the seed's values along it. Sets over LONG_ELEMENTS
+    elements are not made."""
+    declared = {v.name: v for v in fed_inputs(model.graph)}
+    for param in _sequence_dims(model, declared):
+        probe, grown = dict(feeds), False
+        for name, info in declared.items():
+            value = np.asarray(feeds[name]) if name in feeds else None
+            dims = info.type.tensor_type.shape.dim
+            for axis, dim in enumerate(dims):
+                if value is None or not dim.HasField("dim_param") or dim.dim_param != param or axis >= value.ndim:
+                    continue
+                if value.shape[axis] == 0 or value.shape[axis] >= LONG_SEQUENCE:
+                    break
+                value = np.take(value, np.arange(LONG_SEQUENCE) % value.shape[axis], axis=axis)
+                probe[name], grown = value, True
+        if grown and sum(np.asarray(v).size for v in probe.values()) <= LONG_ELEMENTS:
+            yield f"'{param}' = {LONG_SEQUENCE} steps (a Scan's length)", probe
+
+
+def _sequence_dims(model: onnx.ModelProto, declared: dict) -> list[str]:
+    """The dim names that are the scanned axis of a top-level Scan's input, read on the graph
+    input itself or on the input of a Transpose feeding the Scan."""
+    from scanopt.errors import ScanoptError
+    from scanopt.scan_view import ScanView
+    from scanopt.validate import default_opset
+
+    opset = default_opset(model) or 0
+    transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output}
+    found: list[str] = []
+    for node in model.graph.node:
+        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opset < 8:
+            continue
+        try:
+            view = ScanView.from_proto(node, opset, lambda name: None)
+        except ScanoptError:
+            continue
+        for name, axis in zip(view.scan_inputs, view.input_axes):
+            if name in transposes and name not in declared:
+                perm = [a.ints for a in transposes[name].attribute if a.name == "perm"]
+                name = transposes[name].input[0]
+                if not perm or axis < 0 or axis >= len(perm[0]):
+                    continue
+                axis = perm[0][axis]
+            info = declared.get(name)
+            dims = info.type.tensor_type.shape.dim if info is not None else ()
+            if 0 <= axis < len(dims) and dims[axis].HasField("dim_param") and dims[axis].dim_param not in found:
+                found.append(dims[axis].dim_param)
+    return found
+
+
 def _tables(model: onnx.ModelProto, width: int) -> list[tuple[str, np.ndarray]]:
-    """The largest MAX_TABLES float initializers [R >= 2, width] of the top graph."""
+    """The largest MAX_TABLES float initializers [R >= 2, width] of the top graph, up to
+    TABLE_BYTES each."""
     found = []
     for tensor in model.graph.initializer:
-        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.dims[1] != width or tensor.data_type not in (
-                onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+        if len(tensor.dims) != 2 or tensor.dims[0] < 2 or tensor.dims[1] != width or tensor.data_type not in _PLAIN:
+            continue
+        if tensor.dims[0] * tensor.dims[1] * _PLAIN[tensor.data_type].itemsize > TABLE_BYTES:
             continue
         found.append((tensor.dims[0] * tensor.dims[1], tensor))
     found.sort(key=lambda item: -item[0])
-    return [(t.name, np.asarray(as_array(t) if source(t) else numpy_helper.to_array(t))) for _, t in found[:MAX_TABLES]]
+    return [(t.name, _values(t)) for _, t in found[:MAX_TABLES]]
 
 
-def _fixed_rows(info: onnx.ValueInfoProto) -> bool:
+def _values(tensor: onnx.TensorProto) -> np.ndarray:
+    """The table's values without a copy where they are plain bytes (a view of raw_data, or
+    a memory map of an external file): only the rows picked are read."""
+    if source(tensor):
+        return np.asarray(as_array(tensor))
+    if tensor.raw_data and tensor.data_type in _PLAIN:
+        return np.frombuffer(tensor.raw_data, _PLAIN[tensor.data_type]).reshape(tuple(tensor.dims))
+    return numpy_helper.to_array(tensor)
+
+
+def _free_rows(info: onnx.ValueInfoProto, inputs) -> bool:
+    """Whether the row count of ``info`` is a named dim no other input shares: a batch
+    shared with a state input (h0 [batch, H]) must keep the seed's size."""
     dims = info.type.tensor_type.shape.dim
-    return bool(dims) and dims[0].HasField("dim_value")
+    if not dims or not dims[0].HasField("dim_param"):
+        return False
+    name = dims[0].dim_param
+    uses = sum(dim.HasField("dim_param") and dim.dim_param == name
+               for other in inputs for dim in other.type.tensor_type.shape.dim)
+    return uses == 1
 
 
 def _queries(rows: np.ndarray, count: int | None) -> np.ndarray:
     """Rows exactly, near each (NEAR of the spread), and a spread away: the exact zero
     distance, the tiny ones, and ordinary ones at the rows' offset (random, not midway
-    between rows: an exact tie may rank either way in any rounding)."""
+    between rows: an exact tie may rank either way in any rounding). Only the rows picked
+    (and SPREAD_ROWS for the spread) are read and widened: a table may be large."""
     rng = np.random.default_rng(0)
-    spread = float(np.std(rows)) or 1.0
     want = MAX_QUERIES if count is None else count
-    picked = rows[rng.permutation(len(rows))[: max(1, -(-want // 4))]]
+    sample = rows[np.sort(rng.permutation(len(rows))[:SPREAD_ROWS])].astype(np.float64)
+    spread = float(np.std(sample)) or 1.0
+    picked = rows[rng.permutation(len(rows))[: max(1, -(-want // 4))]].astype(np.float64)
     parts = [picked]
     parts += [picked + rng.standard_normal(picked.shape) * (near * spread) for near in NEAR]
     parts.append(picked + rng.standard_normal(picked.shape) * spread)

@@ -415,9 +415,18 @@ def declined(model) -> str:
     return outcomes[0].detail
 
 
+def guarded_nodes(graph):
+    """The nodes of ``graph`` and of its Ifs' else branches."""
+    for node in graph.node:
+        yield node
+        if node.op_type == "If":
+            yield from guarded_nodes(next(a.g for a in node.attribute if a.name == "else_branch"))
+
+
 def native(model):
-    """The one RNN/GRU/LSTM node of a model."""
-    (node,) = [n for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]
+    """The one RNN/GRU/LSTM node of a model (at the top, or in the non-empty branch of the
+    If that guards it against an empty X)."""
+    (node,) = [n for n in guarded_nodes(model.graph) if n.op_type in ("RNN", "GRU", "LSTM")]
     return node, {a.name: h.get_attribute_value(a) for a in node.attribute}
 
 

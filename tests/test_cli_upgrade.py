@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -28,7 +29,7 @@ def test_upgrade_writes_a_verified_model_at_the_target(cli, bidaf, tmp_path):
     assert result.code == 0, result.err
     assert "opset 8 -> 17" in result.out
     assert "scan8: strategy (b): one Scan-9 over time" in result.out
-    assert "verification: equivalent on 2 input set(s) with both" in result.out
+    assert re.search(r"verification: equivalent on \d+ input set\(s\) with both", result.out), result.out
     upgraded = onnx.load(out)
     assert default_opset(upgraded) == 17
     assert [v.SerializeToString() for v in upgraded.graph.input] == [

@@ -194,7 +194,7 @@ def test_the_tuner_copies_an_outer_constant_node_instead_of_feeding_it(monkeypat
     monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
     fed = []
 
-    def fake_measure(forms, feeds, *, threads, seconds, check_budget=True):
+    def fake_measure(forms, feeds, *, threads, seconds, check_budget=True, patience=None):
         fed.append(set(feeds))
         return scanopt.timing.Timings({name: scanopt.timing.FormTime(1e-3, 1.0, 0.0) for name in forms}, 0.02, 9,
                                       "thread CPU")

@@ -96,6 +96,19 @@ def test_a_decline_by_the_cost_policy_is_worded_from_its_numbers_not_its_note():
         assert not any(symbol in text for symbol in INTERNAL), text
 
 
+def test_a_measured_decline_says_which_form_won_or_that_the_gain_is_within_the_noise():
+    """Issue 28: "measured 3.04x: no clear gain over the loop" words a 3x speed-up as none."""
+    scans = [_scan("g")]
+    for kept, speedup, want in (("hoisted+native", 3.04, "measured 3.04x the loop's speed; hoisted+native measured faster"),
+                                ("loop", 1.07, "measured 1.07x, within this machine's noise: loop kept"),
+                                ("loop", 1.02, "measured about as fast as the loop (1.02x): no clear gain")):
+        outcomes = [NodeOutcome("fuse", "g", "", False, "not applied", speedup=speedup, measured=True,
+                                declined_for_speed=True, kept=kept)]
+        text = _report(scans, outcomes).format(verbose=True)
+        assert want in text, text
+        assert speedup < 1.05 or "no clear gain" not in text
+
+
 @pytest.mark.parametrize("name, options", [("scan_gru.onnx", {}), ("scan8_sum_seqlens.onnx", {}),
                                            ("scan_nested.onnx", {"target": "portable"}),
                                            ("scan8_sum.onnx", {"target_opset": 17})])

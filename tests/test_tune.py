@@ -21,13 +21,17 @@ RNN = os.path.join(MODELS, "scan_rnn.onnx")  # I=3, H=4, dims seq and batch symb
 class FakeTimer:
     """Stands in for scanopt.timing.measure: ``factors`` form -> time relative to the loop."""
 
-    def __init__(self, factors=None, noise=0.02):
+    def __init__(self, factors=None, noise=0.02, scatter=1.0):
         self.factors, self.noise, self.calls = dict(factors or {}), noise, []
+        self.scatter = scatter  # each ratio's confidence interval: [ratio / scatter, ratio * scatter]
 
-    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True):
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None):
         self.calls.append((list(forms), {k: v.shape for k, v in feeds.items()}, threads))
-        return Timings({name: FormTime(1e-3 * self.factors.get(name, 1.0), self.factors.get(name, 1.0), 0.0)
-                        for name in forms}, self.noise, 9, "thread CPU")
+        def form(name):
+            ratio = self.factors.get(name, 1.0)
+            return FormTime(1e-3 * ratio, ratio, 0.0, ratio / self.scatter, ratio * self.scatter)
+
+        return Timings({name: form(name) for name in forms}, self.noise, 9, "thread CPU")
 
 
 @pytest.fixture
@@ -58,8 +62,8 @@ def test_the_readme_sample_fuses_when_the_native_rnn_measures_fastest_at_the_dec
     assert fuse.expected.startswith("native applied: 0.3 ms vs loop 1 ms (3.33x), hoisted 0.8 ms; T=100 B=8 (declared)")
     assert "hoisted+native is native" in fuse.expected  # fusing leaves nothing to hoist: said so
     assert report.verification["passed"] is True
-    assert report.tuning == ["scan_rnn: loop 1 ms, native 0.3 ms, hoisted 0.8 ms -> native (T=100 B=8 (declared), "
-                             "9 rounds, noise 2%)"]
+    assert report.tuning == ["scan_rnn: loop 1 ms, native 0.3 ms, hoisted 0.8 ms -> native (3.33x faster than the "
+                             "loop; T=100 B=8 (declared), 9 rounds, noise 2%)"]
     assert [d.dim_param for d in out.graph.input[0].type.tensor_type.shape.dim][:2] == ["seq", "batch"]
 
 
@@ -156,6 +160,32 @@ def test_the_default_measures_where_shapes_are_known(monkeypatch, timer):
     assert len(timer.calls) == 1
 
 
+def test_a_measurement_the_noise_leaves_open_falls_to_the_model_says_so_and_is_not_cached(timer):
+    timer.factors, timer.noise, timer.scatter = {"native": 0.6, "hoisted": 0.9}, 0.4, 3.0
+    out, report = run(input_shapes={"X": [100, 8, 3]})
+    assert report.tuning[0].startswith("scan_rnn: measured loop 1 ms, native 0.6 ms, hoisted 0.9 ms: undecided under "
+                                       "noise 40% after 9 rounds"), report.tuning
+    assert report.tuning[0].endswith("(T=100 B=8 (declared)); modelled instead"), report.tuning
+    fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
+    text = fuse.expected or fuse.detail
+    assert text.startswith("measured loop 1 ms") and "(modelled: " in text and not fuse.measured, text
+    run(input_shapes={"X": [100, 8, 3]})
+    scan = [forms for forms, _, _ in timer.calls if "native" in forms]  # the others calibrate the model
+    assert len(scan) == 2  # not cached: measured again
+
+
+def test_retune_measures_again_and_overwrites_the_cache(timer):
+    timer.factors = {"native": 0.3}
+    run(input_shapes={"X": [16, 1, 3]})
+    run(input_shapes={"X": [16, 1, 3]})
+    assert len(timer.calls) == 1
+    timer.factors = {"native": 1.5, "hoisted": 0.5}
+    _, report = run(input_shapes={"X": [16, 1, 3]}, retune=True)
+    assert len(timer.calls) == 2 and "-> hoisted" in report.tuning[0]
+    _, report = run(input_shapes={"X": [16, 1, 3]})  # the new choice was written over the old
+    assert len(timer.calls) == 2 and "-> hoisted" in report.tuning[0] and "cached" in report.tuning[0]
+
+
 def test_best_form_needs_an_advantage_beyond_the_noise():
     def timings(ratio, spread, noise, rounds=25):
         return Timings({"loop": FormTime(1.0, 1.0, 0.0), "native": FormTime(ratio, ratio, spread)}, noise, rounds, "wall")
@@ -234,7 +264,8 @@ def test_every_pass_that_rewrites_the_scan_is_a_candidate_form(timer):
     (forms, feeds, _), = timer.calls
     assert forms == ["loop", "unrolled"] and feeds == {"s0": (2,), "X": (3, 2)}
     assert "Scan" not in ops(out)
-    assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (T=3 B=1 (static)")
+    assert report.tuning[0].startswith("scan_sum: loop 1 ms, unrolled 0.5 ms -> unrolled (2.00x faster than the loop; "
+                                       "T=3 B=1 (static)")
 
 
 def test_a_loop_that_loop_to_scan_converts_is_measured_at_the_declared_shapes_like_a_scan(timer):
@@ -290,3 +321,92 @@ def test_a_producer_read_elsewhere_is_not_taken_along():
     scan = next(n for n in model.graph.node if n.op_type == "Scan")
     taken = [n.op_type for n in scanopt.tune.producers(scan, model)]
     assert taken == ["Einsum", "Transpose", "Transpose", "Transpose"], taken  # deltaB_u's Einsum, the permutes
+
+
+def test_a_scan_too_slow_to_time_whole_is_timed_shortened_and_extrapolated(monkeypatch, tmp_path):
+    """The real timer with a budget one run of the full length exceeds: the same Scan (same
+    widths and batch) is timed at 16 and 32 steps and extrapolated per step to its length."""
+    import linrec_builders as lb
+
+    monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
+    model = lb.mingru(T=2048, I=64, H=64, B=2)
+    out, report = run(model, tune_scan_seconds=0.02)
+    line = report.tuning[0]
+    assert "measured at T=16 and T=32, extrapolated per step to T=2048" in line and "not measured" not in line, line
+    assert any(o.pass_name == "linrec" and o.applied for o in report.outcomes)  # measured, or modelled if undecided
+
+
+def rnn_chain(count: int) -> onnx.ModelProto:
+    """``count`` copies of the README's RNN Scan in a chain (each one's final state starts the
+    next), every value, weight and body named apart: identical Scans, names differing."""
+    base = onnx.load(RNN)
+    nodes, inits, state = [], [], "h_0"
+    for k in range(count):
+        scan = onnx.NodeProto()
+        scan.CopyFrom(base.graph.node[0])
+        rename = {t.name: f"{t.name}_{k}" for t in base.graph.initializer}
+        body = scan.attribute[0].g
+        body.name = f"rnn_body_{k}"
+        for value in list(body.input) + list(body.output):
+            rename.setdefault(value.name, f"{value.name}_{k}")
+            value.name = rename[value.name]
+        for n in body.node:
+            n.input[:] = [rename.setdefault(x, f"{x}_{k}") for x in n.input]
+            n.output[:] = [rename.setdefault(x, f"{x}_{k}") for x in n.output]
+        scan.name = f"rnn_{k}"
+        scan.input[:] = [state, "X"]
+        scan.output[:] = [f"h_{k + 1}", f"Y_{k}"]
+        state = f"h_{k + 1}"
+        nodes.append(scan)
+        for t in base.graph.initializer:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            copy.name = rename[t.name]
+            inits.append(copy)
+    out = onnx.helper.make_tensor_value_info(state, onnx.TensorProto.FLOAT, None)
+    graph = onnx.helper.make_graph(nodes, "chain", list(base.graph.input), [out], initializer=inits)
+    return onnx.helper.make_model(graph, opset_imports=list(base.opset_import), ir_version=base.ir_version)
+
+
+def test_identical_scans_named_apart_are_measured_once_and_reported_in_one_line(timer):
+    timer.factors = {"native": 0.3}
+    counted = []
+    out, report = scanopt.optimize(rnn_chain(40), options={"tune": True}, input_shapes={"X": [4, 1, 3], "h_0": [1, 4]},
+                                   seeds=1, progress=_Counter(counted))
+    assert len(timer.calls) == 1 and ops(out).count("RNN") == 40
+    assert report.tuning == ["40 Scans (rnn_0, ...): loop 1 ms, native 0.3 ms, hoisted 1 ms -> native "
+                             "(3.33x faster than the loop; T=4 B=1 (declared), 9 rounds, noise 2%, measured once)"]
+    assert (0, 40) in counted and (40, 40) in counted  # the Scans counted while timing
+    assert len(report.format().splitlines()) <= 30
+
+
+class _Counter:
+    """A progress callback that records its counters."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __call__(self, phase):
+        pass
+
+    def count(self, done, total):
+        self.seen.append((done, total))
+
+
+def test_a_scan_of_50_steps_is_cut_to_16_and_32_steps_and_one_of_20_is_not():
+    """The two cuts (16 and 32 steps) need only a length over 32 (T=50 was refused as short)."""
+    import linrec_builders as lb
+
+    from scanopt.tune_short import shortened
+
+    for steps_total, cuts in ((50, {16: 16, 32: 32}), (20, {16: 16, 32: None})):
+        model = lb.mingru(T=steps_total, I=8, H=8, B=2)
+        shapes = {v.name: (1, tuple(d.dim_value for d in v.type.tensor_type.shape.dim)) for v in model.graph.input}
+        for steps, want in cuts.items():
+            found = shortened(model, model.graph.node[0], 17, shapes, steps)
+            if want is None:
+                assert isinstance(found, str) and "already short" in found
+            else:
+                short, cut, total = found
+                assert total == steps_total and cut["X"][1] == (want, 2, 8)
+                assert [d.dim_value for d in short.graph.input[1].type.tensor_type.shape.dim] == [want, 2, 8]

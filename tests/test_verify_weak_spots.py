@@ -36,3 +36,72 @@ def test_the_long_trip_count_changes_only_the_fed_count():
     feeds = {"x": np.zeros([1], np.float32), "M": np.array(3, np.int64)}
     probes = list(long_trip_counts(_counter_sum(), feeds))
     assert len(probes) == 1 and probes[0][1]["M"] == LONG_LOOP and probes[0][1]["x"] is feeds["x"]
+
+
+def test_row_queries_keep_a_batch_the_query_shares_with_another_input():
+    """x [batch, 5] and h0 [batch, 6] beside a table [2, 6]: probing h0 at the table's rows
+    must keep batch at the seed's size (x still has it): 24 rows against x's 8 made a feed
+    set no model accepts, and the dims test read it as unsound."""
+    from onnx import numpy_helper
+
+    from scanopt.weak_spots import row_queries
+
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["h0", "h0"], ["y"])], "g",
+        [vi("x", ["batch", 5]), vi("h0", ["batch", 6])], [vi("y", ["batch", 6])],
+        [numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(2, 6), "table")])
+    model = oh.make_model(graph)
+    feeds = {"x": np.zeros([8, 5], np.float32), "h0": np.zeros([8, 6], np.float32)}
+    probes = list(row_queries(model, feeds))
+    assert probes and all(p["h0"].shape == (8, 6) for _, p in probes)
+    alone = oh.make_model(oh.make_graph(graph.node, "g", [vi("h0", ["n", 6])], [vi("y", ["n", 6])], graph.initializer))
+    free = list(row_queries(alone, {"h0": np.zeros([8, 6], np.float32)}))
+    assert free and free[0][1]["h0"].shape[0] != 8
+
+
+def _symbolic_cumsum(bump_from: int | None = None):
+    """The running sum h0 + CumSum(X) over a named length T, [T, 8]; with ``bump_from``, 1.0
+    too much from that step on (a form wrong only late in a long sequence)."""
+    from onnx import numpy_helper
+
+    nodes = [oh.make_node("CumSum", ["X", "axis"], ["cs"]), oh.make_node("Add", ["cs", "h0"], ["Y0"])]
+    inits = [numpy_helper.from_array(np.int64(0), "axis"), numpy_helper.from_array(np.int64(-1), "last")]
+    y = "Y0"
+    if bump_from is not None:
+        nodes += [oh.make_node("Shape", ["X"], ["shape"]), oh.make_node("Gather", ["shape", "zero"], ["t"], axis=0),
+                  oh.make_node("Range", ["zero", "t", "one"], ["steps"]), oh.make_node("Cast", ["steps"], ["steps_f"], to=TP.FLOAT),
+                  oh.make_node("Sub", ["steps_f", "start"], ["past"]), oh.make_node("Relu", ["past"], ["late"]),
+                  oh.make_node("Min", ["late", "one_f"], ["bump"]), oh.make_node("Unsqueeze", ["bump", "one"], ["bump_col"]),
+                  oh.make_node("Add", ["Y0", "bump_col"], ["Y1"])]
+        inits += [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
+                  numpy_helper.from_array(np.float32(bump_from - 1), "start"), numpy_helper.from_array(np.float32(1), "one_f")]
+        y = "Y1"
+    nodes += [oh.make_node("Identity", [y], ["Y"]), oh.make_node("Gather", ["Y", "last"], ["hT"], axis=0)]
+    graph = oh.make_graph(nodes, "g", [vi("h0", [8]), vi("X", ["T", 8])], [vi("hT", [8]), vi("Y", ["T", 8])], inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_form_wrong_only_late_in_a_named_length_is_caught_at_the_long_sequence():
+    """Seeds draw a named T of a few dozen steps; a loop-free form wrong from step 200 on (or
+    drifting there) passed them all. The Scan's length also runs LONG_SEQUENCE steps."""
+    import linrec_builders as lb
+    from scanopt.weak_spots import LONG_SEQUENCE
+
+    original = lb.running_sum(T="T", H=8)
+    wrong = compare_models(original, _symbolic_cumsum(bump_from=200), seeds=2)
+    assert not wrong.passed
+    assert any(f"'T' = {LONG_SEQUENCE} steps" in line for line in wrong.failures()), wrong.failures()
+    right = compare_models(original, _symbolic_cumsum(), seeds=2)
+    assert right.passed, right.failures()
+    assert any(f"'T' = {LONG_SEQUENCE} steps" in note for note in right.notes), right.notes
+
+
+def test_long_sequences_stretch_every_input_axis_of_that_name():
+    import linrec_builders as lb
+    from scanopt.weak_spots import LONG_SEQUENCE, long_sequences
+
+    feeds = {"h0": np.ones([8], np.float32), "X": np.arange(24, dtype=np.float32).reshape(3, 8)}
+    (label, probe), = long_sequences(lb.running_sum(T="T", H=8), feeds)
+    assert probe["X"].shape == (LONG_SEQUENCE, 8) and probe["h0"] is feeds["h0"]
+    assert np.array_equal(probe["X"][3], feeds["X"][0])  # the seed's own values, repeated
+    assert list(long_sequences(lb.running_sum(T=16, H=8), feeds)) == []  # a static length is run as declared

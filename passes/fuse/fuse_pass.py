@@ -132,7 +132,7 @@ class Fuse(ScanPass):
         outs = [b.variable(f"{kind}_{name}", np.float32) if w else gs.Variable.empty()
                 for name, w in zip(("Y", "Y_h", "Y_c"), want)]
         attrs = _attrs(plan, n_dirs)
-        b.op(kind, inputs, outputs=outs, **attrs)
+        emit.native(kind, inputs, outs, attrs, layout=plan.layout, static_nonempty=_static_nonempty(x))
 
         for index, d in enumerate(plan.dirs):
             values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, inputs)
@@ -219,6 +219,12 @@ class Fuse(ScanPass):
                 done[key] = emit.move_axis(v, time_axis, axis, rank)
             values.append(done[key])
         return values
+
+
+def _static_nonempty(x) -> bool:
+    """Whether X's declared shape has only positive sizes (no empty batch or sequence)."""
+    shape = getattr(x, "shape", None)
+    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
 
 
 def _attrs(plan: FusePlan, n_dirs: int) -> dict:

@@ -8,10 +8,11 @@ import hashlib
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX, Emitter
 from scanopt.passes.fuse.cell import Sum
-from scanopt.rewrite import Builder
+from scanopt.rewrite import Builder, new_graph, stored_in
 
 
 class FuseEmitter(Emitter):
@@ -156,3 +157,43 @@ class FuseEmitter(Emitter):
                                  self.op("Gather", [self.op("Shape", [initial]), self._const("batch_axis", np.array([0], np.int64))], axis=0)])
         return self.op("Slice", [final, self._const("zero", np.array([0], np.int64)), rows,
                                  self._const("batch_axis", np.array([0], np.int64))])
+
+    def zeros(self, shape):
+        """float32 zeros of ``shape`` (int64 [rank]): ConstantOfShape from opset 9, Expand at 8."""
+        if self.opset >= 9:
+            value = gs.Constant(self.b.names.fresh("zero_value"), np.zeros([1], np.float32))
+            return self.op("ConstantOfShape", [shape], value=value, dtype=np.float32)
+        return self.op("Expand", [self._const("zero_value", np.float32(0)), shape], dtype=np.float32)
+
+    def native(self, kind, inputs, outs, attrs, *, layout, static_nonempty):
+        """The native op, behind ``If(Size(X) == 0)`` unless X is statically non-empty:
+        onnxruntime's GRU aborts the process (SIGABRT) on an empty batch or a zero-length
+        sequence and its LSTM on an empty batch, where a Scan returns empty outputs (or
+        errors cleanly). The empty branch gives zeros of the native op's output shapes
+        (Y [T, D, B, H], Y_h/Y_c [D, B, H]; layout 1: [B, T, D, H], [B, D, H]); the glue
+        after it selects the initial states as for any zero-length sequence."""
+        wanted = [t for t in outs if t.name]
+        if static_nonempty or not wanted:
+            return self.b.op(kind, inputs, outputs=outs, **attrs)
+        x, dirs = inputs[0], 2 if attrs.get("direction") == "bidirectional" else 1
+        empty = self.op("Equal", [self.op("Size", [x]), self._const("zero", np.int64(0))])
+        then_graph, else_graph = new_graph(f"{kind}_empty"), new_graph(f"{kind}_native")
+        inner = FuseEmitter(Builder(else_graph, self.b.names), self.opset, self._shared)
+        results = [inner.b.variable(f"{kind}_{t.name}", np.float32) if t.name else gs.Variable.empty() for t in outs]
+        inner.b.op(kind, inputs, outputs=results, **attrs)
+        stored_in(self.b.graph, inputs)
+        else_graph.outputs = [r for r in results if r.name]
+        zero = FuseEmitter(Builder(then_graph, self.b.names), self.opset, self._shared)
+        hidden = self._const("hidden", np.array([attrs["hidden_size"]], np.int64))
+        d = self._const("dirs", np.array([dirs], np.int64))
+        x_shape = zero.op("Shape", [x])
+
+        def dims(*axes):
+            return zero.op("Gather", [x_shape, self._const("axes", np.array(axes, np.int64))], axis=0)
+
+        shapes = ([dims(0, 1), d, hidden], [dims(0), d, hidden]) if layout else \
+            ([dims(0), d, dims(1), hidden], [d, dims(1), hidden])
+        shapes = [zero.op("Concat", parts, axis=0) for parts in shapes]
+        then_graph.outputs = [zero.zeros(shapes[min(k, 1)]) for k, t in enumerate(outs) if t.name]
+        self.op("If", [empty], outputs=wanted, then_branch=then_graph, else_branch=else_graph)
+        return wanted

@@ -24,7 +24,8 @@ Rewrite ONNX Scan nodes into faster, more portable, equivalent forms and prove
 each rewrite numerically before writing anything.
 
 examples:
-  scanopt optimize model.onnx model.opt.onnx
+  scanopt optimize model.onnx model.opt.onnx --input-shape X:100,8,64   # the shapes it runs at
+  scanopt optimize model.onnx model.opt.onnx --target portable          # every proven rewrite
   scanopt optimize model.onnx out.onnx --passes cleanup --report report.json
   scanopt inspect model.onnx --json
   scanopt run model.onnx --inputs feeds.npz --engine reference
@@ -75,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The command line; ``argv`` None: the process's own (its handlers then stay until exit,
     so a signal after the outcome is settled cannot turn into a traceback)."""
-    with handled_signals(keep=argv is None):  # before build_parser imports the heavy modules
+    with handled_signals(keep=argv is None):  # first, and before build_parser imports the heavy modules
         try:
+            _tolerant_streams()
             code = _main(argv)
             check()  # a signal whose exception was swallowed on the way
             return code
@@ -85,9 +87,22 @@ def main(argv: list[str] | None = None) -> int:
             return exit_code(exc)
 
 
+def _tolerant_streams() -> None:
+    """Write what the console can take: a character its encoding lacks (a redirected Windows
+    console is cp1252; reports say ⊙ and →) becomes '?' instead of a UnicodeEncodeError
+    ending the run after the model was written."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="replace")
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper, or already closed
+            pass
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    from scanopt.cli.deploy_args import split_input_shapes
+
+    args = parser.parse_args(split_input_shapes(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+import time
 
+from scanopt import before_after
 from scanopt.cli.common import add_job_arguments, comma_list, job_progress, start_job, text_writer
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.errors import ScanoptError, VerificationError, did_you_mean
@@ -13,8 +15,10 @@ from scanopt.pipeline import optimize, select_passes
 
 EPILOG = """\
 examples:
-  scanopt optimize model.onnx model.opt.onnx
   scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 --threads 1
+  scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 h0:8,32   # onnxsim's form
+  scanopt optimize model.onnx out.onnx --target portable   # every proven rewrite, for other backends
+  scanopt optimize model.onnx model.opt.onnx   # no shapes: a form must win over a range of sizes
   scanopt optimize model.onnx out.onnx --no-tune     # same output on every machine
   scanopt optimize model.onnx out.onnx --passes upgrade,canonicalize --report report.json
   scanopt optimize model.onnx out.onnx --skip unroll --inputs feeds.npz --strict
@@ -91,6 +95,7 @@ def run(args) -> int:
 
 
 def _run(args, progress) -> int:
+    started = time.perf_counter()
     if progress is not None:
         progress(f"loading {args.input}")
     loaded, feeds, plan = start_job(args)
@@ -125,6 +130,8 @@ def _run(args, progress) -> int:
     if progress is not None:
         progress.close()
     if not args.quiet:
+        if report.modified:
+            report.before_after = before_after.table(loaded.model, result, time.perf_counter() - started)
         print(report.format(verbose=args.verbose))
         state = "optimized" if report.modified else "unchanged"
         print(f"wrote {args.output} ({state})")

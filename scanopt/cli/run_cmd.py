@@ -7,6 +7,7 @@ import argparse
 import numpy as np
 
 from scanopt.cli.common import input_files
+from scanopt.cli.deploy_args import add_provider_argument, session_providers
 from scanopt.cli.feeds import feed_files, user_feeds
 from scanopt.cli.interrupts import committing
 from scanopt.engines import EngineError, prepare
@@ -54,10 +55,18 @@ def register(subparsers) -> None:
     parser.add_argument("--engine", choices=("auto", "ort", "reference"), default="auto", help="default: auto")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed for synthesized inputs (default 0)")
     parser.add_argument("--out", metavar="FILE.npz", help="save the outputs here (atomically) instead of printing")
+    add_provider_argument(parser, help="run onnxruntime sessions with this execution provider (repeatable, in priority "
+                                       "order; full names or cpu, cuda, ...; one it does not offer here is said in one "
+                                       "line and the CPU runs instead); default cpu")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    with session_providers(args.execution_provider):
+        return _run(args)
+
+
+def _run(args) -> int:
     loaded = load(args.model)
     model = loaded.model
     files = feed_files(args.inputs, args.input)

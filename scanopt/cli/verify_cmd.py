@@ -7,6 +7,7 @@ import json
 import textwrap
 
 from scanopt.cli.common import positive_int
+from scanopt.cli.deploy_args import add_provider_argument, session_providers
 from scanopt.cli.feeds import user_feeds
 from scanopt.cli.run_cmd import add_input_arguments
 from scanopt.errors import printable
@@ -56,10 +57,18 @@ def register(subparsers) -> None:
     parser.add_argument("--rtol", type=float, metavar="X", help="relative tolerance for floating outputs")
     parser.add_argument("--atol", type=float, metavar="Y", help="absolute tolerance for floating outputs")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_provider_argument(parser, help="run onnxruntime sessions with this execution provider (repeatable, in priority "
+                                       "order; full names or cpu, cuda, ...; one it does not offer here is said in one "
+                                       "line and the CPU runs instead); default cpu")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    with session_providers(args.execution_provider):
+        return _run(args)
+
+
+def _run(args) -> int:
     feeds = None
     if args.inputs or args.input:  # inputs not given are synthesized per seed to match the given ones
         engine = "reference" if args.engine == "reference" else "ort"

@@ -1,0 +1,140 @@
+"""linattn: matrix-state linear attention Scans become one LinearAttention (opset 27).
+
+Every rewrite: structure (one LinearAttention, no Scan) and numbers (onnxruntime, the loop against
+the op, synthesized inputs incl. symbolic B and T: empty batch and zero steps). Every decline: its
+reason. The cost policy: unmeasured on onnxruntime the loop stays; --target portable applies.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import linattn_builders as lab
+from equivalence import assert_equivalent, ops
+from scanopt.pipeline import optimize
+
+
+def linattn(model, **options):
+    options.setdefault("target", "portable")
+    out, report = optimize(model, passes=["linattn"], verify=False, options=options)
+    return out, [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "linattn"]
+
+
+def rewritten(model, rule, **options):
+    out, outcomes = linattn(model, **options)
+    assert len(outcomes) == 1 and outcomes[0][0], outcomes
+    assert outcomes[0][1].startswith(rule + " "), outcomes
+    assert ops(out)["LinearAttention"] == 1 and "Scan" not in ops(out)
+    return out
+
+
+def reason(model, **options) -> str:
+    _, outcomes = linattn(model, **options)
+    assert len(outcomes) == 1 and not outcomes[0][0], outcomes
+    return outcomes[0][1]
+
+
+RULES = ["linear", "gated", "delta", "gated_delta"]
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("style", ["einsum", "einsum_ellipsis", "matmul", "mul"])
+def test_each_rule_in_each_product_form_equals_the_loop(rule, style):
+    model = lab.attention(rule, style=style)
+    assert_equivalent(model, rewritten(model, rule), engine="ort")
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("layout", [dict(nb=1), dict(nb=0, B=1), dict(batch_first=True), dict(transposed=True),
+                                    dict(scale=0.5), dict(style="reduce")],
+                         ids=["one_batch_axis", "no_batch_axis", "batch_first", "stored_transposed", "scaled", "reducesum"])
+def test_layouts_producers_write_equal_the_loop(rule, layout):
+    model = lab.attention(rule, **layout)
+    assert_equivalent(model, rewritten(model, rule), engine="ort")
+
+
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+@pytest.mark.parametrize("written", [dict(beta_on="product"), dict(beta_on="key"), dict(expanded=True)],
+                         ids=["beta_on_product", "beta_on_key", "expanded"])
+def test_delta_rule_written_other_ways_equals_the_loop(rule, written):
+    model = lab.attention(rule, **written)
+    assert_equivalent(model, rewritten(model, rule), engine="ort")
+
+
+@pytest.mark.parametrize("decay", ["sigmoid", "const"])
+@pytest.mark.parametrize("rule", ["gated", "gated_delta"])
+def test_decay_as_a_given_factor_equals_the_loop(rule, decay):
+    model = lab.attention(rule, decay=decay)
+    assert_equivalent(model, rewritten(model, rule), engine="ort")
+
+
+def test_per_key_decay_equals_the_loop():
+    model = lab.attention("gated", per_key=True)
+    out = rewritten(model, "gated")
+    assert_equivalent(model, out, engine="ort")
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_symbolic_batch_and_length_run_empty_like_the_loop(rule):
+    """B and T symbolic: the synthesized feeds include an empty batch and zero steps, which the
+    op's function body alone refuses (its Reshape); the padded form gives the loop's outputs."""
+    import numpy as np
+
+    model = lab.attention(rule, dims=["B", "T"])
+    out = rewritten(model, rule)
+    assert_equivalent(model, out, engine="ort")
+    rng = np.random.default_rng(0)
+    for B, T in [(0, 5), (2, 0), (0, 0)]:
+        feeds = {v.name: rng.standard_normal([d.dim_value if d.dim_value else {"B": B, "T": T}[d.dim_param]
+                                              for d in v.type.tensor_type.shape.dim]).astype(np.float32)
+                 for v in model.graph.input}
+        from scanopt.engines import run
+
+        want, got = run(model, feeds, engine="reference"), run(out, feeds, engine="ort")  # ort: no zero-length Scan
+        assert list(want) == list(got)
+        for name in want:
+            assert want[name].shape == got[name].shape and np.allclose(want[name], got[name]), (B, T, name)
+
+
+# ------------------------------------------------------------------------------ declines
+def test_below_opset_27_is_declined_with_the_rule():
+    assert "LinearAttention is opset 27; the model is at opset 26" in reason(lab.attention("delta", opset=26))
+
+
+def test_unmeasured_on_onnxruntime_the_loop_stays():
+    text = reason(lab.attention("gated_delta"), target="onnxruntime")
+    assert "not applied unmeasured" in text and "function body" in text
+
+
+def test_erase_with_another_key_is_not_the_delta_rule():
+    from onnx import helper as h
+
+    model = lab.attention("delta")
+    body = model.graph.node[0].attribute[0].g
+    for node in body.node:  # the read Sᵀk now reads with q: S + β k (v − Sᵀq)ᵀ
+        if node.op_type == "Einsum" and node.input[0] == "S":
+            node.input[1] = "q"
+            break
+    else:
+        raise AssertionError("no read of the state by the key")
+    assert "another key" in reason(model)
+    del h
+
+
+def test_decay_not_known_positive_is_declined():
+    model = lab.attention("gated")
+    body = model.graph.node[0].attribute[0].g
+    for node in body.node:
+        if node.op_type == "Exp":
+            node.op_type = "Tanh"  # a = tanh(g): may be negative, no log
+    assert "not exp(g), a sigmoid or a positive constant" in reason(model)
+
+
+def test_float16_state_is_declined():
+    from onnx import TensorProto as TP
+
+    model = lab.attention("linear")
+    for g in (model.graph, model.graph.node[0].attribute[0].g):
+        for v in list(g.input) + list(g.output):
+            v.type.tensor_type.elem_type = TP.FLOAT16
+    assert "float32 states" in reason(model)
