@@ -23,16 +23,19 @@ def _version() -> str:
 
     try:
         from importlib.metadata import PackageNotFoundError, distribution
-
+    except ImportError:
+        return VERSION
+    try:
         dist = distribution("scanopt")
         if Path(str(dist.locate_file("scanopt/__init__.py"))).resolve() == Path(__file__).resolve():
             return dist.version
-    except (ImportError, PackageNotFoundError, OSError):
+    except (PackageNotFoundError, OSError):
         pass
     return VERSION
 
 
-__version__ = _version()
+# __version__ is computed on first use (see __getattr__): importlib.metadata costs tens of
+# milliseconds at start-up, before the command line's signal handlers exist.
 
 # The names below load on first use (PEP 562), so `import scanopt.cli` stays light: the command
 # line installs its signal handlers before onnx, onnxruntime and graphsurgeon are imported.
@@ -79,6 +82,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     if name == "PassResult":  # deprecated alias, with its warning (scanopt.pass_api)
         from scanopt import pass_api
 

@@ -27,7 +27,7 @@ POINTS = (("RNN", 16, 32, 1, 32), ("RNN", 16, 32, 8, 32), ("LSTM", 16, 32, 1, 32
 SECONDS = 0.15  # per point
 
 
-def scales(options: dict, run_passes, chosen, measure=timing.measure) -> dict:
+def scales(options: dict, run_passes, chosen, measure=timing.measure, notes: list[str] | None = None) -> dict:
     """{"fuse_rnn": x, "fuse_gates": y, "hoist": z}: this machine's time of each form relative
     to the loop's, divided by the committed model's (medians over the points); cached."""
     import onnxruntime as ort
@@ -35,7 +35,7 @@ def scales(options: dict, run_passes, chosen, measure=timing.measure) -> dict:
     threads = options.get("threads") or 1  # as scanopt.tune measures: one thread unless the user names more
     directory = tune_cache.cache_dir(options)
     entry = "calibration3-" + tune_cache.digest([ort.__version__, tune_cache.cpu_model(), threads, POINTS])
-    found = tune_cache.load(directory, entry)
+    found = tune_cache.load(directory, entry, malformed_scales, notes, "calibration: ")
     if found is not None:
         return found["scales"]
     from scanopt.cost import DEFAULT_CONSTANTS, model_seconds
@@ -69,6 +69,16 @@ def scales(options: dict, run_passes, chosen, measure=timing.measure) -> dict:
     result = {name: max(1.0, round(statistics.median(r), 3)) for name, r in ratios.items() if r}
     tune_cache.store(directory, entry, {"scales": result})
     return result
+
+
+def malformed_scales(data: dict) -> str | None:
+    """Why a cached calibration cannot be used, or None (each scale multiplies a modelled time)."""
+    found = data.get("scales")
+    if not isinstance(found, dict):
+        return "'scales' is missing or not an object"
+    if not all(isinstance(k, str) and tune_cache.is_number(v) and v > 0 for k, v in found.items()):
+        return "'scales' holds a value that is not a positive number"
+    return None
 
 
 def scale_key(form: str, kind: str) -> str:

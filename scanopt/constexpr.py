@@ -15,6 +15,8 @@ for the folder's lifetime, so folding every weight of a model costs one visit pe
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -177,10 +179,14 @@ _NUMPY = {
 
 
 def _evaluate(node: gs.Node, args: list, opset: int) -> list[np.ndarray] | None:
+    # Quietly: a constant that overflows (Exp of a large weight) folds to inf as onnxruntime
+    # computes it; numpy's RuntimeWarning on stderr was a second line beside a refusal's one.
     try:
-        if node.op in _NUMPY:
-            return [np.asarray(v) for v in _NUMPY[node.op](node, args)]
-        return _reference(node, args, opset)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if node.op in _NUMPY:
+                return [np.asarray(v) for v in _NUMPY[node.op](node, args)]
+            return _reference(node, args, opset)
     except Exception:  # noqa: BLE001 - a node we cannot evaluate is simply not a constant
         return None
 

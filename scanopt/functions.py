@@ -82,7 +82,15 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify, shapes=None) -
     prepared = PreparedModel(model)
     current = model
     if inline:
-        current = onnx.inliner.inline_selected_functions(model, inline)
+        try:
+            current = onnx.inliner.inline_selected_functions(model, inline)
+        except (RuntimeError, ValueError) as exc:  # a call that does not fit its function, mixed opsets
+            why = " ".join(str(exc).split())[:200]
+            for domain, name in inline:
+                prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", False,
+                                                     f"not inlined: onnx's inliner refused the model ({why})"))
+            inline = []
+    if inline:
         used = call_sites(current)
         kept = [f for f in current.functions if function_key(f) not in inline or used.get(function_key(f))]
         del current.functions[:]

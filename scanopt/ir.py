@@ -33,6 +33,7 @@ ORDER = "_scanopt_initializer_order"  # on the top gs.Graph: initializer name ->
 VALUE_METADATA = "_scanopt_value_metadata"  # on the top gs.Graph: value name -> metadata_props
 GRAPH_METADATA = "_scanopt_graph_metadata"  # on each gs.Graph: its GraphProto.metadata_props
 VALUE_INFO = "_scanopt_value_info"  # on each gs.Graph: its original value_info entries
+EMPTY_LISTS = "_scanopt_empty_lists"  # on a gs.Node: {attribute name: AttributeProto type} of its empty list attributes
 EXTERNAL = "_scanopt_external"  # on the top gs.Graph: [(gs.Constant, ExternalValues)] of weights left in their file
 
 
@@ -80,6 +81,9 @@ def import_model(model: onnx.ModelProto) -> gs.Graph:
         for proto_node, gs_node in zip(proto_graph.node, gs_graph.nodes):
             if proto_node.doc_string or len(proto_node.metadata_props):
                 setattr(gs_node, NODE_EXTRAS, (proto_node.doc_string, list(proto_node.metadata_props)))
+            empty = {a.name: a.type for a in proto_node.attribute if a.type in _LIST_TYPES and not _list_of(a)}
+            if empty:
+                setattr(gs_node, EMPTY_LISTS, empty)
     setattr(graph, ORDER, order)
     setattr(graph, VALUE_METADATA, value_metadata)
     setattr(graph, EXTERNAL, _defer_external_values(gs_graph for _, gs_graph, _ in pairs))
@@ -164,7 +168,12 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and give it back everything of ``original`` that gs does not keep."""
     _restore_external_values(graph)
     _type_untyped_values(graph)
-    model = gs.export_onnx(graph, do_type_check=False)
+    held = _hold_empty_lists(graph)
+    try:
+        model = gs.export_onnx(graph, do_type_check=False)
+    finally:
+        for node, values in held:
+            node.attrs.update(values)
     _place_initializers(model.graph, graph)
     # vars(): gs.Graph.__getattr__ logs every missing attribute as an error.
     order = vars(graph).get(ORDER, {})
@@ -184,6 +193,10 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             if doc:
                 proto_node.doc_string = doc
             proto_node.metadata_props.extend(metadata)
+            held_types = getattr(gs_node, HELD, None)
+            if held_types:
+                proto_node.attribute.extend(onnx.AttributeProto(name=n, type=t) for n, t in held_types.items())
+                delattr(gs_node, HELD)
     _restore_initializer_inputs(model.graph, original.graph)
     _restore_non_tensor_types(model.graph, original.graph)
     _copy_model_fields(original, model)
@@ -230,6 +243,41 @@ def _restore_initializer_inputs(proto: onnx.GraphProto, original: onnx.GraphProt
     restored = [current.get(v.name, v) for v in original.input if v.name in present or v.name in weights]
     restored += [v for v in proto.input if v.name not in {r.name for r in restored}]
     _replace_repeated(proto.input, restored, force=True)
+
+
+_LIST_TYPES = frozenset((onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS,
+                         onnx.AttributeProto.TENSORS, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.SPARSE_TENSORS,
+                         onnx.AttributeProto.TYPE_PROTOS))
+HELD = "_scanopt_held_empty_lists"  # on a gs.Node during an export: {name: type} to add back
+
+
+def _list_of(attr: onnx.AttributeProto) -> list:
+    return list(onnx.helper.get_attribute_value(attr))
+
+
+def _hold_empty_lists(graph: gs.Graph) -> list:
+    """Take every empty list attribute off its node for gs's export, which cannot tell an
+    empty list's type (onnx.helper.make_attribute raises on one: an empty Transpose.perm
+    found by the structure fuzzer); export_model adds each back with the type it was
+    imported with (INTS for one a pass made). Returns [(node, taken)] to restore."""
+    held = []
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for node in current.nodes:
+            empty = {k: v for k, v in node.attrs.items() if isinstance(v, (list, tuple)) and not len(v)}
+            if empty:
+                known = getattr(node, EMPTY_LISTS, {})
+                setattr(node, HELD, {k: known.get(k, onnx.AttributeProto.INTS) for k in empty})
+                for k in empty:
+                    del node.attrs[k]
+                held.append((node, empty))
+            for value in node.attrs.values():
+                if isinstance(value, gs.Graph):
+                    stack.append(value)
+                elif isinstance(value, (list, tuple)):
+                    stack.extend(v for v in value if isinstance(v, gs.Graph))
+    return held
 
 
 def _type_untyped_values(graph: gs.Graph) -> None:

@@ -1,18 +1,25 @@
-"""Whether models survive feed sets, asked of a child process: onnxruntime kills the process
-on some empty inputs (SIGFPE in a Scan over a non-zero axis with an empty batch, SIGABRT in
-GRU/LSTM), which no exception handler catches. Verification screens its empty-dimension
-feed sets here before running them in-process (scanopt.verify).
+"""Model runs in a child process: onnxruntime kills the process on some empty inputs (SIGFPE
+in a Scan over a non-zero axis with an empty batch, SIGABRT in GRU/LSTM), which no exception
+handler catches, and a user's model may run without bound.
 
-One child serves every screening of this process (importing onnxruntime costs ~0.4 s: paid
-once, not per verification); a run that kills it is recorded as a crash and a new child
-takes the rest. A child that does not answer within TIMEOUT_S is killed: what it had not
-answered counts as a crash (unsafe to run in-process)."""
+:func:`screen`: whether models survive feed sets. Verification screens its empty-dimension
+feed sets here before running them in-process (scanopt.verify). One child serves every
+screening of this process (importing onnxruntime costs ~0.4 s: paid once, not per
+verification); a run that kills it is recorded as a crash and a new child takes the rest. A
+child that does not answer within TIMEOUT_S is killed: what it had not answered counts as a
+crash (unsafe to run in-process).
+
+:func:`run_bounded`: one run of a user's model whose length nothing bounds (a Loop with trip
+count 2^62 that stacks an output every step), under a time limit and an address-space limit
+(RLIMIT_AS), killed at the limit or when the parent is interrupted (subprocess.run kills its
+child on any exception, the signal handlers' Interrupted included)."""
 
 from __future__ import annotations
 
 import atexit
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +56,77 @@ for request in sys.stdin:
 """
 
 _child: subprocess.Popen | None = None
+
+
+_BOUNDED_CHILD = r"""
+import os, resource, sys
+folder, limit = sys.argv[1], int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import numpy as np
+import onnxruntime as ort
+names = open(os.path.join(folder, "names.txt"), encoding="utf-8").read().split("\n")
+options = ort.SessionOptions()
+options.intra_op_num_threads = options.inter_op_num_threads = 1
+options.log_severity_level = 4
+try:
+    session = ort.InferenceSession(os.path.join(folder, "model.onnx"), options, providers=["CPUExecutionProvider"])
+    values = session.run(names, dict(np.load(os.path.join(folder, "feeds.npz"))))
+    np.savez(os.path.join(folder, "out.npz"), *values)
+except MemoryError:
+    print("out of memory", flush=True)
+except Exception as exc:
+    text = " ".join(str(exc).split())
+    if "Failed to allocate memory" in text or "bad_alloc" in text:
+        text = "out of memory"
+    print(text.splitlines()[0][:160] if text else type(exc).__name__, flush=True)
+"""
+BOUNDED_MEMORY_BYTES = 2 << 30  # address space of a bounded run's child, beyond its model and feeds
+
+
+def run_bounded(model: onnx.ModelProto, feeds: dict, names: list[str], seconds: float,
+                memory_bytes: int = BOUNDED_MEMORY_BYTES) -> list[np.ndarray] | str:
+    """``names`` computed by onnxruntime (CPU, one thread) in a child process limited to
+    ``seconds`` (onnxruntime's import included) and ``memory_bytes`` of address space plus four
+    times the model's and the feeds' size; or why not, in words."""
+    from scanopt.external_data import serialized_size_bound
+
+    if not screenable(model):
+        return f"the model is over {SCREEN_BYTES >> 20} MB or has external data: not copied into a bounded child"
+    with tempfile.TemporaryDirectory(prefix="scanopt-run-") as folder:
+        with open(os.path.join(folder, "model.onnx"), "wb") as f:
+            f.write(model.SerializeToString())
+        np.savez(os.path.join(folder, "feeds.npz"), **{k: np.asarray(v) for k, v in feeds.items()})
+        with open(os.path.join(folder, "names.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(names))
+        size = serialized_size_bound(model) + sum(np.asarray(v).nbytes for v in feeds.values())
+        limit = memory_bytes + 4 * size
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        try:
+            done = subprocess.run([sys.executable, "-c", _BOUNDED_CHILD, folder, str(limit)],
+                                  capture_output=True, text=True, timeout=seconds, env=env)
+        except subprocess.TimeoutExpired:
+            return f"stopped after the time limit of {seconds:g} s"
+        except OSError as exc:
+            return f"no child process: {exc.strerror or exc}"
+        said = done.stdout.strip()
+        if said == "out of memory":
+            return f"out of memory at the memory limit of {limit >> 20} MB"
+        if done.returncode < 0:
+            return f"the run died ({_signal_name(-done.returncode)}; at the memory limit of {limit >> 20} MB?)"
+        if said or done.returncode:
+            return said or f"the run ended with exit code {done.returncode}"
+        try:
+            with np.load(os.path.join(folder, "out.npz")) as out:
+                return [out[f"arr_{i}"] for i in range(len(names))]
+        except (OSError, ValueError, KeyError) as exc:
+            return f"no outputs came back ({exc})"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def screenable(model: onnx.ModelProto) -> bool:

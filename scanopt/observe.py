@@ -6,20 +6,23 @@ input to its trip count; tf2onnx slices by a computed length): onnx shape infere
 its dims unknown even when every graph input is declared, and the tuner could only model
 the Scan at guessed sizes. One onnxruntime run of the model at the declared shapes, with
 those values exposed as outputs, gives their actual shapes; the tuner then measures at
-them. The run is bounded: feeds within the synthesis memory budget, a time limit after
-which onnxruntime is told to stop, and any failure leaves the shapes unknown with the
-reason (the Scans stay modelled, as before).
+them. The run is the user's model code, which may never end (a Loop with trip count 2^62
+that stacks an output every step): it runs in a child process (scanopt.isolated.run_bounded)
+with feeds within the synthesis memory budget, :data:`RUN_SECONDS` of time (onnxruntime's
+import included) and an address-space limit, killed at either limit or when scanopt is
+interrupted. Any failure leaves the shapes unknown with the reason: the Scans reading them
+are modelled instead of measured, and the rest of the run goes on.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import onnx
 
 from scanopt.deploy import shaped_model
 from scanopt.errors import ScanoptError
+from scanopt.isolated import run_bounded
 from scanopt.protos import fed_inputs
 from scanopt.shapes import ShapeTable, declared_type
 
@@ -68,32 +71,10 @@ def observe(model: onnx.ModelProto, reads: dict[str, int], seconds: float) -> di
     probe.CopyFrom(model)
     outputs = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.helper.make_tensor_value_info(n, elem, None) for n, elem in reads.items() if n not in outputs)
-    try:
-        values = _bounded_run(probe, feeds, list(reads), seconds)
-    except Exception as exc:  # noqa: BLE001 - any failure only means the shapes stay unknown
-        text = str(exc).strip().splitlines()
-        return f"onnxruntime: {text[0][:160] if text else type(exc).__name__}"
+    values = run_bounded(probe, feeds, list(reads), seconds)
+    if isinstance(values, str):
+        return f"onnxruntime: {values}"
     return {name: [int(d) for d in value.shape] for name, value in zip(reads, values)}
-
-
-def _bounded_run(model: onnx.ModelProto, feeds: dict, names: list[str], seconds: float) -> list:
-    """``names`` computed by onnxruntime (one intra-op thread), told to stop after ``seconds``."""
-    import onnxruntime as ort
-
-    from scanopt.timing import session as timing_session
-
-    session = timing_session(model, 1)  # the sessions tuning times: shared weights, quiet logs
-    run_options = ort.RunOptions()
-    timer = threading.Timer(seconds, lambda: setattr(run_options, "terminate", True))
-    timer.start()
-    try:
-        return session.run(names, feeds, run_options)
-    except Exception as exc:
-        if run_options.terminate:
-            raise TimeoutError(f"stopped after the time limit of {seconds:g} s") from exc
-        raise
-    finally:
-        timer.cancel()
 
 
 def with_value_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], elems: dict[str, int]) -> onnx.ModelProto:

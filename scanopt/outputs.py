@@ -20,6 +20,7 @@ scanopt's: a user's ``.scanopt-defaults/`` is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -79,7 +80,8 @@ def file_kind(mode: int) -> str:
 class OutputPlan:
     """The files one run reads and the outputs it claims, checked against each other."""
 
-    def __init__(self, reads: Iterable[tuple[str, str]] = ()):
+    def __init__(self, reads: Iterable[tuple[str, str]] = (), *, committing: Callable = contextlib.nullcontext):
+        self.committing = committing  # see write_outputs
         self._reads: list[tuple[str, FileId]] = []
         self._writes: list[tuple[str, str, FileId]] = []
         for label, path in reads:
@@ -114,7 +116,7 @@ class OutputPlan:
         unclaimed = [path for path, _ in outputs if os.path.abspath(path) not in self.claimed]
         if unclaimed:
             raise AssertionError(f"outputs written without being checked first: {unclaimed}")
-        write_outputs(outputs)
+        write_outputs(outputs, committing=self.committing)
 
 
 def check_output_path(path: str, label: str = "output") -> None:
@@ -154,11 +156,13 @@ def _limit(directory: str, name: str, default: int) -> int:
         return default
 
 
-def write_outputs(outputs: list[tuple[str, Writer]]) -> None:
+def write_outputs(outputs: list[tuple[str, Writer]], *, committing: Callable = contextlib.nullcontext) -> None:
     """Write each ``(path, write)`` all or nothing: ``write(staged_path)`` writes the file
     (and any companion, such as external data, beside it) into a staging folder next to
     ``path``; once every output is staged, companions then main files are renamed into
-    place, each keeping the mode of the file it replaces."""
+    place, each keeping the mode of the file it replaces. The renames run inside
+    ``committing()`` (the command line's: a signal waits until they are done, and the run
+    has then succeeded)."""
     staged: list[tuple[str, str]] = []  # (staging folder, final path)
     try:
         for path, write in outputs:
@@ -175,19 +179,24 @@ def write_outputs(outputs: list[tuple[str, Writer]]) -> None:
                 write(os.path.join(folder, os.path.basename(path)))
             except OSError as exc:
                 raise ScanoptError(f"{path}: cannot write ({exc.strerror or exc}); nothing written") from None
-        for folder, path in staged:
-            directory, base = os.path.split(path)
-            names = sorted((n for n in os.listdir(folder) if n != MARKER_NAME), key=lambda name: name == base)  # companions first
-            for name in names:
-                _keep_mode(os.path.join(folder, name), os.path.join(directory, name))
-            for name in names:
-                try:
-                    os.replace(os.path.join(folder, name), os.path.join(directory, name))
-                except OSError as exc:
-                    raise ScanoptError(f"{os.path.join(directory, name)}: cannot write ({exc.strerror or exc})") from None
+        with committing():
+            _rename_into_place(staged)
     finally:
         for folder, _ in staged:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _rename_into_place(staged: list[tuple[str, str]]) -> None:
+    for folder, path in staged:
+        directory, base = os.path.split(path)
+        names = sorted((n for n in os.listdir(folder) if n != MARKER_NAME), key=lambda name: name == base)  # companions first
+        for name in names:
+            _keep_mode(os.path.join(folder, name), os.path.join(directory, name))
+        for name in names:
+            try:
+                os.replace(os.path.join(folder, name), os.path.join(directory, name))
+            except OSError as exc:
+                raise ScanoptError(f"{os.path.join(directory, name)}: cannot write ({exc.strerror or exc})") from None
 
 
 def write_output(path: str, write: Writer) -> None:

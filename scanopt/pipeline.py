@@ -277,7 +277,7 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
         import scanopt.tune
         from scanopt.calibrate import scales
 
-        options["cost_scales"] = scales(options, _run_passes, chosen, scanopt.tune.measure)
+        options["cost_scales"] = scales(options, _run_passes, chosen, scanopt.tune.measure, notes)
     return options, notes
 
 

@@ -98,7 +98,10 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             measured[label] = measured[groups[entry][0][0]]
             note(entry, label, None)
             continue
-        choice = None if retune else tune_cache.load(directory, entry)
+        spoiled: list[str] = []
+        choice = None if retune else tune_cache.load(directory, entry, malformed_choice, spoiled)
+        for line in spoiled:  # one line per bad entry, then measured as if none were cached
+            note(line, label, line)
         if choice is not None:
             measured[label] = dict(choice, cached=True)
             by_key[entry] = choice
@@ -203,6 +206,41 @@ def _measure_shortened(sub, node, opset: int, shapes: dict, names: list[str], bu
         if not timings.startswith("one run"):
             break
     return found, ""
+
+
+CHOICE_FIELDS = {"passes": (list, "a list"), "times": (dict, "an object"), "noise": ((int, float), "a number"),
+                 "rounds": (int, "an integer"), "clock": (str, "a string"), "where": (str, "a string"),
+                 "same": (dict, "an object")}
+
+
+def malformed_choice(choice: dict) -> str | None:
+    """Why a cached choice cannot be used (what the report and the cost policy read), or None."""
+    reason = tune_cache.mistyped(choice, CHOICE_FIELDS)
+    if reason:
+        return reason
+    times = choice["times"]
+    if not all(isinstance(k, str) and tune_cache.is_number(v) for k, v in times.items()):
+        return "'times' holds a value that is not a number of seconds"
+    form = choice.get("form")
+    if form is not None and not isinstance(form, str):
+        return "'form' is not a string"
+    for needed in (form_name(()), form):
+        if needed is not None and needed not in times:
+            return f"'times' has no '{needed}'"
+    if not all(isinstance(p, str) for p in choice["passes"]):
+        return "'passes' holds a value that is not a string"
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in choice["same"].items()):
+        return "'same' holds a value that is not a string"
+    if not tune_cache.is_number(choice["noise"]) or not tune_cache.is_number(choice["rounds"]):
+        return "'noise' or 'rounds' is out of range"
+    fallbacks = choice.get("fallbacks") or {}
+    if not isinstance(fallbacks, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(n, str) for n in v) for k, v in fallbacks.items()):
+        return "'fallbacks' is not an object of lists of node names"
+    threads = choice.get("threads")
+    if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool)):
+        return "'threads' is not an integer"
+    return None
 
 
 def _origin(declared: bool, observed: set[str]) -> str:

@@ -5,7 +5,10 @@ structure, attributes and input/weight shapes and dtypes; weight values only for
 tensors, which can be sizes or constants a rewrite reads), the candidate passes and
 their options, scanopt's own code (a hash of its sources: a choice measured before a
 rewrite changed is measured again), onnxruntime's version, the CPU model and the thread count. Entries are small
-JSON files written atomically. Location: ``options["tune_cache"]``, else ``$SCANOPT_CACHE_DIR``,
+JSON files written atomically and read back with suspicion (a cache folder is anyone's to
+edit): only a regular file of at most :data:`MAX_BYTES` is read (a FIFO, a device or a
+symlink to one is refused before a byte is read), and an entry whose JSON does not have the
+expected types is ignored with one note and measured again. Location: ``options["tune_cache"]``, else ``$SCANOPT_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/scanopt``, else ``~/.cache/scanopt``; ``"off"`` disables it.
 """
 
@@ -15,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import tempfile
 from functools import lru_cache
 
@@ -22,6 +26,7 @@ import onnx
 
 FORMAT = 1
 SMALL = 64  # elements: weights up to this size enter the key by value
+MAX_BYTES = 1 << 20  # an entry is a few hundred bytes; anything bigger is not one of ours
 
 
 def cache_dir(options: dict) -> str | None:
@@ -130,15 +135,76 @@ def key(sub: onnx.ModelProto, candidates: list[str], options: dict, threads: int
     return digest(parts)
 
 
-def load(directory: str | None, entry: str) -> dict | None:
+def load(directory: str | None, entry: str, check, notes: list[str] | None = None, label: str = "") -> dict | None:
+    """The cached entry, or None when there is none or it is unusable. ``check(data)`` gives
+    the reason an entry of the right format is malformed, or None; a malformed or unreadable
+    entry adds one line to ``notes`` (prefixed with ``label``) and the caller measures again."""
     if directory is None:
         return None
+    path = os.path.join(directory, entry + ".json")
     try:
-        with open(os.path.join(directory, entry + ".json"), encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        if data.get("format") != FORMAT:
+            return None  # another format: not an error, a stale entry
+        reason = check(data)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError) as exc:
+        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    if reason is None:
+        return data
+    if notes is not None:
+        notes.append(f"{label}cache entry {path} ignored ({reason}); measured again")
+    return None
+
+
+def read_regular(path: str) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most MAX_BYTES, else OSError. The
+    open never blocks (O_NONBLOCK: a FIFO opens at once) and fstat judges what was opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError("not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise OSError(f"{info.st_size} bytes, over the {MAX_BYTES} of an entry")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_BYTES:
+            raise OSError(f"over the {MAX_BYTES} bytes of an entry")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def is_number(value, most: float = 1e9) -> bool:
+    """A finite number in [0, most] that is not a bool (JSON ``true`` is an int to Python);
+    a huge integer (10**400, no float holds it) is not one."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return 0 <= float(value) <= most
+    except OverflowError:
+        return False
+
+
+def mistyped(data: dict, fields: dict) -> str | None:
+    """The first of ``fields`` ({key: (types, what)}) that ``data`` lacks or holds with another
+    type, as a reason; None when all are there and typed."""
+    for name, (types, what) in fields.items():
+        if name not in data:
+            return f"no '{name}'"
+        value = data[name]
+        if not isinstance(value, types) or isinstance(value, bool):  # no field of an entry is a bool
+            return f"'{name}' is not {what}"
+    return None
 
 
 def store(directory: str | None, entry: str, data: dict) -> None:

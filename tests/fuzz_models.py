@@ -1,10 +1,18 @@
-"""Byte-flip mutants of the committed sample models, run through the command line in process.
+"""Byte-flip and structure-level mutants of the committed sample models, run through the
+command line in process.
+
+Byte flips mostly break the protobuf or a name; :func:`structure_mutant` keeps the bytes
+valid and breaks the model's meaning instead (an empty Transpose.perm, an initializer's
+data type changed, an initializer shadowing an input with another shape, an attribute of
+the wrong type, a Scan with more scan inputs than inputs, a body's output count changed,
+...): what the passes and the IR helpers see.
 
 A mutant may be refused (exit 2, one line), verified or not (exit 0/1); anything else —
 an exception escaping ``main``, another exit code, a refusal of more than one line or with
 a raw control character in it — is a finding. Deterministic: mutant i of seed s is always
 the same bytes. ``python tests/fuzz_models.py N [--commands optimize,inspect,run,verify]``
-runs N mutants per command and prints a table and the findings.
+runs N mutants per command and prints a table and the findings; ``--kind structure`` the
+structure-level ones.
 """
 
 from __future__ import annotations
@@ -51,6 +59,301 @@ def mutants(n: int, seed: int = 0):
             with open(path, "rb") as handle:
                 cache[path] = handle.read()
         yield f"{os.path.relpath(path, ROOT)}#{seed}.{i}", mutant(cache[path], rng)
+
+
+def structure_mutants(n: int, seed: int = 0):
+    """(label, bytes) of n structure-level mutants, spread over the sample models."""
+    import onnx
+
+    rng = random.Random(seed)
+    models = sample_models()
+    cache = {}
+    for i in range(n):
+        path = models[rng.randrange(len(models))]
+        if path not in cache:
+            cache[path] = onnx.load(path, load_external_data=False)
+        data, how = structure_mutant(cache[path], rng)
+        yield f"{os.path.relpath(path, ROOT)}#{seed}.{i}:{how}", data
+
+
+def structure_mutant(model, rng: random.Random) -> tuple[bytes, str]:
+    """(serialized mutant, what was done): a copy of ``model`` with 1 or 2 structure mutations."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    done = []
+    for _ in range(rng.randint(1, 2)):
+        for _attempt in range(20):  # a mutation that finds nothing to change in this model: another
+            name = rng.choice(sorted(MUTATIONS))
+            if MUTATIONS[name](copy, rng):
+                done.append(name)
+                break
+    return copy.SerializeToString(), "+".join(done) or "none"
+
+
+def _graphs(model) -> list:
+    from onnx import AttributeProto
+
+    found, todo = [], [model.graph]
+    while todo:
+        g = todo.pop()
+        found.append(g)
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == AttributeProto.GRAPH:
+                    todo.append(a.g)
+                todo.extend(a.graphs)
+    return found
+
+
+def _nodes(model, op: str | None = None) -> list:
+    return [n for g in _graphs(model) for n in g.node if op is None or n.op_type == op]
+
+
+def _pick(rng, items):
+    return rng.choice(items) if items else None
+
+
+def _m_empty_perm(model, rng):
+    node = _pick(rng, _nodes(model, "Transpose"))
+    if node is None:
+        return False
+    for a in node.attribute:
+        if a.name == "perm":
+            del a.ints[:]
+            return True
+    node.attribute.append(__import__("onnx").helper.make_attribute("perm", [0]))
+    return True
+
+
+def _m_perm_out_of_range(model, rng):
+    node = _pick(rng, _nodes(model, "Transpose"))
+    if node is None:
+        return False
+    del node.attribute[:]
+    node.attribute.append(__import__("onnx").helper.make_attribute("perm", rng.choice([[0, 0], [5, 0, 1], [-1, 0], [2, 1]])))
+    return True
+
+
+def _m_initializer_dtype(model, rng):
+    inits = [t for g in _graphs(model) for t in g.initializer]
+    t = _pick(rng, inits)
+    if t is None:
+        return False
+    t.data_type = rng.choice([1, 2, 3, 5, 6, 7, 9, 10, 11, 16])
+    return True
+
+
+def _m_initializer_dims(model, rng):
+    t = _pick(rng, [t for g in _graphs(model) for t in g.initializer])
+    if t is None:
+        return False
+    dims = list(t.dims)
+    choice = rng.randrange(3)
+    dims = dims[::-1] + [1] if choice == 0 else dims[:-1] if choice == 1 else [d + 1 for d in dims]
+    del t.dims[:]
+    t.dims.extend(dims)
+    return True
+
+
+def _m_shadowing_initializer(model, rng):
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = _pick(rng, _graphs(model))
+    value = _pick(rng, list(g.input))
+    if value is None:
+        return False
+    shape = rng.choice([(), (1,), (2, 3), (7, 1, 5)])
+    dtype = rng.choice([np.float32, np.int64, np.float64])
+    g.initializer.append(numpy_helper.from_array(np.ones(shape, dtype), value.name))
+    return True
+
+
+def _m_attribute_type(model, rng):
+    from onnx import AttributeProto, helper
+
+    node = _pick(rng, [n for n in _nodes(model) if n.attribute])
+    if node is None:
+        return False
+    i = rng.randrange(len(node.attribute))
+    name = node.attribute[i].name
+    replacement = rng.choice([helper.make_attribute(name, 1.5), helper.make_attribute(name, 3), helper.make_attribute(name, [2, 1]),
+                              helper.make_attribute(name, "x"), helper.make_attribute(name, [0.5])])
+    if node.attribute[i].type == AttributeProto.GRAPH and rng.random() < 0.5:
+        replacement = helper.make_attribute(name, 7)
+    node.attribute[i].CopyFrom(replacement)
+    return True
+
+
+def _m_drop_attribute(model, rng):
+    node = _pick(rng, [n for n in _nodes(model) if n.attribute])
+    if node is None:
+        return False
+    del node.attribute[rng.randrange(len(node.attribute))]
+    return True
+
+
+def _set_int(node, name, value):
+    from onnx import AttributeProto, helper
+
+    made = helper.make_attribute(name, value, attr_type=AttributeProto.INTS if isinstance(value, list) else None)
+    for a in node.attribute:
+        if a.name == name:
+            a.CopyFrom(made)
+            return
+    node.attribute.append(made)
+
+
+def _m_num_scan_inputs(model, rng):
+    node = _pick(rng, _nodes(model, "Scan"))
+    if node is None:
+        return False
+    _set_int(node, "num_scan_inputs", rng.choice([len(node.input) + 1, len(node.input) + 5, 0, -1, 2**40]))
+    return True
+
+
+def _m_scan_axes(model, rng):
+    node = _pick(rng, _nodes(model, "Scan"))
+    if node is None:
+        return False
+    name = rng.choice(["scan_input_axes", "scan_output_axes", "scan_input_directions", "scan_output_directions", "directions"])
+    length = rng.choice([0, 1, 3, 9])
+    _set_int(node, name, [rng.choice([0, 1, 2, -1, -7, 9, 2**40]) for _ in range(length)])
+    return True
+
+
+def _m_body_outputs(model, rng):
+    from onnx import AttributeProto
+
+    node = _pick(rng, [n for n in _nodes(model) if n.op_type in ("Scan", "Loop", "If")])
+    if node is None:
+        return False
+    graphs = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+    if not graphs:
+        return False
+    body = rng.choice(graphs)
+    if body.output and rng.random() < 0.5:
+        del body.output[rng.randrange(len(body.output))]
+    elif body.output:
+        body.output.append(body.output[rng.randrange(len(body.output))])
+    else:
+        return False
+    return True
+
+
+def _m_body_inputs(model, rng):
+    from onnx import AttributeProto
+
+    node = _pick(rng, [n for n in _nodes(model) if n.op_type in ("Scan", "Loop")])
+    if node is None:
+        return False
+    body = next((a.g for a in node.attribute if a.type == AttributeProto.GRAPH), None)
+    if body is None or not body.input:
+        return False
+    if rng.random() < 0.5:
+        del body.input[rng.randrange(len(body.input))]
+    else:
+        body.input.append(body.input[rng.randrange(len(body.input))])
+    return True
+
+
+def _m_node_inputs(model, rng):
+    node = _pick(rng, [n for n in _nodes(model) if n.input])
+    if node is None:
+        return False
+    how = rng.randrange(4)
+    if how == 0:
+        del node.input[rng.randrange(len(node.input))]
+    elif how == 1:
+        node.input.append(node.input[0])
+    elif how == 2:
+        node.input[rng.randrange(len(node.input))] = ""
+    else:
+        names = [v for g in _graphs(model) for n in g.node for v in n.output] + [v.name for v in model.graph.input]
+        node.input[rng.randrange(len(node.input))] = rng.choice(names)
+    return True
+
+
+def _m_node_outputs(model, rng):
+    node = _pick(rng, [n for n in _nodes(model) if n.output])
+    if node is None:
+        return False
+    how = rng.randrange(3)
+    if how == 0 and len(node.output) > 1:
+        del node.output[rng.randrange(len(node.output))]
+    elif how == 1:
+        other = rng.choice(_nodes(model))
+        if other.output:
+            node.output[0] = other.output[0]  # two producers of one name
+    else:
+        node.output.append(node.output[0] + "_extra")
+    return True
+
+
+def _m_op_type(model, rng):
+    node = _pick(rng, _nodes(model))
+    if node is None:
+        return False
+    node.op_type = rng.choice(["Add", "MatMul", "Gemm", "Tanh", "Relu", "Concat", "Transpose", "Reshape", "Scan", "Loop",
+                               "Identity", "Slice", "Gather", "Squeeze", "Unsqueeze", "Split", "Sigmoid", "LSTM"])
+    return True
+
+
+def _m_value_type(model, rng):
+    g = _pick(rng, _graphs(model))
+    values = list(g.input) + list(g.output) + list(g.value_info)
+    value = _pick(rng, values)
+    if value is None or not value.type.HasField("tensor_type"):
+        return False
+    tt = value.type.tensor_type
+    if rng.random() < 0.5:
+        tt.elem_type = rng.choice([1, 6, 7, 9, 10, 11, 16])
+    elif tt.HasField("shape"):
+        dims = tt.shape.dim
+        if dims and rng.random() < 0.5:
+            dims[rng.randrange(len(dims))].dim_value = rng.choice([0, 1, 5, 2**31])
+        else:
+            dims.add().dim_value = rng.choice([1, 3])
+    else:
+        return False
+    return True
+
+
+def _m_opset(model, rng):
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = rng.choice([7, 8, 9, 11, 13, 16, 21, 25])
+            return True
+    return False
+
+
+def _m_node_order(model, rng):
+    g = _pick(rng, [g for g in _graphs(model) if len(g.node) > 1])
+    if g is None:
+        return False
+    nodes = list(g.node)
+    rng.shuffle(nodes)
+    del g.node[:]
+    g.node.extend(nodes)
+    return True
+
+
+def _m_constant_value(model, rng):
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    node = _pick(rng, _nodes(model, "Constant"))
+    if node is None:
+        return False
+    value = rng.choice([np.array([], np.float32), np.array(3, np.int64), np.ones((2, 2), np.float64), np.array([True])])
+    del node.attribute[:]
+    node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
+    return True
+
+
+MUTATIONS = {name[3:]: f for name, f in list(globals().items()) if name.startswith("_m_")}
 
 
 def command_line(command: str, model: str, out_dir: str) -> list[str]:
@@ -120,16 +423,22 @@ def run_one(command: str, data: bytes, work: str, codes: dict | None = None) -> 
     return None
 
 
-def fuzz(n: int, commands=("optimize",), seed: int = 0, work: str | None = None):
-    """{command: ({exit code: count}, [(label, finding)])} over n mutants per command."""
+def fuzz(n: int, commands=("optimize",), seed: int = 0, work: str | None = None, kind: str = "bytes",
+         progress=None):
+    """{command: ({exit code: count}, [(label, finding)])} over n mutants per command
+    (``kind``: "bytes" or "structure"; ``progress(label)`` before each run, so a run that
+    aborts the process can be named)."""
     import tempfile
 
+    make = structure_mutants if kind == "structure" else mutants
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = work or tmp
         for command in commands:
             findings, codes = [], {}
-            for label, data in mutants(n, seed):
+            for label, data in make(n, seed):
+                if progress is not None:
+                    progress(label)
                 problem = run_one(command, data, work, codes)
                 if problem:
                     findings.append((label, problem))
@@ -145,11 +454,15 @@ if __name__ == "__main__":
     parser.add_argument("n", type=int)
     parser.add_argument("--commands", default="optimize")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", choices=("bytes", "structure"), default="bytes")
+    parser.add_argument("--trace", help="a file that names each mutant before its run (an abort's culprit is its last line)")
     args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]  # this checkout's scanopt, not an installed one
+    trace = open(args.trace, "w", buffering=1) if args.trace else None  # noqa: SIM115 - open for the whole run
     for command in args.commands.split(","):
         start = time.perf_counter()
-        codes, findings = fuzz(args.n, (command,), args.seed)[command]
+        codes, findings = fuzz(args.n, (command,), args.seed, kind=args.kind,
+                               progress=(lambda label: trace.write(f"{command} {label}\n")) if trace else None)[command]
         tally = ", ".join(f"exit {c}: {k}" for c, k in sorted(codes.items(), key=str))
         print(f"{command}: {args.n} mutants, {len(findings)} findings ({tally}), {time.perf_counter() - start:.0f} s", flush=True)
         for label, problem in findings:

@@ -16,6 +16,7 @@ import pytest
 
 import builders as b
 import fuzz_models
+import scanopt
 
 N = int(os.environ.get("SCANOPT_FUZZ_N", "100"))
 
@@ -177,3 +178,120 @@ def test_a_tensor_whose_data_does_not_fill_its_dims(cli, tmp_path, form):
     body.node.insert(1, onnx.helper.make_node("Mul", ["x", "k"], ["k_x"]))
     said = "holds 20 bytes, but dims [3] need 12" if form == "raw_data" else "holds 5 float_data entries, but dims [3] need 3"
     _refused(cli, tmp_path, m.SerializeToString(), f"tensor 'k': its data {said}")
+
+
+# Structure-level mutants (issue 33, F1): valid protobuf, broken meaning. Each command ends as
+# exit 0/1, or exit 2 with one line; a rewrite never meets a traceback.
+N_STRUCTURE = int(os.environ.get("SCANOPT_FUZZ_STRUCTURE_N", "200"))
+
+
+@pytest.mark.parametrize("command", ["optimize", "inspect", "run", "verify"])
+def test_structure_mutants_give_no_traceback(tmp_path, command):
+    n = N_STRUCTURE if command == "optimize" else N_STRUCTURE // 4
+    codes, findings = fuzz_models.fuzz(n, (command,), seed=1, work=str(tmp_path), kind="structure")[command]
+    assert not findings, "\n".join(f"{label}: {problem}" for label, problem in findings[:3])
+    assert sum(codes.values()) == n
+
+
+def test_structure_mutants_are_deterministic_valid_protobuf_and_reach_the_passes():
+    first, again = list(fuzz_models.structure_mutants(40, seed=2)), list(fuzz_models.structure_mutants(40, seed=2))
+    assert first == again
+    kinds = {how for label, _ in first for how in label.rsplit(":", 1)[1].split("+")}
+    assert len(kinds) >= 10
+    for _, data in first:
+        onnx.ModelProto().ParseFromString(data)  # structure, not bytes: always parses
+
+
+def _sample(path):
+    return onnx.load(os.path.join(fuzz_models.ROOT, "models", path))
+
+
+def _no_traceback(tmp_path, model, commands=("optimize", "inspect", "run", "verify")):
+    """Every command on ``model``: None, or the first finding (a traceback, a second line)."""
+    data = model.SerializeToString()
+    for command in commands:
+        codes = {}
+        with fuzz_models.memory_limit():
+            problem = fuzz_models.run_one(command, data, str(tmp_path), codes)
+        assert problem is None, f"{command}: {problem}"
+    return codes
+
+
+def _graphs(model):
+    from scanopt.protos import walk_proto_graphs
+
+    return walk_proto_graphs(model.graph)
+
+
+@pytest.mark.parametrize("path", ["cells/torch_scan_lstm_hc_flip.onnx", "heldout_mamba/ssm_ref_dyn.onnx"])
+def test_an_empty_transpose_perm(tmp_path, path):
+    """gs's exporter cannot type an empty list attribute (scanopt/ir.py), and linrec's
+    absorption indexed it (passes/loopfree/absorb.py)."""
+    model = _sample(path)
+    transposes = [n for g in _graphs(model) for n in g.node if n.op_type == "Transpose"]
+    for node in transposes:
+        for a in node.attribute:
+            if a.name == "perm":
+                del a.ints[:]
+    _no_traceback(tmp_path, model)
+
+
+def test_an_empty_list_attribute_survives_the_round_trip_through_graphsurgeon():
+    from scanopt.ir import export_model, import_model
+
+    model = b.scan9_sum(steps=3)
+    model.graph.node.append(onnx.helper.make_node("Transpose", ["Y"], ["Yt"], name="t"))
+    model.graph.node[-1].attribute.append(onnx.AttributeProto(name="perm", type=onnx.AttributeProto.INTS))
+    model.graph.node[-1].attribute.append(onnx.AttributeProto(name="note", type=onnx.AttributeProto.FLOATS))
+    graph = import_model(model)
+    for _ in range(2):  # exporting twice: the graph is left as it was
+        out = export_model(graph, model)
+        attrs = {a.name: a for a in out.graph.node[-1].attribute}
+        assert attrs["perm"].type == onnx.AttributeProto.INTS and not attrs["perm"].ints
+        assert attrs["note"].type == onnx.AttributeProto.FLOATS and not attrs["note"].floats
+
+
+def test_a_sequence_at_index_that_is_empty(tmp_path):
+    """passes/fuse/cuts.py read index[0] of an empty constant."""
+    model = _sample("cells/torch_gru_cell_noopt.onnx")
+    body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")
+    index = next(n.input[1] for n in body.node if n.op_type == "SequenceAt")
+    constant = next(n for n in body.node if n.op_type == "Constant" and n.output[0] == index)
+    constant.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(np.array([], np.int64)))
+    # Not run: onnxruntime itself dies on this model (SIGSEGV in SequenceAt), which an
+    # in-process run cannot survive; the passes' own code is what this checks.
+    _no_traceback(tmp_path, model, commands=("inspect",))
+    out, report = scanopt.optimize(model, verify=False, seeds=1)
+    fuse = [o for o in report.outcomes if o.pass_name == "fuse"]
+    assert fuse and not fuse[0].applied and "index has 0 values, not one" in fuse[0].detail, fuse
+
+
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_an_initializer_shadowing_the_input_with_a_lower_rank(tmp_path, shape):
+    """passes/fuse/directions.py took the batch axis of a rank-0/1 scanned value."""
+    model = _sample("tf2onnx/dynamic_rnn_concat_tanh.onnx")
+    name = model.graph.input[0].name
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(shape, np.float32), name))
+    _no_traceback(tmp_path, model)
+
+
+def test_a_function_call_the_inliner_refuses(tmp_path):
+    """scanopt/functions.py let onnx's inliner's RuntimeError through (a call with more
+    actuals than the function has formals)."""
+    model = _sample("functions/fn_rnn_once.onnx")
+    model.graph.node[0].input.append(model.graph.node[0].input[0])
+    _no_traceback(tmp_path, model)
+
+
+def test_an_overflowing_constant_is_folded_to_inf_without_a_warning(recwarn):
+    """scanopt/constexpr.py: Exp of a large constant (folded through onnx's reference
+    evaluator) printed numpy's RuntimeWarning, a second line on stderr beside a refusal's one."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.constexpr import ConstantFolder
+
+    big = gs.Constant("big", np.array([1000.0], np.float32))
+    out = gs.Variable("e", dtype=np.float32)
+    gs.Node("Exp", inputs=[big], outputs=[out])
+    assert np.isposinf(ConstantFolder(17).value(out)).all()  # as onnxruntime computes it
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -117,3 +117,115 @@ def test_the_keras_backwards_simplernn_is_measured_under_declared_shapes(timer):
     assert fuse.measured and fuse.applied and "T=16 B=4 (declared; observed in a run)" in fuse.expected
     assert report.verification["passed"] is True
     assert [n.op_type for n in out.graph.node].count("RNN") == 1
+
+
+# E1 (issue 33): the run is the user's code, which may never end. A Loop with trip count
+# 2^62 whose condition stays true, stacking a [B, W] state every step.
+def _endless_loop_then_scan(width):
+    body = oh.make_graph([oh.make_node("Cast", ["i"], ["fi"], to=TP.FLOAT), oh.make_node("Add", ["a", "fi"], ["a_new"]),
+                          oh.make_node("Identity", ["c"], ["c_out"]), oh.make_node("Identity", ["a_new"], ["st"])],
+                         "body", [vi("i", [], TP.INT64), vi("c", [], TP.BOOL), vi("a", ["B", width])],
+                         [vi("c_out", [], TP.BOOL), vi("a_new", ["B", width]), vi("st", ["B", width])])
+    scan_body = oh.make_graph([oh.make_node("Add", ["h", "x_t"], ["pre"]), oh.make_node("Tanh", ["pre"], ["h_new"])],
+                              "scan_body", [vi("h", ["B", width]), vi("x_t", ["B", width])], [vi("h_new", ["B", width])])
+    nodes = [const("n", np.array(2**62, np.int64)), const("true", np.array(True)),
+             oh.make_node("Loop", ["n", "true", "x"], ["a_n", "stack"], body=body),
+             oh.make_node("Scan", ["h0", "stack"], ["h_n"], body=scan_body, num_scan_inputs=1)]
+    return make_model(17, nodes, [vi("x", ["B", width]), vi("h0", ["B", width])], [vi("h_n", ["B", width])])
+
+
+def _shaped(model, width):
+    from scanopt.deploy import shaped_model
+
+    return shaped_model(model, {"x": [2, width], "h0": [2, width]})
+
+
+def test_an_endless_loop_is_stopped_at_the_time_limit():
+    import time
+
+    began = time.perf_counter()
+    found = observe(_shaped(_endless_loop_then_scan(4), 4), {"stack": TP.FLOAT}, seconds=2.0)
+    assert found == "onnxruntime: stopped after the time limit of 2 s"
+    assert time.perf_counter() - began < 4.0
+
+
+def test_an_endless_loop_that_grows_is_stopped_at_the_memory_limit(monkeypatch):
+    """4 MB stacked per step: the child's address space runs out long before the time limit,
+    and this process's memory does not grow."""
+    import resource
+    import time
+
+    import scanopt.isolated
+
+    monkeypatch.setattr(scanopt.isolated, "BOUNDED_MEMORY_BYTES", 512 << 20)
+    monkeypatch.setattr(scanopt.isolated.run_bounded, "__defaults__", (512 << 20,))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    began = time.perf_counter()
+    found = observe(_shaped(_endless_loop_then_scan(1 << 20), 1 << 20), {"stack": TP.FLOAT}, seconds=60.0)
+    assert time.perf_counter() - began < 30.0
+    assert found.startswith("onnxruntime: ") and "memory limit of" in found and "MB" in found, found
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 << 10  # KB: under 256 MB more
+
+
+def test_the_optimizer_says_in_one_line_that_the_shapes_were_not_observed(timer, monkeypatch):
+    import scanopt.observe
+
+    monkeypatch.setattr(scanopt.observe, "RUN_SECONDS", 1.5)
+    _, report = scanopt.optimize(_endless_loop_then_scan(4), input_shapes={"x": [2, 4], "h0": [2, 4]}, verify=False,
+                                 options={"tune": True}, seeds=1)
+    lines = [line for line in report.tuning if "not observed" in line]
+    assert lines == ["shapes of 'stack' not observed (onnxruntime: stopped after the time limit of 1.5 s); "
+                     "the Scans reading them are modelled"]
+
+
+OBSERVING = """
+import sys, time
+sys.path.insert(0, "tests")
+import onnx
+from onnx import TensorProto as TP
+from scanopt.cli.interrupts import Interrupted, handled_signals
+from scanopt.observe import observe
+model = onnx.load(sys.argv[1])
+with handled_signals():
+    try:
+        print("observing", flush=True)
+        observe(model, {"stack": TP.FLOAT}, seconds=60.0)
+        print("returned", flush=True)
+    except Interrupted:
+        print("interrupted", flush=True)
+"""
+
+
+def test_sigterm_during_the_run_ends_it_within_a_second(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    path = tmp_path / "loop.onnx"
+    onnx.save(_shaped(_endless_loop_then_scan(4), 4), str(path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", OBSERVING, str(path)], cwd=root, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "observing"
+    time.sleep(2.0)  # onnxruntime imported, the Loop running
+    children = _children(proc.pid)
+    assert children
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert time.perf_counter() - sent < 1.0
+    assert out.strip() == "interrupted"
+    time.sleep(0.2)
+    assert not [c for c in children if os.path.exists(f"/proc/{c}")]  # the child was killed, not orphaned
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found

@@ -46,6 +46,8 @@ def _sequence_range(alg, node: gs.Node, data: gs.Tensor, width: int | None) -> t
     index = alg.const(node.inputs[1])
     if split is None or index is None or width is None:
         raise NoMatch(f"SplitToSequence '{splitter.name}' has no constant split, index or known width")
+    if index.size != 1:
+        raise NoMatch(f"SequenceAt '{node.name}' index has {index.size} values, not one")
     if split.ndim == 0:
         size = int(split)
         sizes = [min(size, width - k) for k in range(0, width, size)]

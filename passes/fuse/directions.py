@@ -327,7 +327,7 @@ def _batch_problem(node, view, ctx, state_positions) -> str | None:
     """Why the batch sizes of X and the initial states may differ, or None if provably equal."""
     x_shape = ctx.shapes.shape(node.inputs[-1])
     batch_axis = 1 if view.input_axes[0] % 3 == 0 else 0
-    dims = [x_shape[batch_axis] if x_shape else None]
+    dims = [x_shape[batch_axis] if x_shape and len(x_shape) > batch_axis else None]
     for i in state_positions:
         shape = ctx.shapes.shape(node.inputs[i])
         dims.append(shape[0] if shape else None)

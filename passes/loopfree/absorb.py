@@ -194,6 +194,8 @@ def _step_rule(p: gs.Node, axis: int, shapes) -> Moved | None:
         return _broadcasting(p, axis, out_shape, attrs, shapes)
     if p.op == "Transpose":
         perm = [int(a) for a in attrs.get("perm", range(rank - 1, -1, -1))]
+        if sorted(perm) != list(range(rank)):
+            return None  # not a permutation of the output's axes (the model is wrong, or the shape)
         source = perm[axis]
         attrs["perm"] = [a - (a > source) for k, a in enumerate(perm) if k != axis]
         return Moved(p, [source], attrs)

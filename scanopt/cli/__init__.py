@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from scanopt.cli.interrupts import describe, exit_code, handled_signals
+from scanopt.cli.interrupts import check, describe, exit_code, handled_signals
 from scanopt.errors import ScanoptError, did_you_mean, printable
 
 # Subcommand modules in the order --help lists them.
@@ -74,10 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _tolerant_streams()
-    with handled_signals():  # before build_parser imports the heavy modules
+    """The command line; ``argv`` None: the process's own (its handlers then stay until exit,
+    so a signal after the outcome is settled cannot turn into a traceback)."""
+    with handled_signals(keep=argv is None):  # first, and before build_parser imports the heavy modules
         try:
-            return _main(argv)
+            _tolerant_streams()
+            code = _main(argv)
+            check()  # a signal whose exception was swallowed on the way
+            return code
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: staging removed on the way here
             print(f"scanopt: {describe(exc)}", file=sys.stderr)
             return exit_code(exc)

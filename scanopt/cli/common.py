@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from scanopt.errors import ScanoptError, printable
 from scanopt.cli.feeds import feed_files
 from scanopt.model_io import LoadedModel, external_data_name, load
+from scanopt.cli.interrupts import committing
 from scanopt.outputs import FileId, OutputPlan, Writer
 
 
@@ -95,7 +96,7 @@ def start_job(args) -> tuple[LoadedModel, list[dict] | None, OutputPlan]:
     """Load IN, read --inputs, check every output path against every file read and each
     other, all before any work: (loaded model, feeds or None, the output plan)."""
     loaded = load(args.input)
-    plan = OutputPlan(input_files(loaded) + feed_files(args.inputs))
+    plan = OutputPlan(input_files(loaded) + feed_files(args.inputs), committing=committing)
     claim_model_output(plan, args.output, in_place=args.in_place, input_path=args.input,
                        writes_data=loaded.had_external_data)
     if args.report:

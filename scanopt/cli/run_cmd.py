@@ -9,6 +9,7 @@ import numpy as np
 from scanopt.cli.common import input_files
 from scanopt.cli.deploy_args import add_provider_argument, session_providers
 from scanopt.cli.feeds import feed_files, user_feeds
+from scanopt.cli.interrupts import committing
 from scanopt.engines import EngineError, prepare
 from scanopt.errors import printable
 from scanopt.inputs import synthesize_inputs
@@ -70,7 +71,7 @@ def _run(args) -> int:
     model = loaded.model
     files = feed_files(args.inputs, args.input)
     if args.out:  # fail before running, not after
-        plan = OutputPlan(input_files(loaded, "MODEL") + files)
+        plan = OutputPlan(input_files(loaded, "MODEL") + files, committing=committing)
         plan.claim(args.out, "--out")
     runner = prepare(model, args.engine, path=args.model)
     given, synthesized = user_feeds(model, npz=args.inputs, arrays=args.input, seeds=[args.seed], engine=runner.engine)
