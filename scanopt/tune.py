@@ -82,7 +82,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
 
     deadline = time.perf_counter() + budget
     observed = set(options.get("observed") or ())  # values whose deployment shape a run gave (scanopt.observe)
-    scans = [n for n in model.graph.node if n.op_type == "Scan" and n.domain in ("", "ai.onnx")] if names else []
+    scans = [n for n in _top_level_nodes(model.graph) if n.op_type == "Scan" and n.domain in ("", "ai.onnx")] if names else []
     for done, node in enumerate(scans):
         if progress is not None:
             progress(done, len(scans))
@@ -243,6 +243,17 @@ def malformed_choice(choice: dict) -> str | None:
     return None
 
 
+def _top_level_nodes(graph: onnx.GraphProto):
+    """The graph's nodes, and those of each If's else branch (where an empty-input guard puts a
+    Scan: it reads the top graph's values, so it is cut out and timed as a top-level one)."""
+    for node in graph.node:
+        yield node
+        if node.op_type == "If":
+            for attribute in node.attribute:
+                if attribute.name == "else_branch":
+                    yield from attribute.g.node
+
+
 def _origin(declared: bool, observed: set[str]) -> str:
     """Where the measured shapes came from, for the report."""
     if not declared:
@@ -337,7 +348,7 @@ def unknown_reads(model: onnx.ModelProto, deployment: ShapeTable) -> dict[str, i
     shape at the deployment shapes is not static: what :mod:`scanopt.observe` learns by a run."""
     inits = {t.name for t in model.graph.initializer}
     found = {}
-    for node in model.graph.node:
+    for node in _top_level_nodes(model.graph):
         if node.op_type != "Scan" or node.domain not in ("", "ai.onnx"):
             continue
         for name in node_reads(node):
@@ -352,6 +363,8 @@ def _read_values(model: onnx.ModelProto) -> set[str]:
     read = {o.name for o in model.graph.output}
     for node in model.graph.node:
         read.update(node_reads(node))
+        if node.op_type == "If":  # an else branch's outputs are the If's (a guarded Scan's results)
+            read.update(o.name for a in node.attribute if a.name == "else_branch" for o in a.g.output)
     return read
 
 

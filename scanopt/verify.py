@@ -826,8 +826,11 @@ def _given_runs(original, candidate, inputs, pairs, notes) -> list[tuple[str, di
     if any(name == "ort" for name, _, _ in pairs):
         checked = screened(original, candidate, checked, notes, drop_errors=False)
     runs = []
+    spec = _OtherEngine(original, None, [p for p in pairs if p[0] == "ort"])
     for label, feeds in checked:
-        runs.append((label, feeds, {name: _run_original(runner, feeds, label) for name, runner, _ in pairs}))
+        expected = {name: _run_original(runner, feeds, label) for name, runner, _ in pairs}
+        _judge_edge_by_spec(expected, spec, feeds, label, notes)
+        runs.append((label, feeds, expected))
     return runs
 
 
@@ -875,15 +878,21 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
                 expected = {name: runner(feeds) for name, runner, _ in pairs}
             except EngineError:
                 continue  # an edge the original refuses: the candidate may refuse it too
-            if ort_used and is_edge(feeds) and _ort_against_spec(expected, spec, feeds):
-                notes.append(f"edge {label}: onnxruntime's original gives other values than the ONNX spec "
-                             "(the reference executor) there: the candidate is judged against the spec")
+            _judge_edge_by_spec(expected, spec, feeds, f"edge {label}", notes)
             edges.append(label)
             yield f"edge: {label}", feeds, expected
         if edges:
             notes.append(f"also checked on {len(edges)} edge input(s) the original accepts: {'; '.join(edges)}")
 
     return pairs, runs(), sizes
+
+
+def _judge_edge_by_spec(expected: dict, spec: _OtherEngine, feeds, label: str, notes: list[str]) -> None:
+    """On an empty or zero-count input run by onnxruntime, the spec's outputs where they differ
+    (:func:`_ort_against_spec`), with a note."""
+    if "ort" in expected and is_edge(feeds) and _ort_against_spec(expected, spec, feeds):
+        notes.append(f"{label}: onnxruntime's original gives other values than the ONNX spec "
+                     "(the reference executor) there: the candidate is judged against the spec")
 
 
 def _ort_against_spec(expected: dict, spec: _OtherEngine, feeds) -> bool:
