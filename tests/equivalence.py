@@ -31,3 +31,23 @@ def assert_equivalent(original, candidate, *, inputs=None, engine: str = "both",
 def ops(model: onnx.ModelProto) -> Counter:
     """Op-type counts over every graph level (for structure assertions)."""
     return count_ops(model)
+
+
+def top_ops(model: onnx.ModelProto) -> Counter:
+    """Op-type counts of the main graph, with the branches of its Ifs in place of the If (the
+    empty-input guards a fused op, a converted Loop or an upgraded Scan-8 sits behind); loop
+    bodies are not entered."""
+    found = Counter()
+
+    def visit(nodes):
+        for node in nodes:
+            if node.op_type == "If":
+                for attribute in node.attribute:
+                    if attribute.name == "else_branch":  # the work; then_branch is the empty case
+                        visit(attribute.g.node)
+            else:
+                found[node.op_type] += 1
+
+    visit(model.graph.node)
+    return found
+

@@ -115,7 +115,7 @@ def test_edge_sets_name_trip_counts_lengths_and_non_finite_steps():
     lens, s0, x = (i.name for i in scan8.graph.input)
     feeds = {lens: np.array([3, 2], np.int64), s0: np.zeros((2, 2), np.float32), x: np.ones((2, 3, 2), np.float32)}
     labels = [label for label, _ in edge_sets(scan8, feeds)]
-    assert f"'{x}' with nan at step 1" in labels and f"'{x}' with inf at step 1" in labels
+    assert f"'{x}' with nan at step 1" in labels and not any(' with inf ' in label for label in labels)
     assert any("sequence_lens entry" in label for label in labels)
     assert any(label.startswith("dimension 'B' = 0") for label in labels)
     loop = builders.model(h.make_graph(

@@ -46,17 +46,13 @@ class ZeroStepOutput:
 
 
 def may_run_zero_steps(match, folder: ConstantFolder, proven) -> bool:
-    """True where the Loop may run zero steps on a non-empty input: a trip count from data (M,
-    ``range(n)``) that is neither a constant of at least 1 nor the length of what it scans
-    (``proven(read)``). A Loop over ``x.size(0)`` runs zero steps only on an empty x, and a
-    counter test is accepted only where zero steps come so (or fail anyway): not guarded, as
-    before (a fused form handles the empty sequence itself; verification tries it)."""
-    if match.count is not None or match.trip is None or not match.trip.name:
-        return False
-    value = folder.scalar(match.trip)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
-        return False
-    return not any(proven(read) for read in match.reads)
+    """True where the Loop may run zero steps: a trip count (M, ``range(n)``, ``x.size(0)``, a
+    counter test's bound) that is not a constant of at least 1. A Loop over ``x.size(0)`` runs
+    zero steps on an empty x, where the Loop returns its initial values and onnxruntime's Scan
+    refuses to run (``proven`` is kept for callers that ask about the reads)."""
+    trip = match.count.bound if match.count is not None else match.trip
+    value = folder.scalar(trip) if trip is not None and trip.name else None
+    return not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1)
 
 
 def plan(node: gs.Node, match, ctx: PassContext) -> list[ZeroStepOutput] | None:
