@@ -424,10 +424,10 @@ def run_one(command: str, data: bytes, work: str, codes: dict | None = None) -> 
 
 
 def fuzz(n: int, commands=("optimize",), seed: int = 0, work: str | None = None, kind: str = "bytes",
-         progress=None):
+         progress=None, start: int = 0):
     """{command: ({exit code: count}, [(label, finding)])} over n mutants per command
     (``kind``: "bytes" or "structure"; ``progress(label)`` before each run, so a run that
-    aborts the process can be named)."""
+    aborts the process can be named; ``start``: skip the first mutants, to go on after one)."""
     import tempfile
 
     make = structure_mutants if kind == "structure" else mutants
@@ -436,7 +436,9 @@ def fuzz(n: int, commands=("optimize",), seed: int = 0, work: str | None = None,
         work = work or tmp
         for command in commands:
             findings, codes = [], {}
-            for label, data in make(n, seed):
+            for i, (label, data) in enumerate(make(n, seed)):
+                if i < start:
+                    continue
                 if progress is not None:
                     progress(label)
                 problem = run_one(command, data, work, codes)
@@ -456,12 +458,13 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kind", choices=("bytes", "structure"), default="bytes")
     parser.add_argument("--trace", help="a file that names each mutant before its run (an abort's culprit is its last line)")
+    parser.add_argument("--start", type=int, default=0, help="begin at this mutant (resume after one that aborted)")
     args = parser.parse_args()
     sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]  # this checkout's scanopt, not an installed one
     trace = open(args.trace, "w", buffering=1) if args.trace else None  # noqa: SIM115 - open for the whole run
     for command in args.commands.split(","):
         start = time.perf_counter()
-        codes, findings = fuzz(args.n, (command,), args.seed, kind=args.kind,
+        codes, findings = fuzz(args.n, (command,), args.seed, kind=args.kind, start=args.start,
                                progress=(lambda label: trace.write(f"{command} {label}\n")) if trace else None)[command]
         tally = ", ".join(f"exit {c}: {k}" for c, k in sorted(codes.items(), key=str))
         print(f"{command}: {args.n} mutants, {len(findings)} findings ({tally}), {time.perf_counter() - start:.0f} s", flush=True)
