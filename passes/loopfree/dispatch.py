@@ -31,11 +31,10 @@ from scanopt.graph import remove_node
 from scanopt.rewrite import Builder, new_graph, rebind_outputs
 
 # The smallest symbolic length given the chunked form (below it: the loop). Measured with
-#   python benchmarks/bench_symbolic_t.py --crossover
-# (EMA H=64/128/256 and minGRU I=H=32/64/128, B=1; onnxruntime 1.32, one thread, thread CPU
-# time): the chunked form (C=32) against the hoisted loop crossed between T=64 and T=128
-# (EMA) and T=48 and T=96 (minGRU); 128 keeps every measured length below it on the loop side
-# of the crossover (the loop and the chunked form within a few percent at the crossing).
+#   python benchmarks/bench_symbolic_t.py --crossover --seconds 0.4
+# (onnxruntime 1.32, one thread, thread CPU time; the chunked form C=32 with the If's overhead
+# against the hoisted loop): chunked faster from T=96 for EMA H=64/128/256 and minGRU I=H=32/64,
+# from T=128 for minGRU I=H=128 (0.98x at 96, 1.11x at 128); at T=64 0.73-0.93x, at 16 0.31-0.37x.
 THRESHOLD = 128
 
 
