@@ -100,6 +100,7 @@ class Estimate:
     note: str  # for the report: the numbers behind the choice, or why the rewrite was not applied
     measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
     kept: str = ""  # on a decline: the form chosen instead ("loop" or another form), where known
+    dispatch: bool = False  # apply the match's run-time dispatch form (Match.dispatch_below)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,12 @@ class CostPolicy:
         below = getattr(match, "slower_below", None)
         if below is not None and getattr(view, "trip_count", None) is None and self.provider_model == "cpu":
             steps = scan_shape(node, view, match, ctx, self.deployment).T if self.deployment is not None else None
+            offered = getattr(match, "dispatch_below", None)
+            if steps is None and offered is not None and self.deployment is None:  # no shapes at all
+                return Estimate(True, None, f"the length is symbolic and unmeasured: this form measured slower than the "
+                                            f"loop below {below} steps and faster from {offered} on; written behind a "
+                                            f"run-time If on the length (the loop below {offered} steps), never slower "
+                                            "than the loop at any length (benchmarks/bench_symbolic_t.py)", dispatch=True)
             if steps is None:
                 return Estimate(False, None, f"the length is symbolic and unmeasured: this form measured slower than the "
                                              f"loop below {below} steps; declare it (--input-shape) to have it measured, "

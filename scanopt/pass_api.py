@@ -96,6 +96,9 @@ class PassContext:
     # name of a loop a rewrite emitted as its chosen form -> that pass: no Scan pass rewrites it
     # again in this run (loop_to_scan, a Loop pass, may still make it a Scan, keeping the name)
     chosen: dict[str, str] = field(default_factory=dict)
+    # name of a Scan a rewrite kept as the loop branch of a run-time dispatch (linrec's If on a
+    # symbolic length) -> that pass: it does not rewrite the Scan again; other passes may (hoist)
+    loop_branches: dict[str, str] = field(default_factory=dict)
     # called with (Scans done, Scans in total) as a pass walks the Scans (scanopt.progress)
     progress: Callable[[int, int], None] | None = None
 
@@ -113,6 +116,11 @@ class Match:
     # a length below which the matched form measured slower than the loop, for a Scan whose
     # length is symbolic: unmeasured, the cost policy keeps the loop (it may run that short)
     slower_below: int | None = None
+    # for a symbolic length: the form can instead be written behind If(length < dispatch_below)
+    # with the loop in the other branch (measured never slower than the loop); the cost policy
+    # sets ``dispatch`` where it chooses that (Estimate.dispatch)
+    dispatch_below: int | None = None
+    dispatch: bool = False
 
 
 class Pass:
@@ -178,6 +186,8 @@ class ScanPass(Pass):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note, **speed,
                                                    declined_for_speed=True, kept=estimate.kept))
                 continue
+            if estimate is not None and estimate.dispatch:
+                found.dispatch = True
             detail = self.rewrite(node, found, level, ctx)
             ctx.edits += 1
             result.modified = True

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel, identity_root
+from scanopt.graph import GraphLevel, identity_root, node_label
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
     changing_states, to_processing_order,
 )
-from scanopt.passes.loopfree import absorb
+from scanopt.passes.loopfree import absorb, dispatch
 from scanopt.passes.loopfree.linear_attention import AttentionForm, emit_attention, find_attention
 from scanopt.passes.loopfree.linear_form import LinearUpdate, NotLinear, Term, linear_update
 from scanopt.emit import INT64_MAX, Emitter, supports
@@ -123,6 +123,8 @@ class Linrec(ScanPass):
                                   f"the {TWO_PASS} form)"),
         "linrec_attention_chunk": (int, f"chunk length of decayed linear attention's matmul form, the largest "
                                         f"divisor of T up to it (default {DEFAULT_ATTENTION_CHUNK})"),
+        "linrec_dispatch_below": (int, f"a symbolic length: the loop below this many steps, the chunked form from it, "
+                                       f"chosen at run time (default {dispatch.THRESHOLD}, measured)"),
         "linrec_form": (str, "within chunks: 'positions' (a Loop over the chunk's positions, all chunks at once), "
                              f"'doubling' (log-depth, no loop), '{TWO_PASS}' (chunk ends, then a second Loop "
                              "reading the outputs per position) or 'auto' (doubling below "
@@ -155,6 +157,9 @@ class Linrec(ScanPass):
         return scan, wider
 
     def _match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if node.name and ctx.loop_branches.get(node.name) == self.name:
+            return Skip("the loop branch of linrec's run-time dispatch on the length (module dispatch): not "
+                        "rewritten again")
         if view.batched:
             return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
         if ctx.opset < 11:
@@ -227,8 +232,13 @@ class Linrec(ScanPass):
         # a symbolic length runs the chunked forms with C fixed (padding, run-time counts): at T = 16
         # they measured 0.4-0.7x the loop (Mamba's two-pass 0.41-0.58x), at 64 1.1-1.6x
         slower = SYMBOLIC_SLOWER_BELOW if general and trip is None else None
-        return LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form,
-                           slower_below=slower)
+        match = LinrecMatch(view, updates, ranks, dtypes, plan, early, late, out_ranks, chunk, form,
+                            slower_below=slower)
+        # the run-time dispatch: measured for the one-pass positions form (EMA, minGRU); the
+        # two-pass form's crossover is not (it stays declined unmeasured on a symbolic length)
+        if slower is not None and form == "positions" and _length_axis(view) is not None:
+            match.dispatch_below = int(ctx.options.get("linrec_dispatch_below", dispatch.THRESHOLD))
+        return match
 
     def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):
         """A LinrecMatch in the matmul form (module linear_attention) where it applies, else None."""
@@ -321,11 +331,13 @@ class Linrec(ScanPass):
                                         keep=True)
             if isinstance(built, tuple):
                 scan, wider = built
+                wider.dispatch = match.dispatch and wider.dispatch_below is not None
                 absorb.install(scan, node, match.absorb, level.graph)
                 taken = len(match.absorb.moved)
                 return f"{self.rewrite(scan, wider, level, ctx)}; {taken} producer{'s' * (taken > 1)} of its inputs " \
                        "taken into the steps (module absorb)"
             assert isinstance(match.plain, LinrecMatch), "the Scan with its producers no longer matches"
+            match.plain.dispatch = match.dispatch and match.plain.dispatch_below is not None
             match = match.plain
         graph, view, plan = level.graph, match.view, match.plan
         position, start, build = replacing(node, graph, ctx.names)
@@ -393,11 +405,29 @@ class Linrec(ScanPass):
                 value = e.over_steps(value, match.out_ranks[k])
             outputs.append(from_processing_order(e, value, view, k, match.out_ranks[k]))
         states = [finals.get(i, node.inputs[i]) for i in range(n)]
-        rebind_outputs(node, states + outputs, graph)
         # the positions forms' chunk Loops: loop_to_scan makes them Scans, which are not matched again
-        ctx.chosen.update((nd.name, self.name) for nd in graph.nodes[start - 1:] if nd.op == "Loop")
+        ctx.chosen.update((nd.name, self.name) for nd in graph.nodes[start:] if nd.op == "Loop")
+        below = self._replace(node, match, states + outputs, graph, start, ctx)
         added = place_appended(graph, position, start - 1)
-        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, no Scan left)"
+        return f"linear recurrence{'s' if len(forms) > 1 else ''} -> {', '.join(forms)} ({added} nodes, {below})"
+
+    def _replace(self, node: gs.Node, match: LinrecMatch, values: list, graph: gs.Graph, start: int, ctx) -> str:
+        """``node``'s outputs become ``values`` (computed by the nodes appended from ``start``
+        on), or with ``match.dispatch`` those nodes go behind If(length < dispatch_below) with
+        ``node`` itself in the other branch (module dispatch); what is left, for the report."""
+        if not match.dispatch:
+            rebind_outputs(node, values, graph)
+            return "no Scan left"
+        if not node.name:  # named as the report labelled it, for the entries of later passes
+            label = node_label(node)
+            node.name = ctx.names.fresh(label)
+            ctx.derived[node.name] = label
+        ctx.loop_branches[node.name] = self.name
+        view = match.view
+        dispatch.wrap(node, values, graph, start, match.dispatch_below, node.inputs[view.num_states], _length_axis(view),
+                      ctx.opset, ctx.names, ctx.shapes.dtype)
+        return (f"behind If(T < {match.dispatch_below}): the Scan below {match.dispatch_below} steps, this form from "
+                "there (the length is symbolic: a run-time dispatch)")
 
     def _rewrite_attention(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start, ctx) -> str:
         (i, update), = match.updates.items()
@@ -507,10 +537,10 @@ class Linrec(ScanPass):
                     value = e.over_steps(value, r)
             results.append(from_processing_order(e, unpermute_steps(e, value, r + 1, at), view, k, r))
         states = [final if k == i else node.inputs[k] for k in range(n)]
-        rebind_outputs(node, states + results, graph)
+        below = self._replace(node, match, states + results, graph, start, ctx)
         added = place_appended(graph, position, start - 1)
         length = "" if at.static else ", symbolic length"
-        return f"linear recurrence -> chunked scan (C={at.chunk}, {TWO_PASS}{length}: {form}) ({added} nodes, no Scan left)"
+        return f"linear recurrence -> chunked scan (C={at.chunk}, {TWO_PASS}{length}: {form}) ({added} nodes, {below})"
 
     def _chunk_ends_then_outputs(self, e, match: LinrecMatch, body, h0, per_step, coefficients, late, outs,
                                  at: Chunking, state_shape):
@@ -592,6 +622,16 @@ class Linrec(ScanPass):
             final = _at_last_step(e, e.op("Add", [local_ys.pop(), corrections.pop()]), at, h0)
         stacked = [e.op("Add", [y, c]) for y, c in zip(local_ys, corrections)]
         return final, stacked, [ends[-1], starts, corrected]
+
+
+def _length_axis(view: ScanView) -> int | None:
+    """The scan axis of the first scan input, non-negative, where known (the run-time length)."""
+    if not view.num_scan_inputs:
+        return None
+    axis, rank = view.input_axes[0], view.input_ranks[0]
+    if axis >= 0:
+        return axis
+    return axis + rank if rank is not None and axis + rank >= 0 else None
 
 
 def _steps_needed(steps: list, wanted) -> list:

@@ -1,0 +1,85 @@
+"""linrec's run-time dispatch: for a symbolic length, the loop below a threshold, the chunked form from it.
+
+The chunked forms with a symbolic length (padding, run-time chunk counts, Loops over positions
+and chunks) cost a fixed overhead that the loop does not: at 16 steps they measured 0.4-0.9x
+the loop, at 1024 2.6-5x. With the length unknown when optimizing, neither form is right at
+every length, so both are written::
+
+    T = Gather(Shape(x), axis)          # once, from the first scan input
+    If(Less(T, threshold))
+      then: the Scan as it was (later passes may hoist it; linrec does not rewrite it again)
+      else: the chunked form
+
+The threshold is the measured crossover (benchmarks/bench_symbolic_t.py --crossover): the
+smallest length at which the chunked form beat the loop (as the pipeline leaves it: hoisted)
+for EMA and minGRU at the widths measured. Both branches compute the same recurrence, so the
+If changes no value; verification runs both (the seeds' short lengths the loop, the
+1024-step weak spot the chunked form).
+
+Handled: any Scan linrec rewrites with its chunked forms on a symbolic length (not sums or
+products that CumSum/CumProd compute, which beat the loop at every length). The Scan moves
+into the then branch whole (its name kept), so outer-scope reads of its body still resolve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from scanopt.emit import Emitter
+from scanopt.graph import remove_node
+from scanopt.rewrite import Builder, new_graph, rebind_outputs
+
+# The smallest symbolic length given the chunked form (below it: the loop). Measured with
+#   python benchmarks/bench_symbolic_t.py --crossover --seconds 0.4
+# (onnxruntime 1.32, one thread, thread CPU time; the chunked form C=32 with the If's overhead
+# against the hoisted loop): chunked faster from T=96 for EMA H=64/128/256 and minGRU I=H=32/64,
+# from T=128 for minGRU I=H=128 (0.98x at 96, 1.11x at 128); at T=64 0.73-0.93x, at 16 0.31-0.37x.
+THRESHOLD = 128
+
+
+def wrap(node: gs.Node, values: list, graph: gs.Graph, start: int, threshold: int, scanned: gs.Tensor, axis: int,
+         opset: int, names, dtype_of) -> None:
+    """Put the nodes appended to ``graph`` from ``start`` on (the chunked form, computing
+    ``values``, one per output of ``node``) into the else branch of ``If(length < threshold)``
+    and ``node`` itself into the then branch; the If writes ``node``'s output tensors.
+    ``scanned``: the first scan input, ``axis`` its scan axis (non-negative); ``dtype_of``:
+    a tensor's element type where known."""
+    chunked = graph.nodes[start:]
+    graph.nodes[:] = graph.nodes[:start]
+    outputs = [t for t in node.outputs]
+    wanted = [k for k, t in enumerate(outputs) if t.name]
+
+    else_graph = new_graph(f"{node.name}_chunked")
+    else_graph.nodes.extend(chunked)
+    results = [gs.Variable(names.fresh(f"{outputs[k].name}_chunked"), dtype=_dtype(outputs[k], dtype_of),
+                           shape=_shape(outputs[k])) for k in wanted]
+    placeholder = gs.Node("Identity", inputs=[], outputs=list(results))
+    else_graph.nodes.append(placeholder)
+    rebind_outputs(placeholder, [values[k] for k in wanted], else_graph)
+    else_graph.outputs = results
+
+    then_graph = new_graph(f"{node.name}_loop")
+    remove_node(graph, node)
+    looped = [gs.Variable(names.fresh(f"{outputs[k].name}_looped"), dtype=_dtype(outputs[k], dtype_of),
+                          shape=_shape(outputs[k])) for k in wanted]
+    kept = [looped[wanted.index(k)] if k in wanted else t for k, t in enumerate(outputs)]
+    node.outputs.clear()  # unhooks the old tensors: the If writes them
+    node.outputs.extend(kept)
+    then_graph.nodes.append(node)
+    then_graph.outputs = looped
+
+    outer = Builder(graph, names, prefix=f"{node.name}_" if node.name else "")
+    e = Emitter(outer, opset)
+    length = e.op("Gather", [e.op("Shape", [scanned], dtype=np.int64), e.const("axis", np.int64(axis))], axis=0,
+                  dtype=np.int64, shape=[])
+    short = e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
+    outer.op("If", [short], outputs=[outputs[k] for k in wanted], then_branch=then_graph, else_branch=else_graph)
+
+
+def _dtype(t: gs.Tensor, dtype_of):
+    return t.dtype if t.dtype is not None else dtype_of(t)
+
+
+def _shape(t: gs.Tensor):
+    return None if t.shape is None else list(t.shape)
