@@ -138,3 +138,27 @@ def test_float16_state_is_declined():
         for v in list(g.input) + list(g.output):
             v.type.tensor_type.elem_type = TP.FLOAT16
     assert "float32 states" in reason(model)
+
+
+# ------------------------------------------------------------------------------ verification's feeds
+def test_a_fed_log_decay_is_drawn_nonpositive_in_verification():
+    """The builders feed g itself (a = exp(g)); drawn at random, g > 0 grows the state to 1e33
+    (issue 32): the pass names G a log decay and verification draws it <= 0, as models feed it
+    (-softplus, logsigmoid). The input sets are seed-stable: the same as without the range elsewhere."""
+    import numpy as np
+
+    from scanopt.inputs import InputSynthesizer
+
+    model = lab.attention("gated_delta", dims=["B", "T"])
+    out, report = optimize(model, options={"target": "portable"})
+    assert ops(out)["LinearAttention"] == 1
+    assert set(report.input_ranges) == {"G"} and report.input_ranges["G"][:2] == (None, 0.0)
+    assert report.verification["passed"] is True
+    notes = report.verification["details"]["notes"]
+    assert any(n.startswith("'G' drawn in [-inf, 0]") for n in notes), notes
+    plain, ranged = InputSynthesizer(model), InputSynthesizer(model, input_ranges=report.input_ranges)
+    for seed in range(3):
+        a, b = plain.feeds(seed), ranged.feeds(seed)
+        assert (b["G"] <= 0).all() and (a["G"] > 0).any()
+        assert np.array_equal(np.abs(a["G"]), np.abs(b["G"]))
+        assert all(np.array_equal(a[k], b[k]) for k in a if k != "G")

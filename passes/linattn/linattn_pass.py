@@ -122,6 +122,8 @@ class Linattn(ScanPass):
         position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
+        log_decays = _log_decay_inputs(rule, {id(body.inputs[n + j]): node.inputs[n + j]
+                                              for j in range(view.num_scan_inputs)})
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
         mapping = {id(body.inputs[n + j]): x for j, x in enumerate(scanned)}
@@ -209,6 +211,9 @@ class Linattn(ScanPass):
             y = e.op("Slice", [y, e.ints("zero", [0] * lead), dims, e.ints("axes", list(range(lead)))])
             outputs.append(from_processing_order(e, y, view, 0, match.rank - 1))
         rebind_outputs(node, [final] + outputs, graph)
+        for name in log_decays:
+            ctx.input_ranges[name] = (None, 0.0, "linattn reads it as a log decay g (the state decays by exp(g) <= 1; "
+                                      "past 0 it grows without bound in every form)")
         added = place_appended(graph, position, start - 1)
         where = " (state stored transposed)" if rule.transposed else ""
         decay_kind = " per key" if rule.per_key_decay else ""
@@ -271,23 +276,44 @@ def _positive(t: gs.Tensor, scan_inputs: dict) -> bool:
     through ops that only select elements (views, Transpose, Slice, Gather...) and from a scan
     input to the outer tensor it slices (``scan_inputs``: id of the body input -> outer input):
     a decay that hoist moved out of the loop as ``Exp`` of the whole sequence."""
+    found = _selected_from(t, scan_inputs, stop=("Exp", "Sigmoid"))
+    if isinstance(found, gs.Node):
+        return True
+    value = None if found is None else ConstantFolder().value(found)
+    return value is not None and np.asarray(value).size > 0 and np.asarray(value).dtype.kind == "f" \
+        and bool(np.all(np.asarray(value) > 0))
+
+
+def _selected_from(t: gs.Tensor, scan_inputs: dict, stop=()):
+    """Where the elements of ``t`` come from, through :data:`_SELECTING` ops and scan inputs:
+    the first node of an op in ``stop``, else the tensor reached (a constant, a graph input, a
+    computed value), or None past 64 steps."""
     for _ in range(64):
-        value = ConstantFolder().value(t)
-        if value is not None:
-            value = np.asarray(value)
-            return value.size > 0 and value.dtype.kind == "f" and bool(np.all(value > 0))
         if id(t) in scan_inputs:
             t = scan_inputs[id(t)]
             continue
         node = t.inputs[0] if len(t.inputs) == 1 else None
         if node is None or not in_default_domain(node.domain) or not node.inputs:
-            return False
-        if node.op in ("Exp", "Sigmoid"):
-            return True
-        if node.op not in _SELECTING:
-            return False
+            return t
+        if node.op in stop:
+            return node
+        if node.op not in _SELECTING or ConstantFolder().value(t) is not None:
+            return t
         t = node.inputs[0]
-    return False
+    return None
+
+
+def _log_decay_inputs(rule: Rule, scan_inputs: dict) -> list[str]:
+    """Names of the graph inputs the decay is exp() of, elements selected as they are (the
+    builders' and model builders' ``g`` fed as it is): drawn <= 0 in verification."""
+    names = []
+    for c in rule.decay[1] if rule.decay else ():
+        exp = _selected_from(c.tensor, scan_inputs, stop=("Exp",))
+        if isinstance(exp, gs.Node):
+            source = _selected_from(exp.inputs[0], scan_inputs)
+            if isinstance(source, gs.Variable) and not source.inputs and source.name:
+                names.append(source.name)
+    return names
 
 
 class _layout:
