@@ -245,6 +245,24 @@ def constant_axes(node: gs.Node, index: int = 1) -> list[int] | None:
     return None
 
 
+def is_whole_slice(node: gs.Node, value=constant_value) -> bool:
+    """True when ``node`` is a Slice that keeps every element in order: starts 0, ends at or
+    past :data:`HUGE`, steps 1 (or absent), all known at optimization time (``value``: how a
+    tensor's value is read; a ConstantFolder's ``value`` sees computed constants). TorchScript
+    writes one for every ``x[..., None, :]``, its axes and steps Unsqueezes of Constants."""
+    if not is_op(node, "Slice") or len(node.inputs) < 3 or "starts" in node.attrs:
+        return False
+    values = [value(t) if t.name else None for t in node.inputs[1:5]]
+    starts, ends = values[0], values[1]
+    steps = values[3] if len(values) > 3 and node.inputs[4].name else None
+    if starts is None or ends is None or (len(node.inputs) > 4 and node.inputs[4].name and steps is None):
+        return False
+    starts, ends = np.asarray(starts).reshape(-1), np.asarray(ends).reshape(-1)
+    steps = np.ones_like(starts) if steps is None else np.asarray(steps).reshape(-1)
+    return starts.size == ends.size == steps.size and bool(np.all(starts == 0) and np.all(ends >= HUGE)
+                                                           and np.all(steps == 1))
+
+
 def reverses_axis(node: gs.Node, axis: int, rank: int | None, opset: int) -> bool:
     """True if ``node`` is a Slice (opset 10+) that reverses its data along ``axis`` whole,
     for every length: one step of -1 from the last element past the first."""

@@ -116,7 +116,7 @@ class InputSynthesizer:
     the reference engine handles empty sequences and gets [0, T].
     """
 
-    def __init__(self, model: onnx.ModelProto, *, engine: str = "ort"):
+    def __init__(self, model: onnx.ModelProto, *, engine: str = "ort", input_ranges: dict | None = None):
         self.model = model
         self.min_len = 0 if engine == "reference" else 1
         self.specs = [s for s in input_specs(model) if s.required]
@@ -132,6 +132,11 @@ class InputSynthesizer:
         names = {s.name for s in self.specs}
         self.lens_uses, self.index_uses = _input_uses(model, names)
         self._initializer_dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
+        # float inputs a rewrite named with the range the model is meant for (PassContext.input_ranges)
+        floats = {s.name for s in self.specs if s.dtype.kind == "f"}
+        self.input_ranges = {k: v for k, v in (input_ranges or {}).items() if k in floats}
+        self.range_notes = [f"'{k}' drawn in [{_bound(lo, '-inf')}, {_bound(hi, 'inf')}]: {why}"
+                            for k, (lo, hi, why) in sorted(self.input_ranges.items())]
 
     def attempts(self, seed: int) -> list[Attempt]:
         """Sizes to try for ``seed``: its preferred ones first, then all-ones and a few others.
@@ -169,6 +174,8 @@ class InputSynthesizer:
                 feeds[spec.name] = rng.integers(0, high, size=shape).astype(spec.dtype)
             else:
                 feeds[spec.name] = random_array(rng, spec.dtype, shape, wide=seed != 1)
+            if spec.name in self.input_ranges:
+                feeds[spec.name] = _reflected(feeds[spec.name], *self.input_ranges[spec.name][:2])
         return feeds
 
     def _check_budget(self, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -210,6 +217,23 @@ class InputSynthesizer:
             elif shape:
                 bounds.extend(data[use.batch_dims : use.batch_dims + shape[-1]])
         return max(min(bounds), 1) if bounds else 1
+
+
+def _bound(value, otherwise: str) -> str:
+    return otherwise if value is None else f"{value:g}"
+
+
+def _reflected(x: np.ndarray, low, high) -> np.ndarray:
+    """``x`` mirrored into [low, high] at the bound it passes (a random draw keeps its spread:
+    g <= 0 gets -|g|); where both bounds are given, clipped after."""
+    x = np.array(x, copy=True)
+    if high is not None:
+        x = np.where(x > high, 2 * high - x, x).astype(x.dtype)
+    if low is not None:
+        x = np.where(x < low, 2 * low - x, x).astype(x.dtype)
+    if low is not None and high is not None:
+        x = np.clip(x, low, high).astype(x.dtype)
+    return x
 
 
 class FeedBudgetError(ScanoptError):

@@ -101,6 +101,11 @@ class PassContext:
     loop_branches: dict[str, str] = field(default_factory=dict)
     # called with (Scans done, Scans in total) as a pass walks the Scans (scanopt.progress)
     progress: Callable[[int, int], None] | None = None
+    # inputs a rewrite is sensitive to, named by the pass that applied it: graph input name ->
+    # (low, high, why): the range the model is meant to be fed in (linattn: a log decay g <= 0,
+    # where exp(g) > 1 makes the state grow without bound). Verification draws them there
+    # (scanopt.inputs.InputSynthesizer); a pass adds to it in ``rewrite`` only.
+    input_ranges: dict[str, tuple[float | None, float | None, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -420,6 +420,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         report.modified |= changed
         if not changed:
             break
+    report.input_ranges.update(ctx.input_ranges)
     if not report.modified:
         report.ops_after = report.ops_before
         return model, report
@@ -471,13 +472,15 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
     from scanopt.verify import SignatureMismatchError, compare_models
 
     spent = [0.0]
+    ranges = dict(report.input_ranges)  # the first run's: every trial below is judged on the same feeds
 
     def check(result_model) -> _Verdict:
         if progress:
             progress("verifying")
         start = time.perf_counter()
         try:
-            outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True)
+            outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True,
+                                     input_ranges=ranges)
         except SignatureMismatchError as exc:  # a rewrite changed the model's interface
             return _Verdict(False, str(exc))
         finally:

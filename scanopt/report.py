@@ -55,6 +55,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
     before_after: list[str] = field(default_factory=list)  # the CLI's table (scanopt.before_after), in place of the ops line
+    input_ranges: dict = field(default_factory=dict)  # PassContext.input_ranges of the run
     target: str = ""  # --execution-provider: the provider the forms were ranked for, and how (scanopt.providers)
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:

@@ -15,7 +15,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.external_data import expected_length
-from scanopt.graph import dtype_of
+from scanopt.graph import constant_axes, dtype_of
 from scanopt.inference import bounded_inference
 from scanopt.protos import walk_proto_graphs
 
@@ -152,6 +152,19 @@ def derived_rank(tensor: gs.Tensor, declared, memo: dict, depth: int = 0) -> int
                 rank = max(a, b) if min(a, b) >= 2 else a + b - 2 if min(a, b) == 1 else None
         elif node.op == "Gemm":
             rank = 2
+        elif node.op == "Slice" and node.inputs:
+            rank = of(node.inputs[0])
+        elif node.op.startswith("Reduce") and node.inputs and tensor is node.outputs[0]:
+            inner, axes = of(node.inputs[0]), constant_axes(node)
+            if inner is not None and node.attrs.get("keepdims", 1):
+                rank = inner
+            elif inner is not None and axes is not None:
+                rank = inner - len(set(a % inner for a in axes)) if inner else None
+        elif node.op in ("Unsqueeze", "Squeeze") and node.inputs:
+            axes = constant_axes(node)
+            inner = of(node.inputs[0])
+            if axes is not None and inner is not None:
+                rank = inner + (len(axes) if node.op == "Unsqueeze" else -len(axes))
     memo[id(tensor)] = (tensor, rank)
     return rank
 

@@ -497,6 +497,7 @@ def compare_models(
     rtol: float | None = None,
     atol: float | None = None,
     keep_ort: bool = False,
+    input_ranges: dict | None = None,
 ) -> VerifyResult:
     """Run both models on the same feeds and compare every output.
 
@@ -530,7 +531,8 @@ def compare_models(
     else:
         if seeds < 1:
             raise ScanoptError(f"seeds must be at least 1 (got {seeds})")
-        pairs, runs, sizes = _synthesized_runs(original, candidate, candidate_path, pairs, seeds, engine, notes)
+        pairs, runs, sizes = _synthesized_runs(original, candidate, candidate_path, pairs, seeds, engine, notes,
+                                               input_ranges)
     resolved = "both" if len(pairs) == 2 else pairs[0][0]
 
     comparisons = []
@@ -834,16 +836,18 @@ def _given_runs(original, candidate, inputs, pairs, notes) -> list[tuple[str, di
     return runs
 
 
-def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, engine: str, notes: list[str]):
+def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, engine: str, notes: list[str],
+                      input_ranges: dict | None = None):
     """(pairs, runs): per seed, the first sizes the original runs on (see InputSynthesizer.attempts).
 
     With ``engine="auto"``, an original onnxruntime runs on no input of (a zero-length
     Scan-9, say) is run by the reference executor instead, both models.
     """
     try:
-        synthesizer = InputSynthesizer(original)
+        synthesizer = InputSynthesizer(original, input_ranges=input_ranges)
     except ScanoptError as exc:  # an input without a rank, or of a type scanopt cannot draw
         raise CannotVerifyError(f"cannot verify: {exc}") from None
+    notes.extend(synthesizer.range_notes)
     # where the shape derivation met contradictory declarations or stopped on a model it
     # misreads: the sizes tried may then be poor, and the report should say so
     notes.extend(f"input sizes: {conflict}" for conflict in synthesizer.input_shapes.conflicts)

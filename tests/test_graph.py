@@ -245,3 +245,30 @@ def test_shape_table_dtype_is_declared_else_inferred_else_none():
     assert table.dtype(graph.inputs[0]) == np.float32  # declared
     assert table.dtype(undeclared) == np.dtype(np.float32)  # inferred
     assert table.dtype(gs.Variable("nowhere")) is None
+
+
+def test_a_whole_slice_is_known_through_computed_constants():
+    """TorchScript's x[..., None, :]: Slice(x, [0], [INT64_MAX], Unsqueeze(c), Unsqueeze(1))."""
+    import numpy as np
+    import onnx_graphsurgeon as gs
+
+    from scanopt.constexpr import ConstantFolder
+    from scanopt.graph import is_whole_slice
+
+    def unsqueezed(value, name):
+        out = gs.Variable(name, np.int64)
+        gs.Node("Unsqueeze", inputs=[gs.Constant(name + "_c", np.array(value, np.int64)),
+                                     gs.Constant(name + "_a", np.array([0], np.int64))], outputs=[out])
+        return out
+
+    def sliced(end, step):
+        y = gs.Variable("y", np.float32)
+        return gs.Node("Slice", inputs=[gs.Variable("x", np.float32), gs.Constant("s", np.array([0], np.int64)),
+                                        gs.Constant("e", np.array([end], np.int64)), unsqueezed(3, "axes"),
+                                        unsqueezed(step, "steps")], outputs=[y])
+
+    whole = sliced(2**63 - 1, 1)
+    assert is_whole_slice(whole, ConstantFolder().value)
+    assert not is_whole_slice(whole)  # its steps are computed: constant_value alone does not see them
+    assert not is_whole_slice(sliced(5, 1), ConstantFolder().value)
+    assert not is_whole_slice(sliced(2**63 - 1, 2), ConstantFolder().value)

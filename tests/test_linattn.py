@@ -138,3 +138,55 @@ def test_float16_state_is_declined():
         for v in list(g.input) + list(g.output):
             v.type.tensor_type.elem_type = TP.FLOAT16
     assert "float32 states" in reason(model)
+
+
+# ------------------------------------------------------------------------------ verification's feeds
+def test_a_fed_log_decay_is_drawn_nonpositive_in_verification():
+    """The builders feed g itself (a = exp(g)); drawn at random, g > 0 grows the state to 1e33
+    (issue 32): the pass names G a log decay and verification draws it <= 0, as models feed it
+    (-softplus, logsigmoid). The input sets are seed-stable: the same as without the range elsewhere."""
+    import numpy as np
+
+    from scanopt.inputs import InputSynthesizer
+
+    model = lab.attention("gated_delta", dims=["B", "T"])
+    out, report = optimize(model, options={"target": "portable"})
+    assert ops(out)["LinearAttention"] == 1
+    assert set(report.input_ranges) == {"G"} and report.input_ranges["G"][:2] == (None, 0.0)
+    assert report.verification["passed"] is True
+    notes = report.verification["details"]["notes"]
+    assert any(n.startswith("'G' drawn in [-inf, 0]") for n in notes), notes
+    plain, ranged = InputSynthesizer(model), InputSynthesizer(model, input_ranges=report.input_ranges)
+    for seed in range(3):
+        a, b = plain.feeds(seed), ranged.feeds(seed)
+        assert (b["G"] <= 0).all() and (a["G"] > 0).any()
+        assert np.array_equal(np.abs(a["G"]), np.abs(b["G"]))
+        assert all(np.array_equal(a[k], b[k]) for k in a if k != "G")
+
+
+@pytest.mark.parametrize("decay", ["exp", "sigmoid"])
+def test_a_decay_hoist_moved_out_of_the_loop_is_still_a_log_decay(decay):
+    """hoist computes exp(g) (or the sigmoid) for all steps before the Scan; the body's decay is
+    then a scan input. linattn follows it to the outer Exp and takes its Log (issue 32: it
+    declined "not exp(g)" on the hoisted loop)."""
+    model = lab.attention("gated_delta", decay=decay)
+    hoisted, report = optimize(model, passes=["hoist"], verify=False, options={"target": "portable"})
+    assert any(o.applied for o in report.outcomes if o.pass_name == "hoist")
+    assert any(n.op_type in ("Exp", "Sigmoid") for n in hoisted.graph.node)  # the decay's op left the body
+    out = rewritten(hoisted, "gated_delta")
+    assert_equivalent(model, out, engine="ort")
+
+
+def test_a_constant_per_head_decay_is_taken_in_log_space():
+    """RetNet's gamma [H, 1, 1] (1 - 2^(-5-h)): a positive constant per head, not a scalar."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    model = lab.attention("gated")
+    body = model.graph.node[0].attribute[0].g
+    exp = next(n for n in body.node if n.op_type == "Exp")
+    gamma = np.array([0.97, 0.5], np.float32).reshape(2, 1, 1)
+    body.node.remove(exp)
+    body.initializer.append(numpy_helper.from_array(gamma, exp.output[0]))
+    out = rewritten(model, "gated")
+    assert_equivalent(model, out, engine="ort")

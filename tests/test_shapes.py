@@ -68,3 +68,25 @@ def test_a_verified_optimize_infers_the_original_once(monkeypatch):
     _, report = optimize(b.scan9_sum(steps=3), passes=["unroll"])
     assert report.modified and report.verification["passed"]
     assert len(calls) == 1
+
+
+def test_derived_rank_reads_slice_unsqueeze_squeeze_and_reductions():
+    """TorchScript's loop bodies leave these untyped (x[..., None, :] is an Unsqueeze and a
+    whole Slice, (S * k).sum(-2) a ReduceSum with keepdims=0): their ranks follow the input's."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.shapes import derived_rank
+
+    x = gs.Variable("x", np.float32, [2, 3, 4])
+    axes = gs.Constant("axes", np.array([-1], np.int64))
+    un, sl, red, keep, sq = (gs.Variable(n, np.float32) for n in ("un", "sl", "red", "keep", "sq"))
+    nodes = [gs.Node("Unsqueeze", inputs=[x, axes], outputs=[un]),
+             gs.Node("Slice", inputs=[un, gs.Constant("s", np.array([0], np.int64)),
+                                      gs.Constant("e", np.array([2**63 - 1], np.int64))], outputs=[sl]),
+             gs.Node("ReduceSum", inputs=[sl, gs.Constant("ax2", np.array([-2], np.int64))], outputs=[red],
+                     attrs={"keepdims": 0}),
+             gs.Node("ReduceSum", inputs=[sl, gs.Constant("ax3", np.array([1], np.int64))], outputs=[keep]),
+             gs.Node("Squeeze", inputs=[red, axes], outputs=[sq])]
+    del nodes
+    declared = lambda t: None if t.shape is None else len(t.shape)  # noqa: E731
+    assert [derived_rank(t, declared, {}) for t in (un, sl, red, keep, sq)] == [4, 4, 3, 4, 2]

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import constant_axes, constant_value, node_label
+from scanopt.constexpr import ConstantFolder
+from scanopt.graph import constant_axes, constant_value, is_whole_slice, node_label
 from scanopt.protos import in_default_domain
 
 
@@ -66,9 +67,20 @@ def _producer(t: gs.Tensor):
 def _root(t: gs.Tensor) -> gs.Tensor:
     while True:
         node = _producer(t)
-        if node is None or node.op not in ("Identity", "Unsqueeze", "Squeeze"):
+        if node is None or node.op not in ("Identity", "Unsqueeze", "Squeeze") and not _whole(node):
             return t
         t = node.inputs[0]
+
+
+def _whole(node) -> bool:
+    return is_whole_slice(node, ConstantFolder().value)
+
+
+def _unsliced(t: gs.Tensor) -> gs.Tensor:
+    """``t`` before any Slice that keeps every element (TorchScript's ``x[..., None, :]``)."""
+    while (node := _producer(t)) is not None and _whole(node):
+        t = node.inputs[0]
+    return t
 
 
 class BodyAlgebra:
@@ -134,13 +146,17 @@ class BodyAlgebra:
         rank = self.rank_of(t)
         node = _producer(t)
         if not self._dependent(t):
+            if node is not None and _whole(node):
+                return self.read(node.inputs[0])
             return self._free(t, node, rank)
         if node is None:
             raise NotAttention(f"'{t.name}' depends on the state but has no producer in the body")
         label = f"{node.op} '{node_label(node)}'"
         ins = list(node.inputs)
-        if node.op == "Identity":
+        if node.op == "Identity" or _whole(node):
             return self.read(ins[0])
+        if rank is None:
+            raise NotAttention(f"{label}: the rank of '{t.name}' is unknown")
         if node.op == "Neg":
             return [m.times(-1.0) for m in self.read(ins[0])]
         if node.op in ("Add", "Sub"):
@@ -217,8 +233,9 @@ class BodyAlgebra:
                            "(or a per-head multiple of one)")
 
     def _vector(self, t: gs.Tensor, axis_from_end: int) -> gs.Tensor | None:
-        """x when ``t`` = Unsqueeze(x, axis) with the axis the last (-1) or second last (-2)."""
-        node = _producer(t)
+        """x when ``t`` = Unsqueeze(x, axis) with the axis the last (-1) or second last (-2)
+        (behind a Slice that keeps every element)."""
+        node = _producer(_unsliced(t))
         if node is None or node.op != "Unsqueeze":
             return None
         axes, r = constant_axes(node), self.rank

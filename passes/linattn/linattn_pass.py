@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from scanopt.constexpr import ConstantFolder
 from scanopt.emit import INT64_MAX
 from scanopt.graph import GraphLevel, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
@@ -73,6 +74,7 @@ class Linattn(ScanPass):
         shape = ctx.shapes.shape(s_in) or ctx.shapes.shape(node.inputs[0])
         if shape is None or not 2 <= len(shape) <= 4:
             return Skip("the state's rank is unknown or not 2-4 ([*batch, dk, dv] with at most two batch axes)")
+        shape = _static_dims(shape, (s_in, node.inputs[0]), ctx)
         rank = len(shape)
         dtype = ctx.shapes.dtype(s_in) or ctx.shapes.dtype(node.inputs[0])
         if dtype is None or dtype.type != np.float32:
@@ -92,8 +94,10 @@ class Linattn(ScanPass):
         except NotAttention as exc:
             return Skip(f"not linear attention: {exc}")
         dk, dv = (int(shape[-1]), int(shape[-2])) if rule.transposed else (int(shape[-2]), int(shape[-1]))
+        scan_inputs = {id(body.inputs[n + j]): node.inputs[n + j] for j in range(view.num_scan_inputs)}
         for c in rule.decay[1] if rule.decay else ():
-            if _through_views(c.tensor, "Exp") is None and _through_views(c.tensor, "Sigmoid") is None:
+            if (_through_views(c.tensor, "Exp") is None and _through_views(c.tensor, "Sigmoid") is None
+                    and not _positive(c.tensor, scan_inputs)):
                 return Skip(f"the decay '{c.tensor.name}' is not exp(g), a sigmoid or a positive constant: "
                             "LinearAttention takes it in log space, and its log is not known to exist")
         roots = {id(body.inputs[n + j]): element_value(view, j, body.inputs[n + j], ctx.shapes)
@@ -118,6 +122,8 @@ class Linattn(ScanPass):
         position, start, build = replacing(node, graph, ctx.names)
         body = node.attrs["body"]
         n = view.num_states
+        log_decays = _log_decay_inputs(rule, {id(body.inputs[n + j]): node.inputs[n + j]
+                                              for j in range(view.num_scan_inputs)})
         e = LiftEmitter(build, ctx.opset, steps=lambda: e.length(scanned[0]))
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
         mapping = {id(body.inputs[n + j]): x for j, x in enumerate(scanned)}
@@ -205,6 +211,9 @@ class Linattn(ScanPass):
             y = e.op("Slice", [y, e.ints("zero", [0] * lead), dims, e.ints("axes", list(range(lead)))])
             outputs.append(from_processing_order(e, y, view, 0, match.rank - 1))
         rebind_outputs(node, [final] + outputs, graph)
+        for name in log_decays:
+            ctx.input_ranges[name] = (None, 0.0, "linattn reads it as a log decay g (the state decays by exp(g) <= 1; "
+                                      "past 0 it grows without bound in every form)")
         added = place_appended(graph, position, start - 1)
         where = " (state stored transposed)" if rule.transposed else ""
         decay_kind = " per key" if rule.per_key_decay else ""
@@ -228,10 +237,13 @@ def _log_decay(e, rule: Rule, coefficient, match, ctx):
         if sig is not None:
             terms.append(("sigmoid", _scaled(coefficient, c, sig, match, rule)))
             continue
-        raise AssertionError(f"decay '{c.tensor.name}' checked in match")  # pragma: no cover
+        # behind views, the hoisted Exp of a scan input, a positive constant (_positive): its Log
+        terms.append(("log", coefficient(1.0, (c,), rule.per_key_decay)))
     total = None
     for t in terms:
-        if isinstance(t, tuple):  # log sigmoid(x) = -softplus(-x)
+        if isinstance(t, tuple) and t[0] == "log":  # exp(g) behind views: log(exp(g)), within an ulp of g
+            t = e.op("Log", [t[1]])
+        elif isinstance(t, tuple):  # log sigmoid(x) = -softplus(-x)
             t = e.op("Neg", [e.op("Softplus", [e.op("Neg", [t[1]])])])
         total = t if total is None else e.op("Add", [total, t])
     return total
@@ -251,6 +263,57 @@ def _through_views(t: gs.Tensor, op: str):
     if node is not None and node.op == op and in_default_domain(node.domain):
         return node.inputs[0]
     return None
+
+
+# ops whose every output element is an element of their (first) input
+_SELECTING = ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand", "Slice", "Gather",
+              "GatherElements", "Tile")
+
+
+def _positive(t: gs.Tensor, scan_inputs: dict) -> bool:
+    """True when every element of ``t`` is exp(x) or sigmoid(x) (positive, or 0 where it
+    underflows: its log -inf decays to 0 as the loop's 0 does) or a positive constant, read
+    through ops that only select elements (views, Transpose, Slice, Gather...) and from a scan
+    input to the outer tensor it slices (``scan_inputs``: id of the body input -> outer input):
+    a decay that hoist moved out of the loop as ``Exp`` of the whole sequence."""
+    found = _selected_from(t, scan_inputs, stop=("Exp", "Sigmoid"))
+    if isinstance(found, gs.Node):
+        return True
+    value = None if found is None else ConstantFolder().value(found)
+    return value is not None and np.asarray(value).size > 0 and np.asarray(value).dtype.kind == "f" \
+        and bool(np.all(np.asarray(value) > 0))
+
+
+def _selected_from(t: gs.Tensor, scan_inputs: dict, stop=()):
+    """Where the elements of ``t`` come from, through :data:`_SELECTING` ops and scan inputs:
+    the first node of an op in ``stop``, else the tensor reached (a constant, a graph input, a
+    computed value), or None past 64 steps."""
+    for _ in range(64):
+        if id(t) in scan_inputs:
+            t = scan_inputs[id(t)]
+            continue
+        node = t.inputs[0] if len(t.inputs) == 1 else None
+        if node is None or not in_default_domain(node.domain) or not node.inputs:
+            return t
+        if node.op in stop:
+            return node
+        if node.op not in _SELECTING or ConstantFolder().value(t) is not None:
+            return t
+        t = node.inputs[0]
+    return None
+
+
+def _log_decay_inputs(rule: Rule, scan_inputs: dict) -> list[str]:
+    """Names of the graph inputs the decay is exp() of, elements selected as they are (the
+    builders' and model builders' ``g`` fed as it is): drawn <= 0 in verification."""
+    names = []
+    for c in rule.decay[1] if rule.decay else ():
+        exp = _selected_from(c.tensor, scan_inputs, stop=("Exp",))
+        if isinstance(exp, gs.Node):
+            source = _selected_from(exp.inputs[0], scan_inputs)
+            if isinstance(source, gs.Variable) and not source.inputs and source.name:
+                names.append(source.name)
+    return names
 
 
 class _layout:
@@ -295,6 +358,26 @@ class _layout:
             return e.op("Transpose", [y], perm=[1, 0, 2])
         y = e.op("Reshape", [y, e.ints("bthd", [0, 0, self.heads, dv])])
         return e.op("Transpose", [y], perm=[1, 0, 2, 3])
+
+
+def _static_dims(shape: list, tensors, ctx: PassContext) -> list:
+    """``shape`` with each dim that is not a number taken from where the model fixes it: the
+    declared or inferred type of the state (the body's, the outer initial value's), else the dims
+    the model's ops prove equal to a fixed size (``ConstantOfShape(Concat(Shape(q)[1], ...))``:
+    TorchScript's zero state of a loop is sized from its inputs' shapes)."""
+    found = list(shape)
+    for axis, d in enumerate(found):
+        if isinstance(d, (int, np.integer)) and d > 0:
+            continue
+        for t in tensors:
+            declared = ctx.shapes.type_of(t.name)[1]
+            size = declared[axis] if declared is not None and len(declared) == len(found) else None
+            if not (isinstance(size, (int, np.integer)) and size > 0):
+                size = ctx.shapes.dims.size(t.name, axis)
+            if isinstance(size, (int, np.integer)) and size > 0:
+                found[axis] = int(size)
+                break
+    return found
 
 
 def _leaves(rule: Rule) -> list[gs.Tensor]:

@@ -1,0 +1,62 @@
+"""Issue 32's real exports (models/heldout_linattn, written by generate_heldout_linattn.py with
+PyTorch 2.13): linear, RetNet, gated, DeltaNet and Gated DeltaNet recurrences as their reference
+code writes them, each by TorchScript (a Loop, opset 17) and by dynamo with torch's scan. At
+``--target-opset 27 --target portable`` each becomes one LinearAttention (through loop_to_scan
+for the Loops), passes verification and reproduces PyTorch's stored outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import scanopt
+from scanopt.report import count_ops
+
+MODELS = Path(__file__).resolve().parent.parent / "models" / "heldout_linattn"
+# name -> the rule the LinearAttention takes
+RULES = {f"{rule}_{src}": {"retnet": "gated"}.get(rule, rule)
+         for rule in ("linear", "retnet", "gated", "delta", "gated_delta") for src in ("ts", "dyn")}
+LOOP_OPS = ("Scan", "Loop", "LinearAttention")
+
+
+def test_every_model_is_listed():
+    assert sorted(p.stem for p in MODELS.glob("*.onnx")) == sorted(RULES)
+
+
+def _equal_to_torch(name, out):
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    stored = np.load(MODELS / f"{name}.expected.npz")
+    feeds = {i.name: stored[i.name] for i in model.graph.input}
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for result, output in zip(session.run(None, feeds), model.graph.output):
+        np.testing.assert_allclose(result, stored[output.name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_portable_writes_one_linear_attention_equal_to_torch(name):
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    out, report = scanopt.optimize(model, options={"target": "portable", "target_opset": 27})
+    counts = count_ops(out)
+    assert {op: counts[op] for op in LOOP_OPS if counts.get(op)} == {"LinearAttention": 1}, \
+        [o.detail for o in report.outcomes]
+    applied = [o.detail for o in report.outcomes if o.pass_name == "linattn" and o.applied]
+    assert len(applied) == 1 and applied[0].startswith(RULES[name] + " "), applied
+    assert report.verification["passed"] is True, report.verification
+    _equal_to_torch(name, out)
+
+
+@pytest.mark.parametrize("name", ["gated_delta_ts", "delta_dyn"])
+def test_default_keeps_what_measures_fastest_and_equal_to_torch(name):
+    """The default measures LinearAttention against the loop (onnxruntime CPU runs the op through
+    its function body); whatever it writes is verified and equal to PyTorch."""
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    out, report = scanopt.optimize(model, options={"target_opset": 27})
+    linattn = [o for o in report.outcomes if o.pass_name == "linattn"]
+    assert linattn and any("LinearAttention" in o.detail for o in linattn), [o.detail for o in linattn]
+    if report.modified:
+        assert report.verification["passed"] is True, report.verification
+    _equal_to_torch(name, out)
