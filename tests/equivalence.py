@@ -51,3 +51,32 @@ def top_ops(model: onnx.ModelProto) -> Counter:
     visit(model.graph.node)
     return found
 
+
+def work_ops(model: onnx.ModelProto) -> Counter:
+    """Op-type counts over every graph level except the then branches of Ifs (the empty-input
+    cases of the guards, which may run a copy of a Scan once): the ops that do the work."""
+    found = Counter()
+
+    def visit(graph):
+        for node in graph.node:
+            found[node.op_type] += 1
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH and not (node.op_type == "If" and attribute.name == "then_branch"):
+                    visit(attribute.g)
+
+    visit(model.graph)
+    return found
+
+
+def the_scan(model: onnx.ModelProto) -> onnx.NodeProto:
+    """The main graph's Scan, or the one behind a guard If (its else branch)."""
+    for node in model.graph.node:
+        if node.op_type == "Scan":
+            return node
+        if node.op_type == "If":
+            branch = next(a.g for a in node.attribute if a.name == "else_branch")
+            for inner in branch.node:
+                if inner.op_type == "Scan":
+                    return inner
+    raise AssertionError("no Scan in the main graph or behind a guard")
+

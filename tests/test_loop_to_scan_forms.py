@@ -17,7 +17,7 @@ from onnx import helper as oh
 import scanopt
 from scanopt import engines
 from builders import vi
-from equivalence import assert_equivalent, ops
+from equivalence import assert_equivalent, ops, the_scan, work_ops
 from reference_helpers import const, make_model
 
 OPSET = 17
@@ -112,7 +112,7 @@ def test_reversed_read_at_t_minus_one_minus_i():
              oh.make_node("Sub", ["last", "i"], ["j"]), oh.make_node("Gather", ["x", "j"], ["x_t"], axis=0)]
     optimized, detail = assert_converts(rnn_loop(reads))
     assert "reversed reads" in detail
-    scan = next(n for n in optimized.graph.node if n.op_type == "Scan")
+    scan = the_scan(optimized)
     assert [list(a.ints) for a in scan.attribute if a.name == "scan_input_directions"] == [[1]]
 
 
@@ -243,7 +243,7 @@ def test_nested_loops_both_convert():
             oh.make_node("Loop", ["n", "true"], ["row_out"], body=inner_body)]
     model = loop_model(body, scan_outs=["row_out"])
     optimized, _ = assert_converts(model)
-    assert ops(optimized)["Scan"] == 2
+    assert work_ops(optimized)["Scan"] == 2
 
 
 # ---- forms that stay Loops ----

@@ -13,7 +13,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 from builders import vi
-from equivalence import assert_equivalent, assert_valid, ops
+from equivalence import assert_equivalent, assert_valid, ops, the_scan
 from scanopt import optimize
 from scanopt.errors import ScanoptError, VerificationError
 from scanopt.emit import HOLD_DOMAIN
@@ -207,19 +207,6 @@ def test_batch_one_without_lengths_squeezes_around_one_scan9(target):
     assert details == [f"strategy (a): batch 1 squeezed around one Scan-9 (opset {target})"]
     assert ops(result) == {"Squeeze": 2, "Scan": 1, "Unsqueeze": 2, "Add": 1, "Identity": 1}
     assert_equivalent(original, result)
-
-
-def the_scan(model):
-    """The model's Scan, in the main graph or behind the empty-input If strategy (b) adds."""
-    for node in model.graph.node:
-        if node.op_type == "Scan":
-            return node
-        if node.op_type == "If":
-            branch = next(a.g for a in node.attribute if a.name == "else_branch")
-            found = [n for n in branch.node if n.op_type == "Scan"]
-            if found:
-                return found[0]
-    raise AssertionError("no Scan")
 
 
 @pytest.mark.parametrize("batch,lens,target", [(2, False, 9), ("B", False, 13), ("B", True, 9), (3, True, 17)])

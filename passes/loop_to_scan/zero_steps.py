@@ -43,6 +43,7 @@ class ZeroStepOutput:
     initial: gs.Tensor | None = None
     dtype: np.dtype | None = None
     shape: tuple = ()  # each dim an int, or (outer tensor, axis) it is read from at run time
+    run_once: bool = False  # the step's shape is not known here: run the body on one zero step, keep 0 of it
 
 
 def may_run_zero_steps(match, folder: ConstantFolder, proven) -> bool:
@@ -64,16 +65,16 @@ def plan(node: gs.Node, match, ctx: PassContext) -> list[ZeroStepOutput] | None:
     found = [ZeroStepOutput(initial=node.inputs[2 + k]) for k in match.states]
     for t in body.outputs[1 + n_carried:]:
         zeros = _zeros(t, None, ctx, outer)
-        if zeros is None:
+        if zeros is None and ctx.opset < 11:  # the one-step shape is made with ScatterElements
             return None
-        found.append(zeros)
+        found.append(zeros or ZeroStepOutput(run_once=True))
     for stack in match.stacks:
         if stack.finisher is None:
             found.append(ZeroStepOutput(initial=node.inputs[2 + stack.slot]))
             continue
         zeros = _zeros(stack.value, stack.axis, ctx, [])  # any value: the original fails
         found.append(zeros or ZeroStepOutput(dtype=_dtype(stack.value, ctx) or np.dtype(np.float32), shape=(0,)))
-    if any(z.initial is None and z.dtype.kind not in "biuf" for z in found):
+    if any(z.initial is None and not z.run_once and z.dtype.kind not in "biuf" for z in found):
         return None
     return found
 
@@ -142,12 +143,43 @@ def guard(scan: gs.Node, outputs: list[gs.Tensor], empty: list[ZeroStepOutput], 
     else_graph.nodes.append(scan)
     else_graph.outputs = [r for r, wanted in zip(results, read) if wanted]
     zero = Builder(then_graph, names)
-    then_graph.outputs = [_zero_step_value(zero, t, value) for t, value, wanted in zip(outputs, empty, read) if wanted]
+    once = _run_once(zero, scan, outputs, empty) if any(v.run_once for v in empty) else {}
+    then_graph.outputs = [once[id(t)] if value.run_once else _zero_step_value(zero, t, value)
+                          for t, value, wanted in zip(outputs, empty, read) if wanted]
     length = emit.op("Gather", [emit.op("Shape", [first], dtype=np.int64), emit.const("axis", np.int64(axis))],
                      axis=0, dtype=np.int64)
     flag = emit.op("Equal", [length, emit.const("zero", np.int64(0))], dtype=np.bool_)
     outer.op("If", [flag], outputs=[t for t, wanted in zip(outputs, read) if wanted], then_branch=then_graph,
              else_branch=else_graph)
+
+
+def _run_once(b: Builder, scan: gs.Node, outputs: list[gs.Tensor], empty: list[ZeroStepOutput]) -> dict:
+    """{id(output): its zero-step value} for the outputs whose step shape is not known: a copy
+    of the Scan runs its body once on one step of zeros (each scan input's length, 0 in this
+    branch, made 1), and each scan output keeps 0 of that step along its axis: the shape the
+    Loop's empty stack has, whatever the body computes."""
+    attrs = dict(scan.attrs, body=scan.attrs["body"].copy())
+    m = attrs["num_scan_inputs"]
+    n = len(scan.inputs) - m
+    in_axes = list(attrs.get("scan_input_axes", [0] * m))
+    out_axes = list(attrs.get("scan_output_axes", [0] * (len(scan.outputs) - n)))
+    padded = []
+    for x, axis in zip(scan.inputs[n:], in_axes):
+        shape = b.op("Shape", [x], dtype=np.int64)
+        one_step = b.op("ScatterElements", [shape, b.constant("axis", np.array([axis], np.int64)),
+                                            b.constant("one", np.array([1], np.int64))], axis=0, dtype=np.int64)
+        fill = gs.Constant(b.names.fresh("zero_fill"), np.zeros([1], np.dtype(x.dtype or np.float32)))
+        padded.append(b.op("ConstantOfShape", [one_step], value=fill, dtype=x.dtype))
+    results = [b.variable(f"{t.name}_once", dtype=t.dtype) for t in outputs]
+    b.op("Scan", list(scan.inputs[:n]) + padded, outputs=results, **attrs)
+    found = {}
+    for k, (t, value) in enumerate(zip(outputs, empty)):
+        if value.run_once and k >= n:
+            axis = out_axes[k - n]
+            found[id(t)] = b.op("Slice", [results[k], b.constant("start", np.array([0], np.int64)),
+                                          b.constant("end", np.array([0], np.int64)),
+                                          b.constant("axis", np.array([axis], np.int64))], dtype=t.dtype)
+    return found
 
 
 def _zero_step_value(b: Builder, t: gs.Tensor, value: ZeroStepOutput) -> gs.Tensor:
