@@ -7,6 +7,7 @@ from collections import Counter
 
 import onnx
 
+from scanopt.protos import walk_proto_graphs
 from scanopt.report import count_ops
 from scanopt.validate import validate_model
 
@@ -31,3 +32,17 @@ def assert_equivalent(original, candidate, *, inputs=None, engine: str = "both",
 def ops(model: onnx.ModelProto) -> Counter:
     """Op-type counts over every graph level (for structure assertions)."""
     return count_ops(model)
+
+
+
+def form_ops(model: onnx.ModelProto) -> Counter:
+    """Op-type counts over every graph level but the fallback branches rewrites keep the loop in
+    (linrec's two-pass form: If(a chunk start is not finite) runs the original Scan)."""
+    counted = ops(model)
+    for graph in walk_proto_graphs(model.graph):
+        for node in graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "If" and attribute.name == "then_branch" \
+                        and attribute.g.name.startswith("linrec_overflowed"):
+                    counted.subtract(n.op_type for g in walk_proto_graphs(attribute.g) for n in g.node)
+    return +counted
