@@ -34,7 +34,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, identity_root, node_label
-from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
+from scanopt.pass_api import FALLBACK_MARK, Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, from_processing_order, plan_nodes,
     changing_states, to_processing_order,
@@ -53,7 +53,7 @@ from scanopt.passes.loopfree.prefix_scan import (
 from scanopt.passes.loopfree.two_pass import (
     Chunking, by_position, permute_steps, position_loop, unpermute_steps,
 )
-from scanopt.rewrite import place_appended, rebind_outputs, replacing
+from scanopt.rewrite import Builder, new_graph, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 # Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
@@ -516,11 +516,11 @@ class Linrec(ScanPass):
         linear = linear_part(late, {id(t) for t in new_state}, ctx.shapes.shape) \
             if (not at.static or at.count > 1) and len(late) <= CORRECTED_MAX_LATE else None
         if linear is not None:
-            final, stacked, loops = self._first_pass_and_correction(
+            final, stacked, loops, checked = self._first_pass_and_correction(
                 e, match, body, h0, mapping, per_step, coefficients, inside, late, linear, outs, at, state_shape, ctx)
             form = "the outputs read in the chunk pass plus a decay correction"
         else:
-            final, stacked, loops = self._chunk_ends_then_outputs(
+            final, stacked, loops, checked = self._chunk_ends_then_outputs(
                 e, match, body, h0, per_step, coefficients, late, outs, at, state_shape)
             form = "chunk ends, then the outputs read per position"
         ctx.chosen.update((t.inputs[0].name, self.name) for t in loops)
@@ -537,10 +537,16 @@ class Linrec(ScanPass):
                     value = e.over_steps(value, r)
             results.append(from_processing_order(e, unpermute_steps(e, value, r + 1, at), view, k, r))
         states = [final if k == i else node.inputs[k] for k in range(n)]
-        below = self._replace(node, match, states + results, graph, start, ctx)
+        values, guarded = states + results, ""
+        if checked and np.issubdtype(dtype, np.floating):
+            values = _loop_unless_finite(e, node, values, checked, dtype, ctx)
+            guarded = "; the loop behind an If where a chunk start or the final state is not finite"
+        below = self._replace(node, match, values, graph, start, ctx)
         added = place_appended(graph, position, start - 1)
         length = "" if at.static else ", symbolic length"
-        return f"linear recurrence -> chunked scan (C={at.chunk}, {TWO_PASS}{length}: {form}) ({added} nodes, {below})"
+        left = f"{below} on the finite path" if guarded else below
+        return f"linear recurrence -> chunked scan (C={at.chunk}, {TWO_PASS}{length}: {form}{guarded}) " \
+               f"({added} nodes, {left})"
 
     def _chunk_ends_then_outputs(self, e, match: LinrecMatch, body, h0, per_step, coefficients, late, outs,
                                  at: Chunking, state_shape):
@@ -573,8 +579,11 @@ class Linrec(ScanPass):
         (finals,), stacked = position_loop(e, [starts], per_step, at.chunk, rank + 1, dtype, outputs)
         loops.append(finals)
         if at.padded:
-            return _at_last_step(e, stacked[-1], at, h0), stacked[:-1], loops
-        return e.squeeze(e.slice(finals, [-1], [INT64_MAX], [0]), [0]), stacked, loops
+            final, stacked = _at_last_step(e, stacked[-1], at, h0), stacked[:-1]
+        else:
+            final = e.squeeze(e.slice(finals, [-1], [INT64_MAX], [0]), [0])
+        # one chunk runs the loop's own steps from h0: nothing to check
+        return final, stacked, loops, ([] if at.static and at.count == 1 else [starts, final])
 
     def _first_pass_and_correction(self, e, match: LinrecMatch, body, h0, mapping, per_step, coefficients, inside,
                                    late, linear, outs, at: Chunking, state_shape, ctx):
@@ -621,7 +630,44 @@ class Linrec(ScanPass):
         if at.padded:  # the state at the last real step: local + the start's decay there
             final = _at_last_step(e, e.op("Add", [local_ys.pop(), corrections.pop()]), at, h0)
         stacked = [e.op("Add", [y, c]) for y, c in zip(local_ys, corrections)]
-        return final, stacked, [ends[-1], starts, corrected]
+        # Π a computed as Exp(f(Σ x)) does not see a running product that overflows mid-chunk:
+        # the correction's own (sticky) end does
+        checked = [starts, final] + ([corrected] if chain is not None else [])
+        return final, stacked, [ends[-1], starts, corrected], checked
+
+
+def _loop_unless_finite(e: LiftEmitter, node: gs.Node, values: list, checked: list, dtype, ctx) -> list:
+    """``values`` (the two-pass form's results for ``node``'s outputs) behind
+    ``If(some value of checked is not finite)``, whose then branch runs ``node``'s Scan as it is.
+
+    The chunk starts combine each chunk's local state (from zero) and decay (Π a) with the
+    previous start; the loop never forms these. Where the loop's state overflows, they make
+    NaN where the loop has ±inf (issue 33 S7: 0·inf when Π a underflows to 0 after a start of
+    inf, inf - inf when a chunk's local state overflows the other way): a NaN behind a bounded
+    read (Tanh), or an inf one where the loop's is finite. Every such case leaves a start or
+    the final state non-finite (an overflowed local state or product stays non-finite through
+    the chunk: a·inf + b is ±inf or NaN), and where all are finite, each position's state is
+    the loop's from a start within rounding. So: finite, the form; else the loop itself (the
+    same outcome on a NaN or inf input). The check is one Sub and ReduceSum over the K
+    starts, not over the steps."""
+    total = None
+    for value in checked:
+        part = e.op("ReduceSum", [e.op("Sub", [value, value])], keepdims=0)  # 0, or NaN for ±inf and NaN
+        total = part if total is None else e.op("Add", [total, part])
+    overflowed = e.op("Not", [e.op("Greater", [total, e.const("minus_one", np.array(-1, dtype))])],
+                      dtype=np.bool_, shape=[])
+    loop_graph, form_graph = new_graph(e.b.names.fresh("linrec_overflowed")), new_graph(e.b.names.fresh("linrec_finite"))
+    fallback = Builder(loop_graph, e.b.names)
+    outs = [fallback.variable(f"{t.name or 'unread'}_loop", dtype=t.dtype, shape=t.shape) for t in node.outputs]
+    scan = gs.Node("Scan", name=e.b.names.fresh(f"{FALLBACK_MARK}_{node.name or 'scan'}"), attrs=dict(node.attrs),
+                   inputs=list(node.inputs), outputs=outs)
+    loop_graph.nodes.append(scan)
+    loop_graph.outputs = outs
+    kept = Builder(form_graph, e.b.names)
+    form_graph.outputs = [kept.op("Identity", [v], dtype=t.dtype, shape=t.shape) for v, t in zip(values, node.outputs)]
+    results = [e.b.variable(f"{t.name or 'unread'}_guarded", dtype=t.dtype, shape=t.shape) for t in node.outputs]
+    e.op("If", [overflowed], outputs=results, then_branch=loop_graph, else_branch=form_graph)
+    return results
 
 
 def _length_axis(view: ScanView) -> int | None:
