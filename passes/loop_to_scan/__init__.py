@@ -49,7 +49,8 @@ class LoopToScan(LoopPass):
             if any(not _proven_length(found.trip, r, ctx, folder) for r in found.reads):
                 return Skip("opset 9: a scanned tensor's length is not provably the trip count, and Slice "
                             "takes a computed end only from opset 10")
-        if isinstance(found, LoopMatch) and zero_steps.may_run_zero_steps(
+        emitted = bool(node.name) and node.name in ctx.chosen  # a form's own chunk loop: it runs where its form does
+        if isinstance(found, LoopMatch) and not emitted and zero_steps.may_run_zero_steps(
                 found, folder, lambda read: _proven_length(found.trip, read, ctx, folder)):
             found.zero_steps = zero_steps.plan(node, found, ctx)  # None: not known, no guard
         return found
