@@ -466,7 +466,9 @@ class Linrec(ScanPass):
 
         def last_dim_of(t):
             shape = state_shape if id(t) in new_state else ctx.shapes.shape(t)
-            if shape is None and len(t.inputs) == 1 and t.inputs[0].op == "Unsqueeze" and rank_of(t)[0]:
+            unknown = shape is None or not isinstance(shape[-1] if shape else None, (int, np.integer))
+            if unknown and len(t.inputs) == 1 and t.inputs[0].op == "Unsqueeze" and rank_of(t)[0]:
+                # a derived rank gives [None] * r: the last dim is then its input's
                 rank = rank_of(t)[0]
                 if rank - 1 not in unsqueezed_axes(t, rank):
                     shape = ctx.shapes.shape(t.inputs[0].inputs[0])
