@@ -56,7 +56,7 @@ def optimize(
     {options}
 
     and each pass's tunables: fission (canonicalize), fuse_layout (fuse), linrec_chunk, linrec_min_steps,
-    linrec_max_state, linrec_form, linrec_attention_chunk (linrec), unroll_max_nodes, unroll_max_bytes (unroll),
+    linrec_max_state, linrec_form, linrec_attention_chunk, linrec_dispatch_below (linrec), unroll_max_nodes, unroll_max_bytes (unroll),
     vectorize_max_bytes (vectorize, hoist); ``scanopt.options.describe_options()``
     lists every key with its type, default and meaning. An unknown key raises, naming the
     closest known one.

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import scanopt
-from equivalence import assert_equivalent
+from equivalence import assert_equivalent, top_ops
 from scanopt.errors import InvalidArgumentError
 
 ir = pytest.importorskip("onnx_ir")
@@ -31,7 +31,7 @@ def test_the_pass_returns_onnx_irs_pass_result_with_a_new_equivalent_model():
     assert result.model is not model and isinstance(result.model, ir.Model)
     assert ir.serde.serialize_model(model).SerializeToString() == before  # the input is left as it was
     out = ir.serde.serialize_model(result.model)
-    assert "RNN" in {n.op_type for n in out.graph.node}
+    assert "RNN" in top_ops(out)
     assert_equivalent(onnx.load(os.path.join(MODELS, "scan_rnn.onnx")), out)
     assert scan_pass.report.verification["passed"] is True
 
@@ -46,7 +46,7 @@ def test_the_pass_runs_in_an_onnx_ir_pass_manager_after_another_pass():
     manager = ir.passes.PassManager([common.RemoveUnusedNodesPass(),
                                      scanopt.ir_pass(options={"target": "portable"}, verify=False)])
     result = manager(_ir_model("scan_gru.onnx"))
-    assert result.modified and "GRU" in {n.op_type for n in result.model.graph}
+    assert result.modified and "GRU" in top_ops(ir.serde.serialize_model(result.model))
 
 
 def test_arguments_are_checked_when_the_pass_is_made():
