@@ -79,12 +79,6 @@ UNMEASURED_KEEPS_LOOP = {
 }  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
 
 
-def _guard_branch(path: str) -> bool:
-    """Whether a graph path is the else branch of a top-level If (the empty-input guard
-    loop_to_scan and upgrade put a Scan behind: scanopt.tune measures the Scan there)."""
-    return " > " not in path and path.endswith("/else_branch")  # levels are joined by " > "
-
-
 def form_name(passes) -> str:
     """The report's name of the form a set of passes builds."""
     key = tuple(sorted(passes))
@@ -145,7 +139,9 @@ class CostPolicy:
         if pass_name in NEUTRAL_PASSES:
             return None
         path = getattr(level, "path", "") if level is not None else ""
-        top = not path or _guard_branch(path)  # a Scan behind an empty-input guard is measured as a top-level one
+        from scanopt.graph import guard_branch
+
+        top = not path or guard_branch(path)  # a Scan behind an empty-input guard is measured as a top-level one
         origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
         if top and origin in self.measured and pass_name != "upgrade":
             choice = self.measured[origin]

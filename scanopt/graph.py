@@ -245,6 +245,13 @@ def constant_axes(node: gs.Node, index: int = 1) -> list[int] | None:
     return None
 
 
+def guard_branch(path: str) -> bool:
+    """Whether a graph path is the else branch of a top-level If: where the empty-input guards
+    of fuse, loop_to_scan and upgrade put the work. A Scan there is measured and reported as a
+    top-level one (levels are joined by " > ")."""
+    return " > " not in path and path.endswith("/else_branch")
+
+
 def is_whole_slice(node: gs.Node, value=constant_value) -> bool:
     """True when ``node`` is a Slice that keeps every element in order: starts 0, ends at or
     past :data:`HUGE`, steps 1 (or absent), all known at optimization time (``value``: how a

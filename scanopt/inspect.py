@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from scanopt.errors import printable_lines
-from scanopt.graph import GraphLevel, editing, node_label, outer_captures
+from scanopt.graph import GraphLevel, editing, guard_branch, node_label, outer_captures
 from scanopt.pass_api import PassContext, ScanPass, Skip, scan_nodes
 from scanopt.scan_view import ScanView
 
@@ -20,7 +20,7 @@ def describe_scan(node: gs.Node, view: ScanView, level: GraphLevel) -> dict:
     info = {
         "node": node_label(node),
         "graph_path": level.path,
-        "depth": level.depth,
+        "depth": 0 if guard_branch(level.path) else level.depth,
         "version": view.version,
         "num_states": view.num_states,
         "num_scan_inputs": view.num_scan_inputs,

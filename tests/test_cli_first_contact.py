@@ -13,13 +13,19 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def test_a_console_without_the_reports_characters_gets_replacements_not_a_traceback(tmp_path):
-    """PYTHONIOENCODING=cp1252 (a redirected Windows console): the nested sample's verdicts say
-    '⊙', which cp1252 lacks; the run ended in a UnicodeEncodeError, exit 1, after writing."""
+    """PYTHONIOENCODING=cp1252 (a redirected Windows console): a report naming a Scan '⊙ outer'
+    (a character cp1252 lacks; verdicts said '⊙' too) ended in a UnicodeEncodeError, exit 1,
+    after writing."""
+    import onnx
+
     env = dict(os.environ, PYTHONIOENCODING="cp1252", SCANOPT_TUNE="0")
-    out = tmp_path / "o.onnx"
+    model = onnx.load(os.path.join(MODELS, "scan_nested.onnx"))
+    model.graph.node[0].name = "\u2299 outer"
+    src, out = tmp_path / "nested.onnx", tmp_path / "o.onnx"
+    onnx.save(model, src)
     with open(tmp_path / "log", "wb") as log:
-        result = subprocess.run([sys.executable, "-m", "scanopt", "optimize", os.path.join(MODELS, "scan_nested.onnx"),
-                                 str(out), "-v"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.PIPE, timeout=300)
+        result = subprocess.run([sys.executable, "-m", "scanopt", "optimize", str(src), str(out), "-v"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.PIPE, timeout=300)
     err = result.stderr.decode("cp1252", "replace")
     assert result.returncode == 0 and "Traceback" not in err, err
     text = (tmp_path / "log").read_bytes().decode("cp1252")
