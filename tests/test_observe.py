@@ -35,22 +35,9 @@ def timer(monkeypatch, tmp_path):
 
 def _rnn_over_a_computed_prefix():
     """A tanh RNN Scan over x[:k], k = ceil(T / 2) computed in float32 (no inference carries it)."""
-    rng = np.random.default_rng(0)
-    body = oh.make_graph(
-        [oh.make_node("MatMul", ["x_t", "W"], ["xw"]), oh.make_node("MatMul", ["h", "R"], ["hr"]),
-         oh.make_node("Add", ["xw", "hr"], ["pre"]), oh.make_node("Tanh", ["pre"], ["h_new"]),
-         oh.make_node("Identity", ["h_new"], ["y_t"])],
-        "body", [vi("h", ["B", 4]), vi("x_t", ["B", 3])], [vi("h_new", ["B", 4]), vi("y_t", ["B", 4])])
-    nodes = [
-        const("W", rng.uniform(-0.5, 0.5, (3, 4)).astype(np.float32)),
-        const("R", rng.uniform(-0.5, 0.5, (4, 4)).astype(np.float32)),
-        oh.make_node("Shape", ["x"], ["shape"], start=0, end=1), oh.make_node("Cast", ["shape"], ["tf"], to=TP.FLOAT),
-        const("two", np.array([2.0], np.float32)), oh.make_node("Div", ["tf", "two"], ["half"]),
-        oh.make_node("Ceil", ["half"], ["up"]), oh.make_node("Cast", ["up"], ["k"], to=TP.INT64),
-        const("zero", np.array([0], np.int64)), oh.make_node("Slice", ["x", "zero", "k", "zero"], ["prefix"]),
-        oh.make_node("Scan", ["h0", "prefix"], ["h_n", "y"], body=body, num_scan_inputs=1),
-    ]
-    return make_model(17, nodes, [vi("x", ["T", "B", 3]), vi("h0", ["B", 4])], [vi("h_n", ["B", 4]), vi("y", [None, "B", 4])])
+    from test_cli_first_contact import _rnn_over_a_computed_prefix as build
+
+    return build(["B", 4])
 
 
 def _run(model, **options):
