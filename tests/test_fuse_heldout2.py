@@ -28,6 +28,7 @@ EXPECTED = {  # name -> (native op, attributes it must have, inputs it must have
     "linear_rnn_reshape_row": ("RNN", {"activations": [b"Affine"], "activation_alpha": [1.0],
                                        "activation_beta": [0.0]}, 6),
 }
+DRIFT = {"gru_torch_weights_inputs_transposed_in_body": "fuse on torch_gru_inputs"}  # name -> its rollback
 FEEDS = {"stacked_rnn_in_loop_body": {"M": np.array(3, np.int64)}}
 
 
@@ -89,5 +90,14 @@ def test_optimize_with_the_default_policy(name, tmp_path):
     assert main(["optimize", os.path.join(CELLS, f"{name}.onnx"), str(out), "--report", str(report)]) == 0
     import json
 
-    outcomes = [o for o in json.loads(report.read_text())["outcomes"] if o["pass"] == "fuse"]
+    written = json.loads(report.read_text())
+    outcomes = [o for o in written["outcomes"] if o["pass"] == "fuse"]
+    if name in DRIFT:
+        # the documented drift case (docs/verification.md, tests/test_verify_tolerance.py): at the
+        # named length's 1024 steps the float64 truth finds the native GRU's per-step rounding
+        # beyond 8x the Scan's error + 16 ulp, so the fused GRU is rolled back
+        assert [(o["applied"], o["detail"]) for o in outcomes] == [(False, "rolled back: failed verification")]
+        assert written["verification"]["rolled_back"] == [DRIFT[name]], written["verification"]
+        assert "'T' = 1024 steps (a Scan's length)" in written["verification"]["details"]["summary"]
+        return
     assert outcomes and all(o["applied"] or "not applied: predicted" in o["detail"] for o in outcomes), outcomes

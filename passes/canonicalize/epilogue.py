@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX
@@ -151,10 +152,15 @@ def _rows(e: LiftEmitter, stack: gs.Tensor) -> gs.Tensor:
 
 
 def _batch_major(e: LiftEmitter, value: gs.Tensor, like: gs.Tensor) -> gs.Tensor:
-    """``value`` [B*T, ...] back to [B, T, ...], B and T read from the stack ``like``."""
-    lead = e.slice(e.op("Shape", [like]), [0], [2], [0])
+    """``value`` [B*T, ...] back to [B, T, ...], B and T read from the stack ``like``. A 0 in
+    Reshape's shape copies the input's dim (no allowzero before opset 14): B = 0 copies B*T = 0,
+    right; T = 0 would copy the first tail dim, so a zero T is asked for as -1 (0 rows / B)."""
+    shape = e.op("Shape", [like])
+    steps = e.slice(shape, [1], [2], [0])
+    empty = e.op("Cast", [e.op("Equal", [steps, e.ints("zero", [0])])], to=int(onnx.TensorProto.INT64))
+    lead = [e.slice(shape, [0], [1], [0]), e.op("Sub", [steps, empty])]
     tail = e.slice(e.op("Shape", [value]), [1], [INT64_MAX], [0])
-    return e.op("Reshape", [value, e.op("Concat", [lead, tail], axis=0)])
+    return e.op("Reshape", [value, e.op("Concat", [*lead, tail], axis=0)])
 
 
 def write_into(value: gs.Tensor, target: gs.Tensor, after: Builder) -> None:
