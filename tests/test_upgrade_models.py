@@ -65,6 +65,15 @@ def test_the_models_include_the_scan8_samples():
 @pytest.mark.parametrize("path", _opset8_models(), ids=lambda p: str(p.relative_to(MODELS)))
 def test_every_opset8_model_upgrades_with_its_interface_and_numbers(path, target):
     original = onnx.load(str(path))
+    if path.name == "ort_unknown_dim_o8.onnx" and target < 10:
+        # its scan output's step dims are not stated: the empty-input guard reads them off the
+        # state at run time with a computed Slice, which needs opset 10; unguarded, onnxruntime
+        # dies on the zero-length sequence the Scan-8 runs, so the migration is refused
+        from scanopt.errors import VerificationError
+
+        with pytest.raises(VerificationError, match="dimension 'seq' = 0|process dies"):
+            migrate_verified(original, target, engine="ort")
+        return
     migration = migrate_verified(original, target, engine="ort")  # raises unless equivalent
     assert migration.verification["passed"] is True
     assert default_opset(migration.model) == target

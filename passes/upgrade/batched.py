@@ -58,7 +58,7 @@ def rewrite_batched(node: gs.Node, match, level, ctx) -> gs.Node:
     def run(e: Emitter, results) -> None:
         scan_9(e, states + scans, results, body, m, directions=directions, input_axes=[1] * m, output_axes=[1] * k)
 
-    scan = guarded(outer, node.inputs[1 + n], states, finals + outputs, step_dims(body, n, match, batched=True),
+    scan = guarded(outer, node.inputs[1 + n], states, finals + outputs, step_dims(body, n, match, batched=True, states=states),
                    run, match, ctx)
     if mask is not None:  # zero every output past len[b], once, on the whole [B, T, ...] tensor
         outputs = [

@@ -19,18 +19,33 @@ from scanopt.emit import Emitter
 from scanopt.rewrite import new_graph, stored_in
 
 
-def step_dims(body: gs.Graph, n: int, match, *, batched: bool) -> list[tuple[list[int], np.dtype]] | None:
+def step_dims(body: gs.Graph, n: int, match, *, batched: bool, states=()) -> list | None:
     """Per scan output of the Scan-8 body (after its ``n`` states): its dims after the batch
-    and time axes, all stated, and its dtype; None when one is not stated. ``batched``: the
-    body's outputs already carry the batch axis first (strategy (b))."""
+    and time axes and its dtype; None when one is not known. The dims are stated ints, or (a
+    body output that is a copy of a state: ``y_t = Identity(h)``) the initial state's own dims
+    after its batch axis, read at run time: the outer state tensor stands for them.
+    ``batched``: the body's outputs already carry the batch axis first (strategy (b))."""
     found = []
+    copies = {id(t): k for k, t in enumerate(body.inputs[:n])}
     for tensor, dtype in zip(body.outputs[n:], match.output_dtypes[n:]):
         shape = tensor.shape
         dims = None if shape is None else list(shape[1:] if batched else shape)
-        if dims is None or dtype is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+        if dtype is None:
             return None
+        if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+            source = _copied_state(tensor, copies)
+            if source is None or source >= len(states) or match.target < 10:  # Slice takes inputs from opset 10
+                return None
+            dims = states[source]  # the outer initial state: its dims after the batch
         found.append((dims, np.dtype(dtype)))
     return found
+
+
+def _copied_state(tensor: gs.Tensor, copies: dict) -> int | None:
+    """The index of the body state input ``tensor`` is (through Identity), else None."""
+    while id(tensor) not in copies and len(tensor.inputs) == 1 and tensor.inputs[0].op == "Identity":
+        tensor = tensor.inputs[0].inputs[0]
+    return copies.get(id(tensor))
 
 
 def guarded(outer: Emitter, x: gs.Tensor, states, outputs, per_step, run: Callable, match, ctx) -> gs.Node:
@@ -56,7 +71,11 @@ def guarded(outer: Emitter, x: gs.Tensor, states, outputs, per_step, run: Callab
     kept = [quick.op("Identity", [s], dtype=out.dtype) for s, out in zip(states, outputs)]
     zeros = []
     for dims, dtype in per_step:
-        parts = [batch, steps] + ([quick.ints("dims", dims)] if dims else [])
+        if isinstance(dims, gs.Tensor):  # a copy of a state: the state's dims after its batch
+            tail = quick.op("Slice", [quick.op("Shape", [dims]), quick.ints("one", [1]), quick.ints("end", [2**62])])
+            parts = [batch, steps, tail]
+        else:
+            parts = [batch, steps] + ([quick.ints("dims", dims)] if dims else [])
         value = gs.Constant(quick.b.names.fresh("zero_value"), np.zeros([1], dtype))
         zeros.append(quick.op("ConstantOfShape", [quick.op("Concat", parts, axis=0)], value=value, dtype=dtype))
     then_graph.outputs = kept + zeros
