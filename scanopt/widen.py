@@ -57,12 +57,29 @@ def _narrow(dtype: np.dtype) -> bool:
 
 def _widen_attributes(nodes) -> None:
     for node in nodes:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            _widen_constant_floats(node)
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR:
                 _widen_tensor(attribute.t)
             elif attribute.type == onnx.AttributeProto.INT and attribute.name in _TYPE_ATTRIBUTES:
                 if attribute.i in NARROW_FLOATS:
                     attribute.i = WIDE
+
+
+def _widen_constant_floats(node: onnx.NodeProto) -> None:
+    """A Constant's ``value_float``/``value_floats`` (always float32: onnxscript writes its
+    literals so) become a float64 ``value`` tensor."""
+    for index, attribute in enumerate(node.attribute):
+        if attribute.name == "value_float":
+            value = np.array(attribute.f, np.float64)
+        elif attribute.name == "value_floats":
+            value = np.array(list(attribute.floats), np.float64)
+        else:
+            continue
+        del node.attribute[index]
+        node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(value)))
+        return
 
 
 def _widen_type(type_proto: onnx.TypeProto) -> None:

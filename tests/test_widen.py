@@ -47,3 +47,23 @@ def test_the_twin_computes_in_float64_what_the_model_rounds_in_float32():
     assert np.max(np.abs(narrow - ys)) > 1e3 * np.max(np.abs(got["ys"] - ys))  # float32's own error is far larger
     assert run(wide, widened_feeds(feeds), "ort")["ys"].dtype == np.float64  # onnxruntime loads the twin too
     assert n.dtype == widened_feeds(feeds)["n"].dtype  # integers stay
+
+
+def test_a_constants_float_literal_is_widened():
+    """onnxscript writes 1 - z as Sub(Constant(value_float=1.0), z): the twin's Sub then mixed
+    float32 and float64 and no engine ran it (the truth was skipped on such models)."""
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from scanopt.engines import prepare
+    from scanopt.widen import widened, widened_feeds
+
+    graph = oh.make_graph(
+        [oh.make_node("Constant", [], ["one"], value_float=1.0), oh.make_node("Constant", [], ["two"], value_floats=[2.0, 3.0]),
+         oh.make_node("Sub", ["one", "z"], ["a"]), oh.make_node("Mul", ["a", "two"], ["y"])], "g",
+        [oh.make_tensor_value_info("z", TP.FLOAT, [2])], [oh.make_tensor_value_info("y", TP.FLOAT, [2])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    feeds = {"z": np.array([0.25, 0.5], np.float32)}
+    for engine in ("ort", "reference"):
+        out = prepare(widened(model), engine)(widened_feeds(feeds))["y"]
+        assert out.dtype == np.float64 and np.array_equal(out, [1.5, 1.5])
