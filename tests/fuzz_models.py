@@ -48,32 +48,35 @@ def mutant(data: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
-def mutants(n: int, seed: int = 0):
-    """(label, bytes) of n mutants, spread over the sample models."""
+def _spread(n: int, seed: int, load, mutate):
+    """(label, bytes) of n mutants, spread over the sample models: ``load(path)`` once per
+    model, ``mutate(loaded, rng)`` -> (bytes, what was done or "")."""
     rng = random.Random(seed)
     models = sample_models()
     cache = {}
     for i in range(n):
         path = models[rng.randrange(len(models))]
         if path not in cache:
-            with open(path, "rb") as handle:
-                cache[path] = handle.read()
-        yield f"{os.path.relpath(path, ROOT)}#{seed}.{i}", mutant(cache[path], rng)
+            cache[path] = load(path)
+        data, how = mutate(cache[path], rng)
+        yield f"{os.path.relpath(path, ROOT)}#{seed}.{i}" + (f":{how}" if how else ""), data
+
+
+def _read(path):
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def mutants(n: int, seed: int = 0):
+    """(label, bytes) of n byte-level mutants, spread over the sample models."""
+    return _spread(n, seed, _read, lambda data, rng: (mutant(data, rng), ""))
 
 
 def structure_mutants(n: int, seed: int = 0):
     """(label, bytes) of n structure-level mutants, spread over the sample models."""
     import onnx
 
-    rng = random.Random(seed)
-    models = sample_models()
-    cache = {}
-    for i in range(n):
-        path = models[rng.randrange(len(models))]
-        if path not in cache:
-            cache[path] = onnx.load(path, load_external_data=False)
-        data, how = structure_mutant(cache[path], rng)
-        yield f"{os.path.relpath(path, ROOT)}#{seed}.{i}:{how}", data
+    return _spread(n, seed, lambda path: onnx.load(path, load_external_data=False), structure_mutant)
 
 
 def structure_mutant(model, rng: random.Random) -> tuple[bytes, str]:
