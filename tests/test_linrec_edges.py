@@ -125,3 +125,22 @@ def test_symbolic_chunked_forms_keep_an_empty_batch(with_x):
         for name in want:
             assert got[name].shape == want[name].shape, (name, steps, batch)
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_cumulative_product_that_overflows_after_a_zero_initial_state_stays_zero():
+    """h' = h ⊙ x at opset 26 (CumProd): h0 ⊙ CumProd(x) made 0 ⊙ inf = NaN where x's product
+    overflows and h0 is 0 (the differential fuzz's x1e4 regime); the loop stays 0. One CumProd
+    over [h0; x] multiplies in the loop's order: equal to the loop, NaN-free, at every step."""
+    import onnxruntime as ort
+
+    import linrec_builders as lb
+    import scanopt
+
+    model = lb.cumulative_product(T=16, H=4, opset=26)
+    out, report = scanopt.optimize(model, options={"target": "portable"})
+    assert any("CumProd" in o.detail for o in report.outcomes if o.applied) and report.verification["passed"]
+    feeds = {"h0": np.array([0, 1, 0, -2], np.float32), "X": np.full([16, 4], 1e4, np.float32)}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                 for m in (model, out))
+    for w, g in zip(want, got):
+        assert np.array_equal(w, g) and not np.isnan(g).any()

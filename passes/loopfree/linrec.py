@@ -377,8 +377,7 @@ class Linrec(ScanPass):
                 forms.append("CumSum")
             elif _by_cumprod(update, ctx.opset, dtype):
                 a = _per_step(e, update.a, mapping, plan, rank, dtype, ctx)
-                h = cumulative_product(e, h0, a)
-                finals[i] = _last_or_initial(e, h, h0, a, view.trip_count, "ReduceProd", "Mul")
+                h, finals[i] = cumulative_product(e, h0, a)
                 forms.append("CumProd")
             else:
                 value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
@@ -840,10 +839,9 @@ def _evaluate(e: LiftEmitter, term: Term, mapping, plan: LiftPlan, dtype, ctx):
     return e.op(op, [x, y]), px or py, r
 
 
-def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None,
-                     reduce: str = "ReduceSum", combine: str = "Add") -> gs.Tensor:
-    """The final state of a sum (product): the last row for a static length >= 1, else h0 + the
-    total (h0 ⊙ the product), which is h0 for zero steps. An integer state: the last row of
+def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, trip: int | None) -> gs.Tensor:
+    """The final state of a sum: the last row for a static length >= 1, else h0 + the total,
+    which is h0 for zero steps. An integer state: the last row of
     [h0; h] (issue 33, S8): onnxruntime's integer ReduceSum is not exact (int64 2^55 + 3 gives
     2^55) and its int32 one saturates, where CumSum and Add are exact and wrap as the loop does."""
     if trip is not None and trip >= 1:
@@ -851,9 +849,9 @@ def _last_or_initial(e: LiftEmitter, h: gs.Tensor, h0: gs.Tensor, b: gs.Tensor, 
     if h.dtype is not None and np.dtype(h.dtype).kind in "iu" or h0.dtype is not None and np.dtype(h0.dtype).kind in "iu":
         rows = e.op("Concat", [e.unsqueeze(h0, [0]), h], axis=0)
         return e.squeeze(e.slice(rows, [-1], [INT64_MAX], [0]), [0])
-    axes_input = e.opset >= 18 or (reduce == "ReduceSum" and e.opset >= 13)
-    total = e.op(reduce, [b, e.ints("axes", [0])], keepdims=0) if axes_input else e.op(reduce, [b], axes=[0], keepdims=0)
-    return e.op(combine, [h0, total])
+    total = e.op("ReduceSum", [b, e.ints("axes", [0])], keepdims=0) if e.opset >= 13 else \
+        e.op("ReduceSum", [b], axes=[0], keepdims=0)
+    return e.op("Add", [h0, total])
 
 
 def _by_cumprod(update: LinearUpdate, opset: int, dtype) -> bool:

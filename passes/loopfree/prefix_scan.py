@@ -31,9 +31,18 @@ def cumulative_sum(e: Emitter, h0: gs.Tensor, b: gs.Tensor) -> gs.Tensor:
     return e.op("Add", [e.unsqueeze(h0, [0]), e.op("CumSum", [b, e.const("axis", np.int64(0))])])
 
 
-def cumulative_product(e: Emitter, h0: gs.Tensor, a: gs.Tensor) -> gs.Tensor:
-    """h_t = h0 ⊙ a_1 ⊙ ... ⊙ a_t for ``a`` [T, ...]: CumProd (opset 26+; callers probe it)."""
-    return e.op("Mul", [e.unsqueeze(h0, [0]), e.op("CumProd", [a, e.const("axis", np.int64(0))])])
+def cumulative_product(e: Emitter, h0: gs.Tensor, a: gs.Tensor) -> tuple[gs.Tensor, gs.Tensor]:
+    """(H [T, ...], final state) of h_t = a_t ⊙ h_{t-1} for ``a`` [T, ...]: one CumProd (opset
+    26+; callers probe it) over [h0; a], h0 the first factor, so every product is the loop's in
+    the loop's order: h0 ⊙ CumProd(a) made 0 ⊙ inf = NaN where a product of the a's overflows
+    and h0 is 0 (the loop stays 0). The final state is the last row (h0 at zero steps)."""
+    steps = e.op("Slice", [e.op("Shape", [a]), e.ints("start", [0]), e.ints("end", [1])])  # [T]
+    full = e.op("Concat", [steps, e.op("Shape", [h0])], axis=0)
+    rows = e.op("CumProd", [e.op("Concat", [e.unsqueeze(h0, [0]), e.op("Expand", [a, full])], axis=0),
+                            e.const("axis", np.int64(0))])
+    h = e.op("Slice", [rows, e.ints("start", [1]), e.ints("end", [INT64_MAX]), e.ints("axes", [0])])
+    last = e.op("Slice", [rows, e.ints("start", [-1]), e.ints("end", [INT64_MAX]), e.ints("axes", [0])])
+    return h, e.squeeze(last, [0])
 
 
 def chunked_scan(e: Emitter, h0: gs.Tensor, a: gs.Tensor, b: gs.Tensor | None, rank: int, steps: int,
