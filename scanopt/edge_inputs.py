@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from scanopt.protos import fed_inputs
+from scanopt.scan_view import top_scan_inputs
 
 MAX_EMPTY_DIMS = 4  # empty-dimension sets per model: verification stays cheap
 
@@ -154,7 +155,7 @@ def _non_finite_steps(model, feeds) -> Iterator[tuple[str, dict]]:
     """A NaN at the middle step (first item, first feature) of each float sequence a
     top-level Scan reads: steps before it must stay as the original's."""
     seen = set()
-    for name, axis in _scanned_inputs(model):
+    for name, axis in top_scan_inputs(model):
         value = feeds.get(name)
         if name in seen or value is None or np.asarray(value).dtype.kind != "f" or np.ndim(value) <= axis:
             continue
@@ -169,20 +170,7 @@ def _non_finite_steps(model, feeds) -> Iterator[tuple[str, dict]]:
         yield f"'{name}' with nan at step {index[axis]}", dict(feeds, **{name: probe})
 
 
-def _scanned_inputs(model) -> Iterator[tuple[str, int]]:
-    """(graph input, scan axis) of each scan input of a top-level Scan."""
-    scan8 = _opset(model) < 9
-    for node in model.graph.node:
-        if node.op_type != "Scan":
-            continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        m = attrs.get("num_scan_inputs", 0)
-        scanned = list(node.input)[len(node.input) - m:] if m else []
-        axes = [1] * m if scan8 else list(attrs.get("scan_input_axes", [0] * m))
-        for name, axis in zip(scanned, axes):
-            if axis >= 0:
-                yield name, axis
-
-
 def _opset(model) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    from scanopt.validate import default_opset
+
+    return default_opset(model) or 0

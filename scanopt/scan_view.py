@@ -220,3 +220,26 @@ def _axes(attrs, key, ranks, allow_negative, bad) -> tuple[int, ...]:
             axis = axis + rank if axis < 0 else axis
         resolved.append(axis)
     return tuple(resolved)
+
+
+def top_scan_inputs(model: onnx.ModelProto):
+    """(tensor name, scanned axis) of each scan input of each default-domain Scan in the main
+    graph, read through :class:`ScanView` (Scan-8's axis 1, defaults, negative axes where the
+    declared rank resolves them); a malformed Scan is skipped. What verification's weak-spot
+    and edge inputs probe."""
+    from scanopt.validate import default_opset
+
+    opset = default_opset(model) or 0
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in model.graph.input
+             if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    for node in model.graph.node:
+        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opset < 8:
+            continue
+        try:
+            view = ScanView.from_proto(node, opset, lambda name: [None] * ranks[name] if name in ranks else None)
+        except InvalidModelError:
+            continue
+        for name, axis in zip(view.scan_inputs, view.input_axes):
+            if axis >= 0:
+                yield name, axis
+

@@ -91,31 +91,21 @@ def long_sequences(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> I
 def _sequence_dims(model: onnx.ModelProto, declared: dict) -> list[str]:
     """The dim names that are the scanned axis of a top-level Scan's input, read on the graph
     input itself or on the input of a Transpose feeding the Scan."""
-    from scanopt.errors import ScanoptError
-    from scanopt.scan_view import ScanView
-    from scanopt.validate import default_opset
+    from scanopt.scan_view import top_scan_inputs
 
-    opset = default_opset(model) or 0
     transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output}
     found: list[str] = []
-    for node in model.graph.node:
-        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opset < 8:
-            continue
-        try:
-            view = ScanView.from_proto(node, opset, lambda name: None)
-        except ScanoptError:
-            continue
-        for name, axis in zip(view.scan_inputs, view.input_axes):
-            if name in transposes and name not in declared:
-                perm = [a.ints for a in transposes[name].attribute if a.name == "perm"]
-                name = transposes[name].input[0]
-                if not perm or axis < 0 or axis >= len(perm[0]):
-                    continue
-                axis = perm[0][axis]
-            info = declared.get(name)
-            dims = info.type.tensor_type.shape.dim if info is not None else ()
-            if 0 <= axis < len(dims) and dims[axis].HasField("dim_param") and dims[axis].dim_param not in found:
-                found.append(dims[axis].dim_param)
+    for name, axis in top_scan_inputs(model):
+        if name in transposes and name not in declared:
+            perm = [a.ints for a in transposes[name].attribute if a.name == "perm"]
+            name = transposes[name].input[0]
+            if not perm or axis < 0 or axis >= len(perm[0]):
+                continue
+            axis = perm[0][axis]
+        info = declared.get(name)
+        dims = info.type.tensor_type.shape.dim if info is not None else ()
+        if 0 <= axis < len(dims) and dims[axis].HasField("dim_param") and dims[axis].dim_param not in found:
+            found.append(dims[axis].dim_param)
     return found
 
 

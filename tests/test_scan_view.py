@@ -58,3 +58,29 @@ def test_opset8_layout():
 def test_opset8_without_sequence_lens():
     v = _view(b.scan8_sum(seq_lens=False), 8)
     assert v.sequence_lens is None and v.initial_states == ("s0",)
+
+
+def test_top_scan_inputs_read_axes_as_the_scan_view_does():
+    """Verification's weak spots and edge inputs find what a top-level Scan scans through one
+    helper: Scan-8's sequence axis 1, a negative axis resolved on the declared rank."""
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from scanopt.scan_view import top_scan_inputs
+
+    vi = oh.make_tensor_value_info
+    body = oh.make_graph([oh.make_node("Add", ["s", "x"], ["s2"]), oh.make_node("Identity", ["s2"], ["y"])], "b",
+                         [vi("s", TP.FLOAT, [2]), vi("x", TP.FLOAT, [2])], [vi("s2", TP.FLOAT, [2]), vi("y", TP.FLOAT, [2])])
+    def model(opset, **attrs):
+        inputs = ["", "s0", "X"] if opset == 8 else ["s0", "X"]
+        scan = oh.make_node("Scan", inputs, ["sT", "Y"], body=body, num_scan_inputs=1, **attrs)
+        graph = oh.make_graph([scan], "g", [vi("s0", TP.FLOAT, ["B", 2]), vi("X", TP.FLOAT, ["B", "T", 2])],
+                              [vi("sT", TP.FLOAT, None), vi("Y", TP.FLOAT, None)])
+        return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+
+    assert list(top_scan_inputs(model(8))) == [("X", 1)]
+    assert list(top_scan_inputs(model(17, scan_input_axes=[-2]))) == [("X", 1)]
+    assert list(top_scan_inputs(model(17))) == [("X", 0)]
+    broken = model(17)
+    broken.graph.node[0].attribute[1].i = 5  # num_scan_inputs beyond the inputs: skipped, not raised
+    assert list(top_scan_inputs(broken)) == []
