@@ -16,12 +16,12 @@ import pytest
 
 import scanopt
 from equivalence import top_ops
+from test_tune import FakeTimer
 import scanopt.providers as providers
 import scanopt.tune
 from scanopt.cost import MODEL_MARGIN, range_choice
 from scanopt.errors import InvalidArgumentError
 from scanopt.providers import CPU, CUDA, cuda_seconds, plan, resolve
-from scanopt.timing import FormTime, Timings
 
 sys.path.insert(0, os.path.dirname(__file__))
 import cell_builders as cb  # noqa: E402
@@ -93,18 +93,6 @@ def test_run_with_an_absent_provider_says_so_in_one_line_and_runs_on_the_cpu(cli
 # -- the CPU: today's choice -----------------------------------------------------------------
 
 
-class FakeTimer:
-    """scanopt.tune.measure's stand-in; records whether a provider list was passed."""
-
-    def __init__(self, factors):
-        self.factors, self.calls = factors, []
-
-    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None, form_feeds=None, **device):
-        self.calls.append((list(forms), device))
-        return Timings({n: FormTime(1e-3 * self.factors.get(n, 1.0), self.factors.get(n, 1.0), 0.0) for n in forms},
-                       0.02, 9, "wall" if device else "thread CPU")
-
-
 @pytest.fixture
 def timer(monkeypatch, tmp_path):
     monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
@@ -123,7 +111,7 @@ def test_the_cpu_provider_chooses_exactly_as_without_a_provider(timer, tune):
     assert plain_report.tuning == named_report.tuning and named_report.target == ""
     assert [o.expected for o in plain_report.outcomes] == [o.expected for o in named_report.outcomes]
     if tune:
-        assert len(timer.calls) == 2 and all(device == {} for _, device in timer.calls)  # the CPU's call, unchanged
+        assert len(timer.calls) == 2 and timer.devices == [{}, {}]  # the CPU's call, unchanged
 
 
 # -- CUDA absent: modelled, and said so ---------------------------------------------------------
@@ -230,7 +218,7 @@ def test_a_measured_device_times_with_its_provider_list_and_reports_the_fallback
         warnings.simplefilter("ignore")
         out, report = scanopt.optimize(onnx.load(RNN), options={"execution_providers": ["cuda"], "tune": True,
                                                                 "input_shapes": {"X": [100, 8, 3]}}, seeds=1)
-    (forms, device), = timer.calls
+    ((forms, _, _),), (device,) = timer.calls, timer.devices
     assert device == {"providers": [CUDA, CPU]}
     assert report.target.startswith("cuda: measured in sessions with providers cuda > cpu")
     assert "RNN" in ops(out)

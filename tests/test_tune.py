@@ -22,16 +22,17 @@ class FakeTimer:
     """Stands in for scanopt.timing.measure: ``factors`` form -> time relative to the loop."""
 
     def __init__(self, factors=None, noise=0.02, scatter=1.0):
-        self.factors, self.noise, self.calls = dict(factors or {}), noise, []
+        self.factors, self.noise, self.calls, self.devices = dict(factors or {}), noise, [], []
         self.scatter = scatter  # each ratio's confidence interval: [ratio / scatter, ratio * scatter]
 
-    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None):
+    def __call__(self, forms, feeds, *, threads, seconds, check_budget=True, patience=None, form_feeds=None, **device):
         self.calls.append((list(forms), {k: v.shape for k, v in feeds.items()}, threads))
+        self.devices.append(device)  # a provider list other than the CPU's (scanopt.providers)
         def form(name):
             ratio = self.factors.get(name, 1.0)
             return FormTime(1e-3 * ratio, ratio, 0.0, ratio / self.scatter, ratio * self.scatter)
 
-        return Timings({name: form(name) for name in forms}, self.noise, 9, "thread CPU")
+        return Timings({name: form(name) for name in forms}, self.noise, 9, "wall" if device else "thread CPU")
 
 
 @pytest.fixture
