@@ -183,6 +183,3 @@ def decide(timings: Timings) -> Verdict:
     return Verdict(original, "undecided", False)
 
 
-def best_form(timings: Timings) -> str:
-    """The form :func:`decide` keeps (the original when undecided)."""
-    return decide(timings).form

@@ -12,7 +12,7 @@ import pytest
 
 import scanopt
 import scanopt.tune
-from scanopt.timing import FormTime, Timings, best_form, measure
+from scanopt.timing import FormTime, Timings, decide, measure
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
 RNN = os.path.join(MODELS, "scan_rnn.onnx")  # I=3, H=4, dims seq and batch symbolic
@@ -191,14 +191,14 @@ def test_retune_measures_again_and_overwrites_the_cache(timer):
     assert len(timer.calls) == 2 and "-> hoisted" in report.tuning[0] and "cached" in report.tuning[0]
 
 
-def test_best_form_needs_an_advantage_beyond_the_noise():
+def test_a_form_needs_an_advantage_beyond_the_noise():
     def timings(ratio, spread, noise, rounds=25):
         return Timings({"loop": FormTime(1.0, 1.0, 0.0), "native": FormTime(ratio, ratio, spread)}, noise, rounds, "wall")
 
-    assert best_form(timings(0.9, 0.0, 0.02)) == "native"
-    assert best_form(timings(0.97, 0.0, 0.05)) == "loop"  # the A/A pair differs by more than that
-    assert best_form(timings(0.9, 0.2, 0.02)) == "loop"  # too scattered for 25 rounds to tell
-    assert best_form(timings(0.9, 0.2, 0.02, rounds=2500)) == "native"
+    assert decide(timings(0.9, 0.0, 0.02)).form == "native"
+    assert decide(timings(0.97, 0.0, 0.05)).form == "loop"  # the A/A pair differs by more than that
+    assert decide(timings(0.9, 0.2, 0.02)).form == "loop"  # too scattered for 25 rounds to tell
+    assert decide(timings(0.9, 0.2, 0.02, rounds=2500)).form == "native"
 
 
 def test_measure_runs_every_form_interleaved_with_an_aa_control():
