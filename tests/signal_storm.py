@@ -54,6 +54,16 @@ def trial(src: str, folder: str, signum: int, offset: float) -> dict:
             "leftovers": leftovers}
 
 
+def _python_default(code: int, err: str, signum: int) -> bool:
+    """What Python itself does with ``signum`` before scanopt's handlers are in place: SIGTERM
+    and SIGHUP kill the process; SIGINT raises KeyboardInterrupt wherever the interpreter is
+    (exit 1 with its traceback when that is inside ``-m``'s own module lookup, or the
+    re-raised SIGINT)."""
+    if code == -signum:
+        return True
+    return signum == signal.SIGINT and code == 1 and err.rstrip().endswith("KeyboardInterrupt")
+
+
 def verdict(result: dict, startup: float) -> str | None:
     """None when the run ended as documented; else what was wrong."""
     code, err, signum = result["code"], result["err"], result["signal"]
@@ -66,7 +76,7 @@ def verdict(result: dict, startup: float) -> str | None:
     if code == 128 + signum:
         expected = "scanopt: interrupted" + ("" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}")
         return None if err.strip() == expected else f"exit {code}, stderr {err.strip()!r}"
-    if code == -signum and result["offset"] <= startup:
+    if result["offset"] <= startup and _python_default(code, err, signum):
         return None  # before the entry point: Python's own default (counted apart)
     return f"exit {code}, stderr {err.strip()[-300:]!r}"
 
