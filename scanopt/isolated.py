@@ -111,6 +111,8 @@ def run_bounded(model: onnx.ModelProto, feeds: dict, names: list[str], seconds: 
     """``names`` computed by onnxruntime (CPU, one thread) in a child process limited to
     ``seconds`` (onnxruntime's import included) and ``memory_bytes`` of address space plus four
     times the model's and the feeds' size; or why not, in words."""
+    import numpy as np
+
     from scanopt.external_data import serialized_size_bound
 
     if not screenable(model):
