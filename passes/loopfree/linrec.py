@@ -112,6 +112,8 @@ class LinrecMatch(Match):
 @register_pass
 class Linrec(ScanPass):
     name = "linrec"
+    order = 60
+    loop_free = True
     summary = "linear recurrences h' = a*h + b -> CumSum/CumProd, a chunked parallel scan, or linear attention's chunked matmul form"
     tunables = {
         "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default: {DEFAULT_CHUNK} for doubling, "
