@@ -37,6 +37,9 @@ class _RunState:
 class Fuse(ScanPass):
     tunables = {"fuse_layout": (int, "1: emit layout=1 for batch-major X (opset 14+) instead of a Transpose")}
     name = "fuse"
+    order = 40
+    form = "native"
+    loop_free = True
     summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
 
     def __call__(self, graph, ctx):

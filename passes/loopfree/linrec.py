@@ -54,7 +54,7 @@ from scanopt.passes.loopfree.prefix_scan import (
 from scanopt.passes.loopfree.two_pass import (
     Chunking, by_position, permute_steps, position_loop, unpermute_steps,
 )
-from scanopt.rewrite import Builder, new_graph, place_appended, rebind_outputs, replacing
+from scanopt.rewrite import Guard, place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
 # Chunk length: 16 for the doubling form; for the positions loop 0 = auto, the power of two at or
@@ -113,6 +113,8 @@ class LinrecMatch(Match):
 @register_pass
 class Linrec(ScanPass):
     name = "linrec"
+    order = 60
+    loop_free = True
     summary = "linear recurrences h' = a*h + b -> CumSum/CumProd, a chunked parallel scan, or linear attention's chunked matmul form"
     tunables = {
         "linrec_chunk": (int, f"chunk length C of the chunked parallel scan (default: {DEFAULT_CHUNK} for doubling, "
@@ -688,21 +690,20 @@ def _loop_unless_finite(e: LiftEmitter, node: gs.Node, values: list, checked: li
         ok = e.op("Greater", [zero, e.const("minus_one", np.array(-1, kind))], dtype=np.bool_, shape=[])
         finite = ok if finite is None else e.op("And", [finite, ok], dtype=np.bool_, shape=[])
     overflowed = e.op("Not", [finite], dtype=np.bool_, shape=[])
-    loop_graph, form_graph = new_graph(e.b.names.fresh("linrec_overflowed")), new_graph(e.b.names.fresh("linrec_finite"))
-    fallback = Builder(loop_graph, e.b.names)
-    outs = [fallback.variable(f"{t.name or 'unread'}_loop", dtype=t.dtype, shape=t.shape) for t in node.outputs]
+    names = e.b.names
+    guard = Guard(names, names.fresh("linrec_overflowed"), names.fresh("linrec_finite"))
+    loop = guard.then.values(node.outputs, "{}_loop")
     # a body of its own: the Scan itself may stay in the graph and be rewritten further (the loop
     # branch of linrec's run-time dispatch on the length, which hoist changes)
     attrs = {**node.attrs, "body": clone_graph(node.attrs["body"], ctx.names)}
-    scan = gs.Node("Scan", name=e.b.names.fresh(f"{FALLBACK_MARK}_{node.name or 'scan'}"), attrs=attrs,
-                   inputs=list(node.inputs), outputs=outs)
-    loop_graph.nodes.append(scan)
-    loop_graph.outputs = outs
-    kept = Builder(form_graph, e.b.names)
-    form_graph.outputs = [kept.op("Identity", [v], dtype=t.dtype, shape=t.shape) for v, t in zip(values, node.outputs)]
-    results = [e.b.variable(f"{t.name or 'unread'}_guarded", dtype=t.dtype, shape=t.shape) for t in node.outputs]
-    e.op("If", [overflowed], outputs=results, then_branch=loop_graph, else_branch=form_graph)
-    return results
+    guard.then.graph.nodes.append(gs.Node("Scan", name=names.fresh(f"{FALLBACK_MARK}_{node.name or 'scan'}"),
+                                          attrs=attrs, inputs=list(node.inputs), outputs=loop))
+    written = [k for k, t in enumerate(node.outputs) if t.name]
+    form = [guard.orelse.b.op("Identity", [values[k]], dtype=node.outputs[k].dtype, shape=node.outputs[k].shape)
+            for k in written]
+    results = [e.b.variable(f"{t.name}_guarded", dtype=t.dtype, shape=t.shape) if t.name else None for t in node.outputs]
+    guard.close(e.b, overflowed, [results[k] for k in written], [loop[k] for k in written], form, domain=e.domain)
+    return results  # None: an omitted output
 
 
 def _length_axis(view: ScanView) -> int | None:
