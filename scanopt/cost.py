@@ -83,6 +83,7 @@ class Estimate:
     measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
     kept: str = ""  # on a decline: the form chosen instead ("loop" or another form), where known
     dispatch: bool = False  # apply the match's run-time dispatch form (Match.dispatch_below)
+    dispatch_below: int | None = None  # the threshold the model set for it (Match.dispatch_on "B")
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,15 @@ class CostPolicy:
         speedup = MODEL_MARGIN[pass_name] / geo[pass_name]
         if best == pass_name:
             return Estimate(True, speedup, f"expected {speedup:.2f}x faster (modelled: {listing}; {where})")
+        if best == "loop" and "B" in unknown and getattr(match, "dispatch_on", "T") == "B" and cpu:
+            below, small = batch_dispatch([(p["B"], MODEL_MARGIN[pass_name] * scale[pass_name]
+                                            * seconds(pass_name, kind, p, body_nodes, lifted) / seconds("loop", kind, p, body_nodes))
+                                           for p in _over_batches(points)])
+            if below is not None:
+                return Estimate(True, 1 / small, f"the batch is unknown: {form_name((pass_name,))} expected {1 / small:.2f}x "
+                                                 f"faster below B={below} and slower from it (modelled: {listing}; {where}); "
+                                                 f"written behind a run-time If on the batch (the loop from B={below})",
+                                dispatch=True, dispatch_below=below)
         if best != "loop":
             why = f"predicted slower than {form_name((best,))} ({best})"
         elif max(ratios[pass_name]) > bound and geo[pass_name] < 1:
@@ -243,6 +253,41 @@ class CostPolicy:
         from scanopt.providers import model_seconds as provider_seconds
 
         return provider_seconds(self.provider_model, form, kind, p, body_nodes, lifted)
+
+
+# The batch sizes a run-time dispatch on an unknown batch considers (Match.dispatch_on "B").
+DISPATCH_BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def _over_batches(points: list[dict]):
+    """``points`` (each unknown dim at its assumed values) at every batch of DISPATCH_BATCHES
+    instead of the assumed three."""
+    seen = set()
+    for p in points:
+        for batch in DISPATCH_BATCHES:
+            q = dict(p, B=batch)
+            key = tuple(sorted((k, repr(v)) for k, v in q.items()))
+            if key not in seen:
+                seen.add(key)
+                yield q
+
+
+def batch_dispatch(ratios) -> tuple[int | None, float]:
+    """(the batch from which the loop runs, the form's geometric-mean ratio below it) for a
+    form modelled at ``ratios`` ((batch, ratio to the loop) pairs, several per batch through
+    the other unknown dims): the form runs below the first batch at which it is more than
+    SLOWER_BOUND times the loop anywhere, or not faster on average; (None, 1.0) when that is
+    the first batch."""
+    by_batch: dict[int, list[float]] = {}
+    for batch, ratio in ratios:
+        by_batch.setdefault(batch, []).append(ratio)
+    small: list[float] = []
+    for batch in sorted(by_batch):
+        found = by_batch[batch]
+        if max(found) > SLOWER_BOUND or math.exp(sum(map(math.log, small + found)) / len(small + found)) >= 1:
+            return (batch, math.exp(sum(map(math.log, small)) / len(small))) if small else (None, 1.0)
+        small += found
+    return None, 1.0  # faster at every batch: no dispatch needed (range_choice takes it)
 
 
 def range_choice(ratios: dict[str, list[float]], bound: float = SLOWER_BOUND) -> tuple[str, dict[str, float]]:

@@ -131,9 +131,12 @@ class Match:
     # a length below which the matched form measured slower than the loop, for a Scan whose
     # length is symbolic: unmeasured, the cost policy keeps the loop (it may run that short)
     slower_below: int | None = None
-    # for a symbolic length: the form can instead be written behind If(length < dispatch_below)
-    # with the loop in the other branch (measured never slower than the loop); the cost policy
-    # sets ``dispatch`` where it chooses that (Estimate.dispatch)
+    # a run-time dispatch the form can be written as: the loop where the dim ``dispatch_on``
+    # ("T": the length, "B": the batch) is at least ``dispatch_below``, the form below it (the
+    # length: the loop below, measured never slower than the loop). The chooser sets
+    # ``dispatch`` (and, where the pass leaves it to the cost model, ``dispatch_below``) where it
+    # chooses that (Estimate.dispatch)
+    dispatch_on: str = "T"
     dispatch_below: int | None = None
     dispatch: bool = False
 
@@ -222,6 +225,8 @@ class ScanPass(Pass):
                 continue
             if estimate is not None and estimate.dispatch:
                 found.dispatch = True
+                if estimate.dispatch_below is not None:
+                    found.dispatch_below = estimate.dispatch_below
             detail = self.rewrite(node, found, level, ctx)
             ctx.edits += 1
             result.modified = True

@@ -9,7 +9,7 @@ form cannot run puts the form behind an If through :class:`Guard`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -226,3 +226,27 @@ class Guard:
         outer.op("If", [condition], outputs=list(outputs), domain=domain, then_branch=self.then.graph,
                  else_branch=self.orelse.graph)
         return outer.graph.nodes[-1]
+
+
+def loop_where(node: gs.Node, values: Sequence[gs.Tensor | None], graph: gs.Graph, start: int, names: NameAllocator,
+               condition: Callable[[], gs.Tensor], form: str, dtype_of=None) -> None:
+    """A run-time choice between ``node`` (a loop) and the form that replaces it: the nodes
+    appended to ``graph`` from ``start`` on, computing ``values`` (one per output of ``node``;
+    None: an output nobody reads) go into the else branch of ``If(condition)``, ``node`` itself
+    into the then branch, and the If writes ``node``'s read output tensors. ``condition``
+    emits the test into ``graph`` once the form's nodes are out of it (the loop where it
+    holds: a length or batch the form is slower at)."""
+    guard = Guard(names, f"{node.name}_loop", f"{node.name}_{form}")
+    branch = guard.orelse
+    branch.graph.nodes.extend(graph.nodes[start:])
+    graph.nodes[:] = graph.nodes[:start]
+    kept = [k for k, (t, v) in enumerate(zip(node.outputs, values)) if t.name and v is not None]
+    written = [node.outputs[k] for k in kept]
+    results = branch.values(written, "{}_" + form, dtype_of)
+    placeholder = gs.Node("Identity", inputs=[], outputs=list(results))
+    branch.graph.nodes.append(placeholder)
+    rebind_outputs(placeholder, [values[k] for k in kept], branch.graph)
+    remove_node(graph, node)
+    looped = guard.then.take(node, "{}_looped", dtype_of)
+    outer = Builder(graph, names, prefix=f"{node.name}_" if node.name else "")
+    guard.close(outer, condition(), written, [looped[k] for k in kept], results)

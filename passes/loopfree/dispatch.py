@@ -27,8 +27,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
-from scanopt.graph import remove_node
-from scanopt.rewrite import Builder, Guard, rebind_outputs
+from scanopt.rewrite import Builder, loop_where
 
 # The smallest symbolic length given the chunked form (below it: the loop). Measured with
 #   python benchmarks/bench_symbolic_t.py --crossover --seconds 0.4
@@ -45,21 +44,11 @@ def wrap(node: gs.Node, values: list, graph: gs.Graph, start: int, threshold: in
     and ``node`` itself into the then branch; the If writes ``node``'s output tensors.
     ``scanned``: the first scan input, ``axis`` its scan axis (non-negative); ``dtype_of``:
     a tensor's element type where known."""
-    guard = Guard(names, f"{node.name}_loop", f"{node.name}_chunked")
-    chunked = guard.orelse
-    chunked.graph.nodes.extend(graph.nodes[start:])
-    graph.nodes[:] = graph.nodes[:start]
-    written = [t for t in node.outputs if t.name]
-    results = chunked.values(written, "{}_chunked", dtype_of)
-    placeholder = gs.Node("Identity", inputs=[], outputs=list(results))
-    chunked.graph.nodes.append(placeholder)
-    rebind_outputs(placeholder, [v for v, t in zip(values, node.outputs) if t.name], chunked.graph)
-    remove_node(graph, node)
-    looped = [t for t in guard.then.take(node, "{}_looped", dtype_of) if t.name]
 
-    outer = Builder(graph, names, prefix=f"{node.name}_" if node.name else "")
-    e = Emitter(outer, opset)
-    length = e.op("Gather", [e.op("Shape", [scanned], dtype=np.int64), e.const("axis", np.int64(axis))], axis=0,
-                  dtype=np.int64, shape=[])
-    short = e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
-    guard.close(outer, short, written, looped, results)
+    def short() -> gs.Tensor:
+        e = Emitter(Builder(graph, names, prefix=f"{node.name}_" if node.name else ""), opset)
+        length = e.op("Gather", [e.op("Shape", [scanned], dtype=np.int64), e.const("axis", np.int64(axis))], axis=0,
+                      dtype=np.int64, shape=[])
+        return e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
+
+    loop_where(node, values, graph, start, names, short, "chunked", dtype_of)
