@@ -173,7 +173,8 @@ def _changed_form(op: str, source: int, target: int, set_attrs: frozenset = froz
     if form(old) == form(new):
         return None
     versions = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
-                       if s.name == op and in_default_domain(s.domain) and old.since_version < s.since_version <= source})
+                       if s.name == op and in_default_domain(s.domain)
+                       and old.since_version < s.since_version <= source})
     for version in versions:  # the first one whose form differs from the target's: where it changed
         if form(onnx.defs.get_schema(op, version)) != form(old):
             return f"'{op}' changed form at opset {version} (its opset-{old.since_version} form differs)"

@@ -140,7 +140,8 @@ def test_zero_steps_give_the_initial_state_and_an_empty_output():
     np.testing.assert_array_equal(got["present_state"], f["past_state"])
     without = lowered(lab.linear_attention_node("linear", past=False))
     got = run(without, feeds(lab.linear_attention_node("linear", past=False), 3, 0), engine="ort")
-    assert got["output"].shape == (3, 0, 6) and not got["present_state"].any() and got["present_state"].shape == (3, 2, 4, 3)
+    assert got["output"].shape == (3, 0, 6) and got["present_state"].shape == (3, 2, 4, 3)
+    assert not got["present_state"].any()
 
 
 def test_a_node_nested_in_an_if_branch_moves_down():
@@ -153,8 +154,10 @@ def test_a_node_nested_in_an_if_branch_moves_down():
     node = h.make_node("If", ["flag"], ["Y", "S"], then_branch=then, else_branch=other)
     inputs = list(inner.graph.input) + [h.make_tensor_value_info("flag", TP.BOOL, []),
                                         h.make_tensor_value_info("zero_state", TP.FLOAT, ["B", 2, 4, 3])]
-    outputs = [h.make_tensor_value_info("Y", TP.FLOAT, ["B", "T", 6]), h.make_tensor_value_info("S", TP.FLOAT, ["B", 2, 4, 3])]
-    model = h.make_model(h.make_graph([node], "g", inputs, outputs), opset_imports=[h.make_opsetid("", 27)], ir_version=10)
+    outputs = [h.make_tensor_value_info("Y", TP.FLOAT, ["B", "T", 6]),
+               h.make_tensor_value_info("S", TP.FLOAT, ["B", 2, 4, 3])]
+    model = h.make_model(h.make_graph([node], "g", inputs, outputs), opset_imports=[h.make_opsetid("", 27)],
+                         ir_version=10)
     migration = migrate_verified(model, 26)
     assert [(o.path, o.node) for o in migration.outcomes] == [("then", "linear_attention")]
     for flag in (True, False):
@@ -214,7 +217,8 @@ def test_cli_moves_down_and_refuses_with_one_line(cli, tmp_path):
     refused = tmp_path / "refused.onnx"
     result = cli("upgrade", bf16, refused, "--target-opset", "12")
     assert result.code == 2 and not refused.exists() and "Traceback" not in result.err
-    assert result.err.strip().count("\n") == 0 and "LinearAttention 'linear_attention' has no form below opset 27" in result.err
+    assert result.err.strip().count("\n") == 0
+    assert "LinearAttention 'linear_attention' has no form below opset 27" in result.err
 
     # an op with no older form anywhere (CausalConvWithState is new in 27)
     model = lab.linear_attention_node("linear")

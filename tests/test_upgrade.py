@@ -488,6 +488,19 @@ def test_lowering_where_every_op_keeps_its_form():
     assert default_opset(lowered.model) == 11 and lowered.verification["passed"]
 
 
+@pytest.mark.parametrize("elem,error", [(TP.FLOAT, None), (TP.FLOAT16, "does not hold at opset 26: .*Range.*float16")])
+def test_lowering_checks_the_older_ops_types(elem, error):
+    """Range-27 left without stash_type is Range-11 for the types Range-11 takes; float16 it does not."""
+    inputs = [vi(n, [], elem) for n in ("a", "b", "c")]
+    graph = h.make_graph([h.make_node("Range", ["a", "b", "c"], ["y"])], "g", inputs, [vi("y", ["n"], elem)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 27)], ir_version=10)
+    if error:
+        with pytest.raises(ScanoptError, match=error):
+            migrate(model, 26)
+    else:
+        assert default_opset(migrate(model, 26).model) == 26
+
+
 def test_no_lowering_where_an_op_changed_form():
     x = vi("x", [2, 3])
     graph = h.make_graph([h.make_node("Unsqueeze", ["x", "axes"], ["y"])], "g", [x], [vi("y", [1, 2, 3])],

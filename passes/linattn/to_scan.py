@@ -16,8 +16,8 @@ The Scan runs over axis 1 of the unpacked [B, T, H, d] values with the state [B,
 float32 (the op's reference accumulates in float32: float16/bfloat16 inputs are cast in, the
 output cast back to T, the final state to past_state's type, or T's without one). The body is
 written the way :mod:`linattn_pass` reads (MatMul of unsqueezed vectors, Exp as the decay's last
-op, a constant scale), so moving the model back to 27 gives the op again (grouped heads and a
-per-key decay in the delta rule stay a Scan: the pass does not take them).
+op, a constant scale), so moving the model back to 27 gives the op again (grouped heads stay a
+Scan: the pass reads one query per KV head).
 
 An empty batch or zero steps give the spec's outputs (an empty output, the initial state as the
 final one) behind ``If(B == 0 or T == 0)``: onnxruntime refuses a Scan over zero steps and dies
@@ -39,7 +39,6 @@ import onnx_graphsurgeon as gs
 from scanopt.emit import Emitter
 from scanopt.rewrite import Builder, new_graph
 
-OPSET = 27
 RULES = ("linear", "gated", "delta", "gated_delta")
 F32 = np.dtype(np.float32)
 _TYPES = ("float32", "float16", "bfloat16")
