@@ -30,7 +30,8 @@ import onnx
 import onnxruntime as ort
 
 import scanopt
-from scanopt.protos import attribute_graphs, walk_proto_graphs
+from scanopt.pass_api import FALLBACK_MARK
+from scanopt.protos import attribute_graphs
 from scanopt.verify import tolerance
 
 LOOP_OPS = ("Scan", "Loop", "RNN", "GRU", "LSTM")
@@ -101,13 +102,28 @@ class HeldOutSet:
         return found
 
 
+def running_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of the graph, nested bodies and model-local functions, but a Scan a rewrite
+    keeps as its own fallback (FALLBACK_MARK: linrec's chunked forms run the original loop
+    behind an If where the state is not finite) and what is nested in it: the loop-like ops
+    counted are those of the form that runs on finite values."""
+    stack = [model.graph] + [g for fn in model.functions for top in fn.node for a in top.attribute
+                             for g in attribute_graphs(a)]
+    nodes = [n for fn in model.functions for n in fn.node if FALLBACK_MARK not in n.name]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if FALLBACK_MARK in node.name:
+                continue
+            nodes.append(node)
+            stack.extend(g for a in node.attribute for g in attribute_graphs(a))
+    return nodes
+
+
 def loop_ops(model: onnx.ModelProto) -> dict[str, int]:
-    """Loop-like ops anywhere: the graph, nested bodies and model-local functions."""
-    nodes = [n for g in walk_proto_graphs(model.graph) for n in g.node]
-    for fn in model.functions:
-        nodes += [n for top in fn.node for a in top.attribute for g in attribute_graphs(a)
-                  for sub in walk_proto_graphs(g) for n in sub.node] + list(fn.node)
-    counts = Counter(n.op_type for n in nodes)
+    """Loop-like ops anywhere (the graph, nested bodies and model-local functions) but in the
+    fallbacks (:func:`running_nodes`)."""
+    counts = Counter(n.op_type for n in running_nodes(model))
     return {op: counts[op] for op in LOOP_OPS if counts[op]}
 
 
@@ -175,12 +191,9 @@ def assert_reproduces_source(held: HeldOutSet, name: str, model, out, report) ->
 
 
 def loop_names(model: onnx.ModelProto) -> set[str]:
-    """The names of every Scan and Loop: the graph, nested bodies and model-local functions."""
-    graphs = list(walk_proto_graphs(model.graph))
-    graphs += [sub for fn in model.functions for top in fn.node for a in top.attribute
-               for g in attribute_graphs(a) for sub in walk_proto_graphs(g)]
-    nodes = [n for g in graphs for n in g.node] + [n for fn in model.functions for n in fn.node]
-    return {n.name for n in nodes if n.op_type in ("Scan", "Loop")}
+    """The names of every Scan and Loop (the graph, nested bodies and model-local functions)
+    but in the fallbacks (:func:`running_nodes`)."""
+    return {n.name for n in running_nodes(model) if n.op_type in ("Scan", "Loop")}
 
 
 def loops(counts: dict[str, int]) -> int:

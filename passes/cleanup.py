@@ -17,6 +17,8 @@ from scanopt.pass_api import NodeOutcome, Pass, PassContext, ScanPassResult, reg
 @register_pass
 class Cleanup(Pass):
     name = "cleanup"
+    kind = "normalizer"
+    order = 900  # last: drops what the others left unread
     summary = "remove dead nodes (including Scans whose outputs nobody reads) and sort"
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:

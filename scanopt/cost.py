@@ -28,9 +28,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scanopt.pass_api import form_name
+
 NOISE = 0.05
 TARGETS = ("onnxruntime", "portable")
-NEUTRAL_PASSES = ("canonicalize", "cleanup")
 
 # Over these, a dim the graph (and the user) leaves unknown is assumed to range.
 UNKNOWN_RANGE = {"B": (1, 8, 32), "T": (16, 128, 1024), "H": (16, 64, 256), "I": (16, 64, 256)}
@@ -46,7 +47,9 @@ RANGE_BOUND = 1.25
 # --emit gives the smallest factors with which no form chosen over the unknown range measured
 # >5% slower than the loop at a measured point; over the range grid (T up to 1024, H up to 512)
 # the margins and RANGE_BOUND were picked together on bench_policy's 28 cells (above).
-# unroll: 1, its pass keeps to its own measured bound (unroll_max) and shares the loop's FLOPs
+# unroll: 1, its pass keeps to its own measured bound (unroll_max) and shares the loop's FLOPs.
+# The forms with a margin are the ones the model predicts (model_seconds); the others are not
+# predicted slower than the loop.
 MODEL_MARGIN = {"fuse": 1.1, "hoist": 1.1, "unroll": 1.0}
 
 # Seconds per unit on onnxruntime 1.32 CPU with one intra-op thread, fitted by
@@ -67,22 +70,7 @@ DEFAULT_CONSTANTS = {
     "elem_native_gates": 6.13e-10,  # ... through its GRU and LSTM kernels
 }
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-FORM_NAMES = {(): "loop", ("fuse",): "native", ("hoist",): "hoisted", ("fuse", "hoist"): "hoisted+native",
-              ("vectorize",): "vectorized", ("unroll",): "unrolled", ("linattn",): "LinearAttention"}
 CELL_STATE_NODES = 12  # the ops around the recomputed gates (products, cuts, activations)
-MODELLED = ("fuse", "hoist", "unroll")
-# Forms applied only where measured faster (or under --target portable): unmeasured, the loop stays.
-UNMEASURED_KEEPS_LOOP = {
-    "linattn": "onnxruntime 1.32 CPU runs LinearAttention through its function body (itself a Scan): 1.1x "
-               "the time of a one-node loop (issue 32), 0.14-0.24x that of Einsum bodies (benchmarks/bench_linattn.py), "
-               "so only a measurement at the model's shapes can tell",
-}  # the forms the analytic model is fitted to (vectorize: benchmarks/bench_vectorize.py)
-
-
-def form_name(passes) -> str:
-    """The report's name of the form a set of passes builds."""
-    key = tuple(sorted(passes))
-    return FORM_NAMES.get(key) or "+".join(FORM_NAMES.get((p,), p) for p in key)
 
 
 @dataclass(frozen=True)
@@ -95,6 +83,7 @@ class Estimate:
     measured: bool = False  # speedup timed on this machine at the deployment shapes (scanopt.tune), not modelled
     kept: str = ""  # on a decline: the form chosen instead ("loop" or another form), where known
     dispatch: bool = False  # apply the match's run-time dispatch form (Match.dispatch_below)
+    dispatch_below: int | None = None  # the threshold the model set for it (Match.dispatch_on "B")
 
 
 @dataclass(frozen=True)
@@ -134,27 +123,29 @@ class CostPolicy:
                    bool(options.get("input_shapes")), options.get("cost_constants"), options.get("cost_scales"),
                    options.get("deployment_target"))
 
-    def decide(self, pass_name: str, label: str, node: Any, view: Any, match: Any, ctx: Any, level: Any = None) -> Estimate | None:
-        """None for a pass that does not change speed (canonicalize, cleanup)."""
-        if pass_name in NEUTRAL_PASSES:
-            return None
+    def decide(self, form: Any, label: str, node: Any, view: Any, match: Any, ctx: Any, level: Any = None,
+               alternatives: dict | None = None) -> Estimate:
+        """The verdict on ``form``'s (a form pass's) proposal ``match``; ``alternatives``: {pass:
+        its match} of the other modelled forms proposing a rewrite of the same Scan."""
+        pass_name = form.name
         path = getattr(level, "path", "") if level is not None else ""
         from scanopt.graph import guard_branch
 
         top = not path or guard_branch(path)  # a Scan behind an empty-input guard is measured as a top-level one
         origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
-        if top and origin in self.measured and pass_name != "upgrade":
+        if top and origin in self.measured:
             choice = self.measured[origin]
             if choice.get("form") is not None:
                 return _measured_verdict(pass_name, choice)
             from scanopt.tune import undecided_text
 
-            modelled = self._unmeasured(pass_name, node, view, match, ctx, level)
-            return modelled if modelled is None else replace(modelled, note=f"{undecided_text(choice)}; {modelled.note}")
-        return self._unmeasured(pass_name, node, view, match, ctx, level)
+            modelled = self._unmeasured(form, node, view, match, ctx, alternatives or {})
+            return replace(modelled, note=f"{undecided_text(choice)}; {modelled.note}")
+        return self._unmeasured(form, node, view, match, ctx, alternatives or {})
 
-    def _unmeasured(self, pass_name: str, node: Any, view: Any, match: Any, ctx: Any, level: Any) -> Estimate | None:
+    def _unmeasured(self, form: Any, node: Any, view: Any, match: Any, ctx: Any, alternatives: dict) -> Estimate:
         """The decision without a measurement: the target, the form's own bounds, the model."""
+        pass_name = form.name
         if self.target == "portable":
             return Estimate(True, None, "target portable: applied whatever onnxruntime's speed")
         provider = _provider_verdict(self.provider, pass_name)
@@ -176,24 +167,21 @@ class CostPolicy:
             if steps < below:
                 return Estimate(False, None, f"declared {steps} steps, unmeasured: this form measured slower than the "
                                              f"loop below {below}")
-        if pass_name in UNMEASURED_KEEPS_LOOP:
-            return Estimate(False, None, f"not applied unmeasured: {UNMEASURED_KEEPS_LOOP[pass_name]}; declare shapes "
+        if form.needs_measurement:
+            return Estimate(False, None, f"not applied unmeasured: {form.needs_measurement}; declare shapes "
                                          "(--input-shape) to have it measured, or --target portable")
-        if pass_name == "upgrade":
-            return _upgrade(view, match, scan_shape(node, view, match, ctx, self.deployment))
         if pass_name == "unroll" and "unroll_max" in ctx.options:  # the user chose the threshold
             return Estimate(True, None, f"unroll_max={ctx.options['unroll_max']} given: applied as asked")
-        if pass_name not in MODELLED:
+        if pass_name not in MODEL_MARGIN:
             return Estimate(True, None, "no cost model for this form unmeasured; loop-free forms are not predicted slower")
-        return self._modelled(pass_name, node, view, match, ctx, level)
+        return self._modelled(pass_name, node, view, match, ctx, alternatives)
 
-    def _modelled(self, pass_name, node, view, match, ctx, level) -> Estimate:
+    def _modelled(self, pass_name, node, view, match, ctx, alternatives: dict) -> Estimate:
         shape = scan_shape(node, view, match, ctx, self.deployment)
         if not getattr(match, "dirs", None) and not _multiplies(node):
             shape = Shape(T=shape.T, B=shape.B, I=1, H=1, K=shape.K)  # no products: widths do not matter
         kind = _cell_kind(node, view, match)
         body_nodes = len(node.attrs["body"].nodes)
-        alternatives = dict(self._alternatives(pass_name, node, view, level, ctx))  # form -> its pass's match
         forms = [pass_name] + list(alternatives)
         unknown = [k for k in ("T", "B", "I", "H") if getattr(shape, k) is None]
         points = [dict(vars(shape), cells=_cell_sequences(match if pass_name == "fuse" else alternatives.get("fuse")))]
@@ -231,6 +219,15 @@ class CostPolicy:
         speedup = MODEL_MARGIN[pass_name] / geo[pass_name]
         if best == pass_name:
             return Estimate(True, speedup, f"expected {speedup:.2f}x faster (modelled: {listing}; {where})")
+        if best == "loop" and "B" in unknown and getattr(match, "dispatch_on", "T") == "B" and cpu:
+            below, small = batch_dispatch([(p["B"], MODEL_MARGIN[pass_name] * scale[pass_name]
+                                            * seconds(pass_name, kind, p, body_nodes, lifted) / seconds("loop", kind, p, body_nodes))
+                                           for p in _over_batches(points)])
+            if below is not None:
+                return Estimate(True, 1 / small, f"the batch is unknown: {form_name((pass_name,))} expected {1 / small:.2f}x "
+                                                 f"faster below B={below} and slower from it (modelled: {listing}; {where}); "
+                                                 f"written behind a run-time If on the batch (the loop from B={below})",
+                                dispatch=True, dispatch_below=below)
         if best != "loop":
             why = f"predicted slower than {form_name((best,))} ({best})"
         elif max(ratios[pass_name]) > bound and geo[pass_name] < 1:
@@ -257,14 +254,40 @@ class CostPolicy:
 
         return provider_seconds(self.provider_model, form, kind, p, body_nodes, lifted)
 
-    def _alternatives(self, pass_name: str, node: Any, view: Any, level: Any, ctx: Any):
-        """(pass, its match) for the other modelled passes of this run that would rewrite this Scan."""
-        from scanopt.pass_api import dry_matches
 
-        if level is None:
-            return
-        others = [other for other in ctx.selected or () if other != pass_name and other in MODELLED]
-        yield from dry_matches(others, node, view, level, ctx)
+# The batch sizes a run-time dispatch on an unknown batch considers (Match.dispatch_on "B").
+DISPATCH_BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def _over_batches(points: list[dict]):
+    """``points`` (each unknown dim at its assumed values) at every batch of DISPATCH_BATCHES
+    instead of the assumed three."""
+    seen = set()
+    for p in points:
+        for batch in DISPATCH_BATCHES:
+            q = dict(p, B=batch)
+            key = tuple(sorted((k, repr(v)) for k, v in q.items()))
+            if key not in seen:
+                seen.add(key)
+                yield q
+
+
+def batch_dispatch(ratios) -> tuple[int | None, float]:
+    """(the batch from which the loop runs, the form's geometric-mean ratio below it) for a
+    form modelled at ``ratios`` ((batch, ratio to the loop) pairs, several per batch through
+    the other unknown dims): the form runs below the first batch at which it is more than
+    SLOWER_BOUND times the loop anywhere, or not faster on average; (None, 1.0) when that is
+    the first batch."""
+    by_batch: dict[int, list[float]] = {}
+    for batch, ratio in ratios:
+        by_batch.setdefault(batch, []).append(ratio)
+    small: list[float] = []
+    for batch in sorted(by_batch):
+        found = by_batch[batch]
+        if max(found) > SLOWER_BOUND or math.exp(sum(map(math.log, small + found)) / len(small + found)) >= 1:
+            return (batch, math.exp(sum(map(math.log, small)) / len(small))) if small else (None, 1.0)
+        small += found
+    return None, 1.0  # faster at every batch: no dispatch needed (range_choice takes it)
 
 
 def range_choice(ratios: dict[str, list[float]], bound: float = SLOWER_BOUND) -> tuple[str, dict[str, float]]:
@@ -321,7 +344,7 @@ def _provider_verdict(target: Any, pass_name: str) -> Estimate | None:
     if target.mode == "portable":
         return Estimate(True, None, f"{target.label}: no cost model, not measured: native ops and loop-free "
                                     "forms preferred (the portable preference)")
-    if target.model == "cuda" and pass_name not in MODELLED and pass_name != "upgrade":  # upgrade: a migration's need
+    if target.model == "cuda" and pass_name not in MODEL_MARGIN:
         return Estimate(True, None, f"{target.label} (modelled, not measured): a loop-free form removes the host-side "
                                     "loop, whose every step launches the body's kernels (about 5 us + 8 us per node; "
                                     "CUDA graphs cannot capture it)")
@@ -364,20 +387,6 @@ def _measured_verdict(pass_name: str, choice: dict) -> Estimate:
     head += f"; {mine} {mine_time * 1e3:.3g} ms" if mine_time is not None and mine != best else ""
     return Estimate(False, times[loop] / mine_time if mine_time else None,
                     head + (f"; others: {others}" if others else "") + f"; {tail}", measured=True, kept=best)
-
-
-# upgrade strategy (c) at batch 1 with sequence_lens against the Scan-8 it replaces
-# (issue 14: 11-18% slower on three BiDAF-style bodies; benchmarks/bench_upgrade.py).
-UPGRADE_C_BATCH1_LENS = 0.85
-
-
-def _upgrade(view: Any, match: Any, shape: Shape) -> Estimate | None:
-    # The upgrade is what an opset migration needs: it is never declined for speed.
-    if getattr(match, "strategy", None) == "c" and shape.B == 1 and getattr(view, "sequence_lens", None):
-        return Estimate(True, UPGRADE_C_BATCH1_LENS,
-                        f"needed for the migration; expected {UPGRADE_C_BATCH1_LENS:.2f}x (slower) (strategy c at batch 1 "
-                        "with sequence_lens is slower than Scan-8)")
-    return None
 
 
 def _static(value) -> int | None:

@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.errors import printable_lines
 from scanopt.graph import GraphLevel, editing, guard_branch, node_label, outer_captures
-from scanopt.pass_api import PassContext, ScanPass, Skip, scan_nodes
+from scanopt.pass_api import PassContext, ScanPass, Skip, decide, scan_nodes
 from scanopt.scan_view import ScanView
 
 
@@ -78,9 +78,9 @@ def _describe_all(graph: gs.Graph, ctx: PassContext, passes: list[ScanPass]) -> 
 
 
 def _priced(scan_pass: ScanPass, node: gs.Node, view: ScanView, found, level: GraphLevel, ctx: PassContext) -> str:
-    """A match's verdict as optimize would give it: with ``ctx.cost`` (the cost policy),
-    "would apply" only where the policy applies it, with its prediction."""
-    estimate = ctx.cost.decide(scan_pass.name, node_label(node), node, view, found, ctx, level) if ctx.cost is not None else None
+    """A match's verdict as optimize would give it: "would apply" only where the chooser
+    (``ctx.chooser``) applies it, with its prediction."""
+    estimate = decide(scan_pass, node, view, found, level, ctx)
     if estimate is None:
         return "would apply"
     if not estimate.apply:

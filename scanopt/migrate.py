@@ -37,6 +37,7 @@ from scanopt.errors import ScanoptError, UnsupportedModelError
 from scanopt.external_data import has_marks, hollow
 from scanopt.graph import NameAllocator
 from scanopt.opset_adapters import adapt
+from scanopt.pass_api import NodeOutcome
 from scanopt.protos import attribute_graphs, in_default_domain, outer_names, walk_proto_graphs
 
 # -- migration -------------------------------------------------------------------------
@@ -90,8 +91,6 @@ def check_target(source: int | None, target: int) -> None:
         )
     if source is None:
         raise UnsupportedModelError("the model imports no ai.onnx opset; there is nothing to migrate")
-    if target < source:
-        raise ScanoptError(f"the model is at opset {source}; scanopt does not lower it to {target}")
 
 
 def migrate(
@@ -111,8 +110,75 @@ def migrate(
     check_target(source, target_opset)
     if source == target_opset:
         return Migration(model, source, target_opset)
+    if target_opset < source:
+        check_lowering(model, source, target_opset)
     staged, outcomes = _rewrite_scan8(model, source, target_opset, dict(options or {}), denied)
-    return Migration(_convert(staged, model, source, target_opset), source, target_opset, outcomes)
+    adapted: list = []
+    converted = _convert(staged, model, source, target_opset, adapted)
+    outcomes += [NodeOutcome("linattn", node, path, True, line) for path, node, line in adapted]
+    return Migration(converted, source, target_opset, outcomes)
+
+
+# ops scanopt writes in an older form itself when a model moves below their opset (opset_adapters)
+LOWERED_BY_SCANOPT = {"LinearAttention"}
+
+
+def check_lowering(model: onnx.ModelProto, source: int, target: int) -> None:
+    """Raise a ScanoptError unless ``model`` can move down from ``source`` to ``target``: every
+    default-domain op, at every level, has the same form at ``target`` (the same schema, or a
+    newer one that only takes more types: same inputs, outputs and attributes with their
+    defaults), or is one scanopt writes in an older form itself (LinearAttention as a Scan).
+    The model is then only renumbered (:func:`_renumbered`), and verification checks the values."""
+    seen: set = set()
+    for g in walk_proto_graphs(model.graph):
+        for node in g.node:
+            op = node.op_type
+            key = (op, frozenset(a.name for a in node.attribute if (op, a.name) in INERT_WHEN_UNSET))
+            if key in seen or not in_default_domain(node.domain) or op in LOWERED_BY_SCANOPT:
+                continue
+            seen.add(key)
+            problem = _changed_form(op, source, target, key[1])
+            if problem:
+                raise ScanoptError(f"the model is at opset {source}; scanopt does not lower it to {target}: "
+                                   f"{problem} (scanopt lowers a model only where its ops keep their form, "
+                                   "and writes LinearAttention as a Scan)")
+
+
+# attributes added to an op that, left unset, change nothing for the types its older forms take
+# (Range-27's stash_type: "Has no effect for other types" than float16/bfloat16, which Range-11 lacks)
+INERT_WHEN_UNSET = {("Range", "stash_type")}
+
+
+def _changed_form(op: str, source: int, target: int, set_attrs: frozenset = frozenset()) -> str | None:
+    """Why ``op`` at ``source`` is not the same op at ``target``, or None. ``set_attrs``: the
+    node's attributes among :data:`INERT_WHEN_UNSET` (the others of that set are left out)."""
+    try:
+        new = onnx.defs.get_schema(op, source)
+    except onnx.defs.SchemaError:
+        return None  # not an onnx op: the converter and the checker say what it is
+    try:
+        old = onnx.defs.get_schema(op, target)
+    except onnx.defs.SchemaError:
+        return f"'{op}' (opset {new.since_version}) does not exist at opset {target}"
+    if old.since_version == new.since_version:
+        return None
+
+    def form(schema):
+        params = [(p.name, p.option, p.is_homogeneous) for p in list(schema.inputs) + list(schema.outputs)]
+        attrs = sorted((name, a.type, a.required, a.default_value.SerializeToString())
+                       for name, a in schema.attributes.items()
+                       if (op, name) not in INERT_WHEN_UNSET or name in set_attrs)
+        return params, attrs, schema.min_input, schema.max_input, schema.min_output, schema.max_output
+
+    if form(old) == form(new):
+        return None
+    versions = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                       if s.name == op and in_default_domain(s.domain)
+                       and old.since_version < s.since_version <= source})
+    for version in versions:  # the first one whose form differs from the target's: where it changed
+        if form(onnx.defs.get_schema(op, version)) != form(old):
+            return f"'{op}' changed form at opset {version} (its opset-{old.since_version} form differs)"
+    return None  # pragma: no cover - the newest one differs
 
 
 def migrate_verified(
@@ -140,7 +206,8 @@ def migrate_verified(
         return migration
     from scanopt.verify import compare_models
 
-    result = compare_models(model, migration.model, inputs=inputs, engine=engine, seeds=seeds)
+    result = compare_models(model, migration.model, inputs=inputs, engine=engine, seeds=seeds,
+                            input_ranges=_lowered_input_ranges(model, migration))
     migration.verification = {"passed": result.passed, "summary": result.summary(), "details": result.to_dict()}
     if not result.passed:
         raise VerificationError(
@@ -148,6 +215,24 @@ def migrate_verified(
             f"({result.summary()}); nothing written"
         )
     return migration
+
+
+def _lowered_input_ranges(model: onnx.ModelProto, migration: Migration) -> dict | None:
+    """The ranges the inputs of a lowered LinearAttention are meant for (its log decay <= 0, its
+    beta in [0, 1]), where graph inputs feed them as they are: verification draws them there."""
+    if not migration.target_opset < 27 <= migration.source_opset:
+        return None
+    from scanopt.passes.linattn.to_scan import INPUT_RANGES
+
+    fed = {v.name for v in model.graph.input}
+    ranges = {}
+    for g in walk_proto_graphs(model.graph):
+        for node in g.node:
+            if node.op_type == "LinearAttention" and in_default_domain(node.domain):
+                for index, bounds in INPUT_RANGES.items():
+                    if index < len(node.input) and node.input[index] in fed:
+                        ranges[node.input[index]] = bounds
+    return ranges or None
 
 
 def _rewrite_scan8(model, source: int, target: int, options: dict, denied: frozenset):
@@ -180,21 +265,27 @@ def _rewrite_scan8(model, source: int, target: int, options: dict, denied: froze
     return export_model(graph, model), result.outcomes
 
 
-def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, target: int) -> onnx.ModelProto:
-    staged = adapt(staged, source, target, _all_names(staged))
+def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, target: int,
+             adapted: list | None = None) -> onnx.ModelProto:
+    """``adapted`` receives (graph path, node, line) for each node scanopt's adapters rewrote
+    and report (LinearAttention written as a Scan)."""
+    staged = adapt(staged, source, target, _all_names(staged), types=lambda: _known_types(staged), outcomes=adapted)
     if staged.ir_version < 4 and _has_initializers(staged):
         # IR 3 wants every initializer to be a graph input too, and the converter treats an
         # initializer that is not one (the upgrade pass's constants) as undefined
         staged = _copy(staged)
         staged.ir_version = 4
     before = _all_names(staged)
-    types = _known_types(staged)
-    converted = _run_converter(staged, target, source, "")
-    pending = list(_held_bodies(converted.graph))
-    while pending:
-        root = pending.pop(0)
-        _convert_lifted(root, staged, types, source, target)
-        pending += list(_held_bodies(root))
+    if target < source:  # check_lowering: every op keeps its form, so only the number changes
+        converted = _renumbered(staged, target)
+    else:
+        types = _known_types(staged)
+        converted = _run_converter(staged, target, source, "")
+        pending = list(_held_bodies(converted.graph))
+        while pending:
+            root = pending.pop(0)
+            _convert_lifted(root, staged, types, source, target)
+            pending += list(_held_bodies(root))
     for g in walk_proto_graphs(converted.graph):
         for node in g.node:
             if node.domain == HOLD_DOMAIN:
@@ -214,6 +305,30 @@ def _convert(staged: onnx.ModelProto, original: onnx.ModelProto, source: int, ta
         if "Field 'shape' of 'type' is required" not in first:
             raise ScanoptError(f"migration to opset {target} produced an invalid model: {first}") from None
     return converted
+
+
+def _renumbered(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """``model`` importing the default domain at ``target``, where every op it holds has the same
+    form (:func:`check_lowering`; onnx.version_converter has no downward adapter for most ops that
+    only gained types, e.g. Shape 13 -> 12). An op whose types at ``target`` exclude the model's is
+    a ScanoptError naming it."""
+    lowered = _copy(model)
+    for o in lowered.opset_import:
+        if in_default_domain(o.domain):
+            o.version = target
+    check = _copy(lowered)
+    for g in walk_proto_graphs(check.graph):
+        for node in g.node:
+            if node.domain == HOLD_DOMAIN:
+                node.domain = ""
+    del check.opset_import[:]
+    check.opset_import.extend(o for o in lowered.opset_import if o.domain != HOLD_DOMAIN)
+    try:
+        onnx.shape_inference.infer_shapes(_checkable(check), check_type=True, strict_mode=True)
+    except Exception as exc:  # noqa: BLE001 - InferenceError, ValidationError
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScanoptError(f"the model does not hold at opset {target}: {detail}") from None
+    return lowered
 
 
 def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:

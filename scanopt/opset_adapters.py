@@ -31,9 +31,13 @@ from scanopt.graph import NameAllocator
 from scanopt.protos import in_default_domain, walk_proto_graphs
 
 
-def adapt(model: onnx.ModelProto, source: int, target: int, names: set[str]) -> onnx.ModelProto:
+def adapt(model: onnx.ModelProto, source: int, target: int, names: set[str], *, types=None,
+          outcomes: list | None = None) -> onnx.ModelProto:
     """``model`` (at ``source``) with every node an adapter handles for ``source`` → ``target``
-    rewritten; the same object when none applies. ``names``: every name in the model."""
+    rewritten; the same object when none applies. ``names``: every name in the model.
+    ``types``: a callable giving name -> onnx TypeProto of the model's values (asked only when
+    an adapter that needs them applies). ``outcomes``: receives (graph path, node name, line)
+    for each node an adapter that reports (LinearAttention) rewrote."""
     rules = [rule for rule, applies in _RULES if applies(source, target)]
     ops = {op for rule in rules for op in rule.ops}
     if not any(n.op_type in ops and in_default_domain(n.domain)
@@ -41,7 +45,8 @@ def adapt(model: onnx.ModelProto, source: int, target: int, names: set[str]) -> 
         return model
     adapted = onnx.ModelProto()
     adapted.CopyFrom(model)
-    fresh = NameAllocator.from_names(names).fresh
+    allocator = NameAllocator.from_names(names)
+    known = None
     for g in walk_proto_graphs(adapted.graph):
         nodes = []
         for node in g.node:
@@ -49,7 +54,14 @@ def adapt(model: onnx.ModelProto, source: int, target: int, names: set[str]) -> 
             if rule is None or not in_default_domain(node.domain):
                 nodes.append(node)
                 continue
-            new_nodes, weights = rule(node, source, target, fresh)
+            if getattr(rule, "needs_types", False):
+                if known is None:
+                    known = types() if types is not None else {}
+                new_nodes, weights, line = rule(node, source, target, allocator, known)
+                if outcomes is not None:
+                    outcomes.append(("" if g is adapted.graph else g.name, node.name or node.output[0], line))
+            else:
+                new_nodes, weights = rule(node, source, target, allocator.fresh)
             nodes += new_nodes
             g.initializer.extend(weights)
         del g.node[:]
@@ -139,9 +151,68 @@ def _group_norm_decomposed(node, source, target, fresh):
 
 _group_norm_decomposed.ops = {"GroupNormalization"}
 
+def _linear_attention_scan(node, source, target, allocator, types):
+    """LinearAttention (opset 27) below 27: the Scan form of scanopt.passes.linattn.to_scan,
+    held at the target. A node it cannot write stops the migration with its reason."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.emit import Emitter
+    from scanopt.errors import UnsupportedModelError
+    from scanopt.passes.linattn.to_scan import NotLowered, Operand, lower
+    from scanopt.rewrite import Builder, new_graph
+
+    graph = new_graph(node.name or "linear_attention")
+    operands = []
+    for name in node.input:
+        if not name:
+            operands.append(None)
+            continue
+        dtype, shape = _type_of(types.get(name))
+        operands.append(Operand(gs.Variable(name, dtype=dtype, shape=shape), dtype, shape))
+    names = (list(node.output) + ["", ""])[:2]  # an output left out still has to be written somewhere
+    outputs = [gs.Variable(name or allocator.fresh(f"{node.name or 'linear_attention'}_unused")) for name in names]
+    prefix = f"{node.name}_" if node.name else ""
+    e = Emitter(Builder(graph, allocator, prefix), target, domain=HOLD_DOMAIN)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    try:
+        line = lower(e, operands, outputs, attrs)
+    except NotLowered as exc:
+        raise UnsupportedModelError(f"LinearAttention '{node.name or node.output[0]}' has no form below opset 27 "
+                                    f"here: {exc}") from None
+    graph.inputs = [op.tensor for op in operands if op is not None]
+    graph.outputs = outputs
+    exported = gs.export_onnx(graph, do_type_check=False)
+    nodes = list(exported.graph.node)
+    for new in nodes:
+        if new.op_type in ("If", "Scan") and not new.name:
+            new.name = allocator.fresh(prefix + new.op_type.lower())
+    nodes[-1].doc_string = node.doc_string
+    return nodes, list(exported.graph.initializer), line
+
+
+_linear_attention_scan.ops = {"LinearAttention"}
+_linear_attention_scan.needs_types = True
+
+
+def _type_of(value: onnx.TypeProto | None):
+    """(numpy dtype or None, shape list or None) of a tensor type."""
+    if value is None or not value.HasField("tensor_type") or not value.tensor_type.elem_type:
+        return None, None
+    tensor = value.tensor_type
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    except Exception:  # noqa: BLE001 - a type numpy cannot hold
+        return None, None
+    if not tensor.HasField("shape"):
+        return dtype, None
+    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+    return dtype, shape
+
+
 # (adapter, applies(source, target)): Resize-10 and Upsample exist only below 11.
 _RULES = [
     (_resize_asymmetric, lambda source, target: source < 11 <= target),
     (_hardmax_2d, lambda source, target: source < 13 <= target),
     (_group_norm_decomposed, lambda source, target: source < 19 <= target <= 20),
+    (_linear_attention_scan, lambda source, target: target < 27 <= source),
 ]

@@ -84,8 +84,9 @@ class PassContext:
     selected: tuple[str, ...] | None = None
     # (pass name, node label) pairs a pass must not rewrite, e.g. after a failed verification
     denied: frozenset[tuple[str, str]] = frozenset()
-    # decides whether a proposed rewrite pays off (scanopt.cost.CostPolicy); None: always
-    cost: Any = None
+    # decides whether a form's proposed rewrite applies (scanopt.chooser.Chooser); None: every
+    # proposal applies but where a form defers to another (Pass.defers_to)
+    chooser: Any = None
     # rewrites applied so far in this run (any pass): what a pass keeps in ``memo`` about
     # the graph between calls is valid while this stays the same
     edits: int = 0
@@ -130,9 +131,12 @@ class Match:
     # a length below which the matched form measured slower than the loop, for a Scan whose
     # length is symbolic: unmeasured, the cost policy keeps the loop (it may run that short)
     slower_below: int | None = None
-    # for a symbolic length: the form can instead be written behind If(length < dispatch_below)
-    # with the loop in the other branch (measured never slower than the loop); the cost policy
-    # sets ``dispatch`` where it chooses that (Estimate.dispatch)
+    # a run-time dispatch the form can be written as: the loop where the dim ``dispatch_on``
+    # ("T": the length, "B": the batch) is at least ``dispatch_below``, the form below it (the
+    # length: the loop below, measured never slower than the loop). The chooser sets
+    # ``dispatch`` (and, where the pass leaves it to the cost model, ``dispatch_below``) where it
+    # chooses that (Estimate.dispatch)
+    dispatch_on: str = "T"
     dispatch_below: int | None = None
     dispatch: bool = False
 
@@ -142,6 +146,23 @@ class Pass:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # "normalizer": changes how a Scan is written, not the work it does (loop_to_scan, upgrade,
+    # canonicalize, cleanup); it never asks the chooser. "form": builds another form of a Scan's
+    # computation, applied where the chooser (scanopt.chooser) picks it.
+    kind: ClassVar[str] = "form"
+    # where the pass runs in the pipeline (lower first; scanopt.pipeline lists the order)
+    order: ClassVar[int] = 500
+    # the report's and the measured times' name of the form this pass builds ("" : its name)
+    form: ClassVar[str] = ""
+    # the form leaves no loop behind (a native op, CumSum, a map's batch): worth a second loop
+    # where a Scan is split so that a piece gets it (canonicalize's fission)
+    loop_free: ClassVar[bool] = False
+    # why this form is not applied unmeasured ("" : it is), where only a measurement at the
+    # model's shapes can tell whether it is faster
+    needs_measurement: ClassVar[str] = ""
+    # forms that go first where they also match and the chooser applies them (unroll: copying
+    # the body per step destroys the cell fuse matches)
+    defers_to: ClassVar[tuple[str, ...]] = ()
     # options this pass reads from PassContext.options that a user may set (the CLI's
     # --pass-option KEY=VALUE): key -> (type, one line of help)
     tunables: ClassVar[dict[str, tuple[type, str]]] = {}
@@ -195,7 +216,7 @@ class ScanPass(Pass):
             if isinstance(found, Skip):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
                 continue
-            estimate = ctx.cost.decide(self.name, label, node, view, found, ctx, level) if ctx.cost is not None else None
+            estimate = decide(self, node, view, found, level, ctx)
             speed = {} if estimate is None else {
                 "speedup": estimate.speedup, "measured": estimate.measured}
             if estimate is not None and not estimate.apply:
@@ -204,6 +225,8 @@ class ScanPass(Pass):
                 continue
             if estimate is not None and estimate.dispatch:
                 found.dispatch = True
+                if estimate.dispatch_below is not None:
+                    found.dispatch_below = estimate.dispatch_below
             detail = self.rewrite(node, found, level, ctx)
             ctx.edits += 1
             result.modified = True
@@ -246,6 +269,16 @@ class LoopPass(Pass):
         return result
 
 
+def decide(scan_pass: "ScanPass", node: gs.Node, view: ScanView, match: Match, level: GraphLevel | None,
+           ctx: PassContext):
+    """The chooser's verdict on ``match`` (scanopt.chooser), or None: apply it."""
+    if ctx.chooser is None:
+        from scanopt.chooser import Chooser
+
+        return Chooser(None).verdict(scan_pass, node, view, match, level, ctx)
+    return ctx.chooser.verdict(scan_pass, node, view, match, level, ctx)
+
+
 def op_nodes(graph: gs.Graph, op_type: str):
     """(GraphLevel, node) for every default-domain ``op_type`` node, outermost first."""
     for level in walk_graphs(graph):
@@ -270,24 +303,28 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def dry_matches(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext):
-    """(pass name, its Match) for each registered ScanPass in ``names`` whose ``match``
-    accepts ``node``, without rewriting: what another pass would do with a Scan (the cost
-    policy's alternatives, canonicalize's fission trial). A pass denied on the node, or one
-    that cannot judge it (it raises), offers nothing."""
-    registry = registered_passes()
-    for name in names:
-        if name not in registry or (name, node_label(node)) in ctx.denied:
-            continue
-        try:
-            found = registry[name]().match(node, view, level, ctx)
-        except Exception:  # noqa: BLE001 - a pass that cannot judge this Scan offers no alternative
-            continue
-        if not isinstance(found, Skip):
-            yield name, found
-
-
 def registered_passes() -> dict[str, type[Pass]]:
     import scanopt.passes  # noqa: F401 - importing registers the built-in passes
 
     return dict(_REGISTRY)
+
+
+def pass_order() -> tuple[str, ...]:
+    """The registered passes' names in pipeline order."""
+    return tuple(sorted(registered_passes(), key=lambda name: (_REGISTRY[name].order, name)))
+
+
+# A pair of forms whose name is not its parts' joined (fuse, then hoist of what is left).
+PAIR_NAMES = {("fuse", "hoist"): "hoisted+native"}
+
+
+def form_name(passes) -> str:
+    """The report's (and the measured times') name of the form a set of passes builds: "loop"
+    for none, a pass's ``form`` (else its name) for one."""
+    key = tuple(sorted(passes))
+    if not key:
+        return "loop"
+    if key in PAIR_NAMES:
+        return PAIR_NAMES[key]
+    registry = registered_passes()
+    return "+".join((getattr(registry.get(p), "form", "") or p) for p in key)

@@ -1,9 +1,10 @@
 """The pipeline: runs passes in order over every graph level, to a fixed point, then
 verifies the result numerically and rolls back rewrites that fail.
 
-Order (PIPELINE_ORDER): loop_to_scan -> upgrade -> canonicalize -> fuse -> linattn -> linrec -> distances ->
-vectorize -> hoist -> unroll -> cleanup. Fusion runs before unrolling because unrolling destroys
-the patterns fusion needs. Passes not yet built are simply absent from the registry.
+Order (each pass's ``order``, PIPELINE_ORDER): the normalizers loop_to_scan -> upgrade ->
+canonicalize, the forms fuse -> linattn -> linrec -> distances -> vectorize -> hoist -> unroll,
+then cleanup. Which form a Scan gets is the chooser's (scanopt.chooser); the order only says
+which pass proposes first.
 """
 
 from __future__ import annotations
@@ -16,26 +17,32 @@ from typing import Callable, Iterable
 
 import onnx
 
-from scanopt.cost import TARGETS, CostPolicy
+from scanopt.chooser import Chooser
+from scanopt.cost import TARGETS
 from scanopt.errors import ScanoptError
 from scanopt.graph import NameAllocator, node_label
 from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
-from scanopt.pass_api import Pass, PassContext, op_nodes, registered_passes, scan_nodes
+from scanopt.pass_api import Pass, PassContext, op_nodes, pass_order, registered_passes, scan_nodes
 from scanopt.protos import fed_inputs
 from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
 from scanopt.validate import default_opset, validate_model
 
-PIPELINE_ORDER = ("loop_to_scan", "upgrade", "canonicalize", "fuse", "linattn", "linrec", "distances", "vectorize", "hoist", "unroll", "cleanup")
 MAX_ROUNDS = 8
+
+
+def __getattr__(name: str):
+    """``PIPELINE_ORDER``: the registered passes' names in pipeline order (each pass's ``order``)."""
+    if name == "PIPELINE_ORDER":
+        return pass_order()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[Pass]:
     """Instances of the chosen passes, in pipeline order. Unknown names are a ScanoptError."""
     registry = registered_passes()
-    order = [name for name in PIPELINE_ORDER if name in registry]
-    order += sorted(name for name in registry if name not in order)
+    order = list(pass_order())
     wanted = list(order if passes is None else passes)
     unknown = [name for name in list(wanted) + list(skip) if name not in registry]
     if unknown:
@@ -396,7 +403,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         options=options,
         denied=denied,
         selected=tuple(p.name for p in chosen),
-        cost=CostPolicy.from_options(options),
+        chooser=Chooser.from_options(options),
         progress=getattr(progress, "count", None),  # a scanopt.progress.Progress also counts Scans
     )
     has_scan = any(True for _ in scan_nodes(graph)) or any(True for _ in op_nodes(graph, "Loop"))

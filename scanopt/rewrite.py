@@ -3,12 +3,13 @@
 The idiom: a rewrite builds new nodes that write into the replaced node's own output
 tensors (so graph outputs and every reader, nested bodies included, keep their names,
 types and shapes), then detaches the old node. New values get fresh model-wide names
-from the pipeline's NameAllocator.
+from the pipeline's NameAllocator. A rewrite that must keep the original's behaviour where its
+form cannot run puts the form behind an If through :class:`Guard`.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -161,3 +162,91 @@ def place_appended(graph: gs.Graph, position: int, start: int) -> int:
     added = graph.nodes[start:]
     graph.nodes[:] = graph.nodes[:position] + added + graph.nodes[position:start]
     return len(added)
+
+
+class Branch:
+    """One branch of a :class:`Guard`'s If: a new body graph and a Builder adding to it with
+    the model-wide names. Outer values its nodes read stay outer-scope reads."""
+
+    def __init__(self, name: str, names: NameAllocator):
+        self.graph = new_graph(name)
+        self.b = Builder(self.graph, names)
+
+    def values(self, outputs: Sequence[gs.Tensor], name: str, dtype_of=None) -> list[gs.Variable]:
+        """A new value of this branch for each of ``outputs`` (outer tensors the If will
+        write), named ``name.format(the output's name)``, with the output's dtype (else
+        ``dtype_of(output)``) and shape; an omitted output (no name) stays omitted."""
+        found = []
+        for t in outputs:
+            if not t.name:
+                found.append(gs.Variable.empty())
+                continue
+            dtype = t.dtype if t.dtype is not None or dtype_of is None else dtype_of(t)
+            shape = None if t.shape is None else list(t.shape)
+            found.append(self.b.variable(name.format(t.name), dtype=dtype, shape=shape))
+        return found
+
+    def take(self, node: gs.Node, name: str, dtype_of=None) -> list[gs.Tensor]:
+        """Move ``node`` (in no graph: new, or removed from its own) to the end of this
+        branch, its outputs replaced by new values of the branch (see :meth:`values`), and
+        return them: the outer tensors it wrote are free for the If."""
+        node.outputs = self.values(node.outputs, name, dtype_of)
+        self.graph.nodes.append(node)
+        return list(node.outputs)
+
+
+class Guard:
+    """``If(condition) then <then branch> else <else branch>`` in place of a rewritten node:
+    the else branch holds the rewritten form, the then branch what the original gives where
+    the form cannot run as it does (an empty input, zero steps, a length it is slow at, a
+    non-finite value); the If writes the original's output tensors, so their names, types
+    and shapes stay. The pass knows the condition and what each branch computes: it fills
+    :attr:`then` and :attr:`orelse` (in any order: each new name is taken where its node is
+    built) and makes the condition, then calls :meth:`close`."""
+
+    def __init__(self, names: NameAllocator, then_name: str, else_name: str):
+        self.then = Branch(then_name, names)
+        self.orelse = Branch(else_name, names)
+
+    def close(self, outer: Builder, condition: gs.Tensor, outputs: Sequence[gs.Tensor],
+              then_values: Sequence[gs.Tensor], else_values: Sequence[gs.Tensor], *, domain: str | None = None,
+              outer_weights: bool = False) -> gs.Node:
+        """Append the If to ``outer``'s graph (in ``domain``) and return it: it writes
+        ``outputs``, each the value at its position in ``then_values`` or ``else_values``
+        (which become the branches' outputs). ``outer_weights``: the new Constants the else
+        branch's nodes read are exported with ``outer``'s graph (see :func:`stored_in`), not
+        inside the branch."""
+        if not len(outputs) == len(then_values) == len(else_values):
+            raise ValueError(f"a guard writes {len(outputs)} outputs: its branches give {len(then_values)} and "
+                             f"{len(else_values)}")
+        self.then.graph.outputs = list(then_values)
+        self.orelse.graph.outputs = list(else_values)
+        if outer_weights:
+            stored_in(outer.graph, [t for node in self.orelse.graph.nodes for t in node.inputs])
+        outer.op("If", [condition], outputs=list(outputs), domain=domain, then_branch=self.then.graph,
+                 else_branch=self.orelse.graph)
+        return outer.graph.nodes[-1]
+
+
+def loop_where(node: gs.Node, values: Sequence[gs.Tensor | None], graph: gs.Graph, start: int, names: NameAllocator,
+               condition: Callable[[], gs.Tensor], form: str, dtype_of=None) -> None:
+    """A run-time choice between ``node`` (a loop) and the form that replaces it: the nodes
+    appended to ``graph`` from ``start`` on, computing ``values`` (one per output of ``node``;
+    None: an output nobody reads) go into the else branch of ``If(condition)``, ``node`` itself
+    into the then branch, and the If writes ``node``'s read output tensors. ``condition``
+    emits the test into ``graph`` once the form's nodes are out of it (the loop where it
+    holds: a length or batch the form is slower at)."""
+    guard = Guard(names, f"{node.name}_loop", f"{node.name}_{form}")
+    branch = guard.orelse
+    branch.graph.nodes.extend(graph.nodes[start:])
+    graph.nodes[:] = graph.nodes[:start]
+    kept = [k for k, (t, v) in enumerate(zip(node.outputs, values)) if t.name and v is not None]
+    written = [node.outputs[k] for k in kept]
+    results = branch.values(written, "{}_" + form, dtype_of)
+    placeholder = gs.Node("Identity", inputs=[], outputs=list(results))
+    branch.graph.nodes.append(placeholder)
+    rebind_outputs(placeholder, [values[k] for k in kept], branch.graph)
+    remove_node(graph, node)
+    looped = guard.then.take(node, "{}_looped", dtype_of)
+    outer = Builder(graph, names, prefix=f"{node.name}_" if node.name else "")
+    guard.close(outer, condition(), written, [looped[k] for k in kept], results)

@@ -29,14 +29,13 @@ import numpy as np
 import onnx
 
 from scanopt import timing, tune_cache
-from scanopt.cost import NEUTRAL_PASSES, form_name
+from scanopt.pass_api import form_name
 from scanopt.protos import attribute_graphs, fed_inputs, outer_names, proto_node_label
 from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, ShapeTable
 from scanopt.validate import default_opset
 
 MODEL_SECONDS = 30.0
 SCAN_SECONDS = 2.0
-NOT_CANDIDATES = NEUTRAL_PASSES + ("upgrade",)  # upgrade is what a migration needs, never a speed choice
 # What a Scan's measured subgraph takes along when only the Scan reads it (see producers)
 PRODUCER_OPS = SHAPE_PRESERVING | ELEMENTWISE | frozenset(("Einsum", "Transpose", "Unsqueeze", "Squeeze"))
 MAX_PRODUCERS = 16
@@ -61,8 +60,8 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     budget = float(options.get("tune_seconds", MODEL_SECONDS))
     per_scan = float(options.get("tune_scan_seconds", SCAN_SECONDS))
     directory = tune_cache.cache_dir(options)
-    names = [p.name for p in chosen if p.name not in NOT_CANDIDATES]
-    neutral = [p for p in chosen if p.name in NEUTRAL_PASSES]
+    names = [p.name for p in chosen if p.kind == "form"]  # the candidates; a normalizer is no speed choice
+    neutral = [p for p in chosen if p.kind == "normalizer"]  # they run in every form, as in the pipeline
     base_options = {k: v for k, v in options.items() if k not in ("measured", "deployment", "observed")}
     base_options["target"] = "portable"
     original_shapes = ShapeTable(model)

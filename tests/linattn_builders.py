@@ -136,3 +136,35 @@ def attention(rule="linear", *, B=2, H=2, DK=4, DV=3, T=9, nb=2, style="einsum",
                        scan_input_axes=[axis] * n_scan, scan_output_axes=[axis])
     outs = [b.vi("ST", outer_bd + s_shape[nb:]), b.vi("Y", seq([DV]))]
     return b.model(h.make_graph([scan], "g", ins, outs), opset=opset, ir_version=10)
+
+
+def linear_attention_node(rule="gated_delta", *, q_heads=2, kv_heads=2, DK=4, DV=3, B="B", T="T", past=True,
+                          per_key=False, beta_width=None, scale=None, elem=TP.FLOAT, state_elem=None, opset=27,
+                          chunk_size=None):
+    """One ``LinearAttention`` node as a model builder writes it (tests/test_linattn_down.py): q, k,
+    v [B, T, H*d] packed, past_state [B, H_kv, DK, DV] (left out unless ``past``), decay [B, T, H_kv]
+    (``per_key``: [B, T, H_kv*DK]) for the gated rules, beta [B, T, ``beta_width`` or H_kv] for the
+    delta rules, outputs output [B, T, H_q*DV] and present_state."""
+    state_elem = elem if state_elem is None else state_elem
+    ins = [b.vi("query", [B, T, q_heads * DK], elem), b.vi("key", [B, T, kv_heads * DK], elem),
+           b.vi("value", [B, T, kv_heads * DV], elem)]
+    names = ["query", "key", "value", "", "", ""]
+    if past:
+        ins.append(b.vi("past_state", [B, kv_heads, DK, DV], state_elem))
+        names[3] = "past_state"
+    if rule in ("gated", "gated_delta"):
+        ins.append(b.vi("decay", [B, T, kv_heads * DK if per_key else kv_heads], elem))
+        names[4] = "decay"
+    if rule in ("delta", "gated_delta"):
+        ins.append(b.vi("beta", [B, T, kv_heads if beta_width is None else beta_width], elem))
+        names[5] = "beta"
+    while not names[-1]:
+        names.pop()
+    attrs = dict(update_rule=rule, q_num_heads=q_heads, kv_num_heads=kv_heads)
+    if scale is not None:
+        attrs["scale"] = scale
+    if chunk_size is not None:
+        attrs["chunk_size"] = chunk_size
+    node = h.make_node("LinearAttention", names, ["output", "present_state"], name="linear_attention", **attrs)
+    outs = [b.vi("output", [B, T, q_heads * DV], elem), b.vi("present_state", [B, kv_heads, DK, DV], state_elem)]
+    return b.model(h.make_graph([node], "model_builder", ins, outs), opset=opset, ir_version=10)

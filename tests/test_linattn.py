@@ -74,6 +74,30 @@ def test_per_key_decay_equals_the_loop():
     assert_equivalent(model, out, engine="ort")
 
 
+@pytest.mark.parametrize("written", [dict(), dict(style="matmul"), dict(beta_on="key"), dict(expanded=True)],
+                         ids=["einsum", "matmul", "beta_on_key", "expanded"])
+def test_per_key_decay_in_the_delta_rule_equals_the_loop(written):
+    """gated_delta with a per-key decay (the spec's decay [B, T, H_kv*dk]): the erase reads the
+    decayed state, Σ_i k_i a_i S_ij, the very key and decay of the update."""
+    model = lab.attention("gated_delta", per_key=True, **written)
+    out = rewritten(model, "gated_delta")
+    assert_equivalent(model, out, engine="ort")
+
+
+def test_per_key_decay_with_the_erase_of_the_undecayed_state_is_declined():
+    model = lab.attention("gated_delta", per_key=True)
+    body = model.graph.node[0].attribute[0].g
+    decayed = next(n.output[0] for n in body.node if n.op_type == "Mul" and "S" in n.input)
+    for node in body.node:  # the erase now reads S, not a·S: neither delta nor gated_delta
+        if node.op_type == "Einsum" and node.input[0] == decayed and len(node.input) == 2 and "->" in \
+                next(a.s.decode() for a in node.attribute if a.name == "equation") and node.input[1] != "q":
+            node.input[0] = "S"
+            break
+    else:
+        raise AssertionError("no read of the decayed state by the key")
+    assert "not β k (v − a Sᵀk)ᵀ" in reason(model)
+
+
 @pytest.mark.parametrize("rule", RULES)
 def test_symbolic_batch_and_length_run_empty_like_the_loop(rule):
     """B and T symbolic: the synthesized feeds include an empty batch and zero steps, which the

@@ -294,7 +294,7 @@ def _graphs_walked_by_inspect(count: int, monkeypatch) -> int:
     Scans with every pass's dry run (walk_graphs lists each node's bodies through
     subgraphs_of, looked up at call time)."""
     import scanopt.graph as graph_module
-    from scanopt.cost import CostPolicy
+    from scanopt.chooser import Chooser
     from scanopt.inspect import describe_scans
     from scanopt.pass_api import ScanPass
 
@@ -308,7 +308,7 @@ def _graphs_walked_by_inspect(count: int, monkeypatch) -> int:
     graph = import_model(model)
     options = {"target": "onnxruntime"}
     ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model), options=options,
-                      cost=CostPolicy.from_options(options))
+                      chooser=Chooser.from_options(options))
     passes = [p for p in select_passes(None) if isinstance(p, ScanPass)]
     visits = [0]
     real = graph_module.subgraphs_of

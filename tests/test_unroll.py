@@ -23,6 +23,8 @@ from scanopt.engines import run
 from scanopt.graph import NameAllocator
 from scanopt.ir import export_model, import_model
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip
+from scanopt import chooser as chooser_module
+from scanopt import pass_api
 from scanopt.passes.unroll import unroll_pass as unroll_module
 from scanopt.pipeline import optimize
 from scanopt.protos import walk_proto_graphs
@@ -33,8 +35,10 @@ MODELS = Path(__file__).resolve().parent.parent / "models"
 
 @pytest.fixture(autouse=True)
 def no_fuse(monkeypatch):
-    """Unroll consults the registry for a fuse pass; these tests decide what it holds."""
-    monkeypatch.setattr(unroll_module, "registered_passes", lambda: {})
+    """Unroll defers to fuse where fuse takes the Scan (the chooser asks the registry's fuse
+    pass); these tests decide whether there is one."""
+    monkeypatch.setattr(chooser_module, "registered_passes",
+                        lambda: {k: v for k, v in pass_api.registered_passes().items() if k != "fuse"})
 
 
 def unroll(model, **options):
@@ -433,7 +437,7 @@ class _FakeFuse(ScanPass):
 
 
 def test_fusable_scan_is_left_to_fuse(monkeypatch):
-    monkeypatch.setattr(unroll_module, "registered_passes", lambda: {"fuse": _FakeFuse})
+    monkeypatch.setattr(chooser_module, "registered_passes", lambda: {"fuse": _FakeFuse, "unroll": unroll_module.Unroll})
     m = sample("scan_short_static")
     graph = import_model(m)
     ctx = PassContext(opset=16, names=NameAllocator(graph), shapes=ShapeTable(m), selected=("fuse", "unroll"))
@@ -446,7 +450,7 @@ def test_fusable_scan_is_left_to_fuse(monkeypatch):
 
 
 def test_fusable_scan_whose_fusion_was_rolled_back_is_unrolled(monkeypatch):
-    monkeypatch.setattr(unroll_module, "registered_passes", lambda: {"fuse": _FakeFuse})
+    monkeypatch.setattr(chooser_module, "registered_passes", lambda: {"fuse": _FakeFuse, "unroll": unroll_module.Unroll})
     m = sample("scan_short_static")
     graph = import_model(m)
     ctx = PassContext(opset=16, names=NameAllocator(graph), shapes=ShapeTable(m),
@@ -474,9 +478,7 @@ def test_cli_reports_unrolled_and_over_threshold(cli, tmp_path):
 def test_default_pipeline_unrolls_what_fuse_declines(monkeypatch):
     """The whole pipeline with the real registry: fuse runs first and declines the nested
     running sums (not a cell), unroll takes both levels, verification passes."""
-    from scanopt.pass_api import registered_passes
-
-    monkeypatch.setattr(unroll_module, "registered_passes", registered_passes)
+    monkeypatch.setattr(chooser_module, "registered_passes", pass_api.registered_passes)
     m = sample("scan_nested", seq=2)
     out, report = optimize(m)
     assert report.verification["passed"] is True
@@ -558,9 +560,7 @@ def test_short_cell_whose_fusion_the_cost_policy_declines_is_unrolled_not_left_t
     table's B=8 rows), so fuse declines it; unroll must not then skip it as 'left to fuse'
     (which left a short loop nobody rewrote). With --target portable fuse takes it."""
     import cell_builders as cb
-    from scanopt.pass_api import registered_passes
-
-    monkeypatch.setattr(unroll_module, "registered_passes", registered_passes)  # the real fuse
+    monkeypatch.setattr(chooser_module, "registered_passes", pass_api.registered_passes)  # the real fuse
     body = cb.Body(hidden=64, inputs=64)
     y = cb.rnn(body, "x", "h")
     body.nodes.append(h.make_node("Identity", [y], ["h_new"]))

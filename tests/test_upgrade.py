@@ -481,9 +481,32 @@ def test_targets_outside_the_supported_range(target, message):
         migrate(sum_model(), target)
 
 
-def test_no_lowering():
+def test_lowering_where_every_op_keeps_its_form():
+    """Below the model's opset only where no op changes form (issue 32): renumbered, verified."""
     model = migrate(sum_model(), 13).model
-    with pytest.raises(ScanoptError, match="does not lower it to 11"):
+    lowered = migrate_verified(model, 11)
+    assert default_opset(lowered.model) == 11 and lowered.verification["passed"]
+
+
+@pytest.mark.parametrize("elem,error", [(TP.FLOAT, None), (TP.FLOAT16, "does not hold at opset 26: .*Range.*float16")])
+def test_lowering_checks_the_older_ops_types(elem, error):
+    """Range-27 left without stash_type is Range-11 for the types Range-11 takes; float16 it does not."""
+    inputs = [vi(n, [], elem) for n in ("a", "b", "c")]
+    graph = h.make_graph([h.make_node("Range", ["a", "b", "c"], ["y"])], "g", inputs, [vi("y", ["n"], elem)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 27)], ir_version=10)
+    if error:
+        with pytest.raises(ScanoptError, match=error):
+            migrate(model, 26)
+    else:
+        assert default_opset(migrate(model, 26).model) == 26
+
+
+def test_no_lowering_where_an_op_changed_form():
+    x = vi("x", [2, 3])
+    graph = h.make_graph([h.make_node("Unsqueeze", ["x", "axes"], ["y"])], "g", [x], [vi("y", [1, 2, 3])],
+                         initializer=[const("axes", np.array([0], np.int64))])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    with pytest.raises(ScanoptError, match="does not lower it to 11: 'Unsqueeze' changed form at opset 13"):
         migrate(model, 11)
 
 

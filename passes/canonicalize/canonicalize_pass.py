@@ -91,6 +91,8 @@ class CanonicalPlan(Match):
 @register_pass
 class Canonicalize(ScanPass):
     name = "canonicalize"
+    kind = "normalizer"
+    order = 30
     summary = "scan axes to 0, default attributes dropped, dead/duplicate/invariant states and outputs removed"
     tunables = {"fission": (str, "auto (default): split a Scan whose states split one way into two Scans where a piece "
                                  "then gets a native or loop-free form; always: wherever the states split; never")}

@@ -18,7 +18,7 @@ comes apart. A mutual dependency (h reads s, s reads h) is one component: never 
 
 When (option ``fission``, default "auto"): two loops and a stacked frontier cost more than
 one loop, so a Scan is split only when the whole Scan gets no form from
-:data:`FORM_PASSES` that the cost policy would apply (a cell beside a step counter
+the loop-free forms (``Pass.loop_free``) that the chooser would apply (a cell beside a step counter
 fuses as it is, and stays whole), and
 - where the Scan's forms were measured (``scanopt.tune``; canonicalize, and so this
   split, runs inside every form it times): the fastest form is one of those passes';
@@ -45,13 +45,12 @@ from dataclasses import replace
 import onnx_graphsurgeon as gs
 
 from scanopt.graph import GraphLevel, in_graph_outputs, node_label, node_position, walk_graphs
-from scanopt.pass_api import Skip, dry_matches, registered_passes
+from scanopt.chooser import Chooser
+from scanopt.pass_api import Skip
 from scanopt.passes.canonicalize.fission_build import build_pieces, unhook, unhook_graph
 from scanopt.passes.canonicalize.fission_plan import Fission, plan_fission
 from scanopt.scan_view import ScanView
 
-# Passes whose rewrite leaves a piece without its loop (native op, CumSum, a map's batch).
-FORM_PASSES = ("fuse", "linrec", "vectorize", "distances")
 LOOP_OPS = ("Loop", "Scan")
 # option ``fission``: split where it pays (above), wherever the states allow, or never
 MODES = ("auto", "always", "never")
@@ -74,7 +73,7 @@ def match_fission(node: gs.Node, view: ScanView, level: GraphLevel, ctx) -> Fiss
         whole = _forms_of(node, view, level, ctx)
         if whole:
             return f"split into {splits} would do, but the Scan as it is gets {whole[0][0]}"
-        if measured is not None and not set(measured["passes"]) & set(FORM_PASSES):
+        if measured is not None and not set(measured["passes"]) & set(_selected(ctx)):
             return (f"split into {splits} would do, but the measured fastest form is {measured['form']} "
                     "(the forms timed include the split)")
     tried = []
@@ -106,10 +105,14 @@ def match_fission(node: gs.Node, view: ScanView, level: GraphLevel, ctx) -> Fiss
             "more than one")
 
 
+def _chooser(ctx) -> Chooser:
+    return ctx.chooser if ctx.chooser is not None else Chooser(None)
+
+
 def _portable(ctx) -> bool:
     """Target portable (or no cost policy): any form applies, so the question is what the
     forms leave, not their speed."""
-    return ctx.cost is None or getattr(ctx.cost, "target", "") == "portable"
+    return _chooser(ctx).portable
 
 
 def _pays(estimate, ctx) -> bool:
@@ -122,24 +125,18 @@ def _pays(estimate, ctx) -> bool:
 
 
 def _selected(ctx) -> list[str]:
-    registry = registered_passes()
-    return [p for p in FORM_PASSES if p in registry and (ctx.selected is None or p in ctx.selected)]
+    """The loop-free forms of this run: what could justify a split."""
+    return _chooser(ctx).forms(ctx, loop_free=True)
 
 
 def _forms_of(node, view, level, ctx) -> list[tuple]:
-    """(pass, the cost policy's Estimate or None) for the FORM_PASSES that would rewrite
-    ``node`` with the cost policy's consent."""
-    found = []
-    for name, match in dry_matches(_selected(ctx), node, view, level, ctx):
-        estimate = ctx.cost.decide(name, node_label(node), node, view, match, ctx, level) if ctx.cost is not None else None
-        if estimate is None or estimate.apply:
-            found.append((name, estimate))
-    return found
+    """(pass, the chooser's Estimate or None) for the loop-free forms that would rewrite
+    ``node`` with the chooser's consent."""
+    return _chooser(ctx).applied_forms(node, view, level, ctx)
 
 
 def _measured(node, level, ctx) -> dict | None:
-    measured = getattr(ctx.cost, "measured", None) or {}
-    return measured.get(node_label(node)) if not level.path else None
+    return _chooser(ctx).measured_choice(node, level)
 
 
 def _trial(node, view, plan: Fission, level, ctx) -> list[tuple[list[tuple], int]] | str:
@@ -160,13 +157,7 @@ def _loops_left(node, view, plan: Fission, index: int, name: str, level, ctx) ->
     A rewrite that fails on the copy counts as leaving the piece as it was."""
     with _detached(node, view, plan, level, ctx) as (pieces, where):
         piece, kept = pieces[index], _loops(gs.Graph(nodes=[pieces[index]]))
-        rewriter = registered_passes()[name]()
-        try:
-            match = rewriter.match(piece, ScanView.from_gs(piece, ctx.opset, ctx.shapes), where, ctx)
-            if isinstance(match, Skip):
-                return kept
-            rewriter.rewrite(piece, match, where, ctx)
-        except Exception:  # noqa: BLE001 - a pass that cannot rewrite the copy gives the piece no form
+        if not Chooser.trial(name, piece, where, ctx):
             return kept
         other = pieces[1 - index]
         return _loops(gs.Graph(nodes=[n for n in where.graph.nodes if n is not other]))
@@ -209,7 +200,9 @@ def _canonicalize(pieces, where: GraphLevel, ctx, rounds: int = 3) -> None:
     pass sees them (a piece's copy of an output, its unread inputs and invariant states
     would otherwise stop fuse on the trial only); no further fission."""
     inner = replace(ctx, options={**ctx.options, "fission": "never"})
-    canonicalize = registered_passes()["canonicalize"]()
+    from scanopt.passes.canonicalize.canonicalize_pass import Canonicalize  # it imports this module
+
+    canonicalize = Canonicalize()
     for piece in pieces:
         for _ in range(rounds):
             try:
@@ -238,7 +231,7 @@ def split(node: gs.Node, view: ScanView, plan: Fission, level: GraphLevel, ctx) 
                           reuse_body=True)
     measured = _measured(node, level, ctx)
     if measured is not None:  # the measured form's time includes the split: both pieces take its choice
-        ctx.cost.measured[pieces[1].name] = measured
+        _chooser(ctx).share_measurement(measured, pieces[1].name)
     position = node_position(graph, node)
     node.inputs.clear()
     node.outputs.clear()

@@ -12,7 +12,7 @@ from scanopt.pass_api import ScanPass, Skip, register_pass
 from scanopt.passes.fuse.cell_states import cell_sequence
 from scanopt.passes.fuse.directions import FusePlan, _direction, _partner
 from scanopt.passes.fuse.glue import FuseEmitter
-from scanopt.rewrite import Builder, is_read, rebind_outputs
+from scanopt.rewrite import Builder, is_read, loop_where, rebind_outputs
 
 
 class _RunState:
@@ -37,6 +37,9 @@ class _RunState:
 class Fuse(ScanPass):
     tunables = {"fuse_layout": (int, "1: emit layout=1 for batch-major X (opset 14+) instead of a Transpose")}
     name = "fuse"
+    order = 40
+    form = "native"
+    loop_free = True
     summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
 
     def __call__(self, graph, ctx):
@@ -55,6 +58,8 @@ class Fuse(ScanPass):
         return self._run_state
 
     def match(self, node, view, level, ctx):
+        if node.name and ctx.loop_branches.get(node.name) == self.name:
+            return Skip("the loop branch of fuse's run-time dispatch on the batch: not fused again")
         run = self._state(ctx)
         found = _direction(node, view, level, ctx, run.folder)
         if isinstance(found, Skip):
@@ -71,7 +76,10 @@ class Fuse(ScanPass):
         layout = int(batched and in_axis == 1 and ctx.opset >= 14 and ctx.options.get("fuse_layout") == 1
                      and not any(d.cell_outputs for d in dirs))
         lens = node.inputs[0] if view.batched and view.sequence_lens else None
-        return FusePlan(batched, in_axis, layout, lens, dirs)
+        plan = FusePlan(batched, in_axis, layout, lens, dirs)
+        if _batch_dispatchable(plan, view):
+            plan.dispatch_on = "B"
+        return plan
 
     def rewrite(self, node, plan: FusePlan, level, ctx):
         graph = level.graph
@@ -134,12 +142,17 @@ class Fuse(ScanPass):
         attrs = _attrs(plan, n_dirs)
         emit.native(kind, inputs, outs, attrs, layout=plan.layout, static_nonempty=_static_nonempty(x))
 
-        for index, d in enumerate(plan.dirs):
-            values = self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, inputs)
-            rebind_outputs(d.node, values, graph)
+        per_dir = [self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, inputs)
+                   for index, d in enumerate(plan.dirs)]
         for emitted in graph.nodes[start:]:  # the cell-state loop: covered by this Scan's measured form
             if emitted.op == "Scan":
                 ctx.derived[node_label(emitted)] = node_label(node)
+        dispatched = ""
+        if plan.dispatch:
+            dispatched = self._behind_batch_if(node, per_dir[0], plan, x, start, level, ctx)
+        else:
+            for d, values in zip(plan.dirs, per_dir):
+                rebind_outputs(d.node, values, graph)
         if not is_topologically_sorted(graph):  # new nodes were appended after the Scan's readers
             graph.toposort(recurse_subgraphs=False)
         where = f"{'bidirectional' if n_dirs == 2 else ('reverse' if first.reverse else 'forward')}"
@@ -148,7 +161,27 @@ class Fuse(ScanPass):
         return (f"fused into {kind} (hidden {cell.hidden}, input {cell.input_size}, {where}{merged}, activations "
                 f"{', '.join(str(a) for d in plan.dirs for a in d.cell.activations)}"
                 + (f", clip {cell.clip:g}" if cell.clip is not None else "")
-                + (", sequence_lens" if lens is not None else "") + (f", {notes}" if notes else "") + ")")
+                + (", sequence_lens" if lens is not None else "") + (f", {notes}" if notes else "") + ")" + dispatched)
+
+    def _behind_batch_if(self, node, values, plan: FusePlan, x, start: int, level, ctx) -> str:
+        """The native op and its glue (the nodes from ``start`` on) behind If(B >= the model's
+        threshold) with the Scan in the then branch: the batch is unknown, and the native op is
+        modelled faster only at small batches. The Scan is not fused again (ctx.loop_branches)."""
+        below = plan.dispatch_below
+        if not node.name:  # named as the report labelled it, for the entries of later passes
+            label = node_label(node)
+            node.name = ctx.names.fresh(label)
+            ctx.derived[node.name] = label
+        ctx.loop_branches[node.name] = self.name
+        graph, axis = level.graph, 1 - plan.in_axis  # X [T, B, I] or [B, T, I]
+
+        def large() -> gs.Tensor:
+            e = FuseEmitter(Builder(graph, ctx.names, prefix=f"{node.name}_"), ctx.opset)
+            batch = e.op("Gather", [e.op("Shape", [x]), e.const("batch_axis", np.int64(axis))], axis=0)
+            return e.op("Greater", [batch, e.const("batch_bound", np.int64(below - 1))])
+
+        loop_where(node, values, graph, start, ctx.names, large, "native", ctx.shapes.dtype)
+        return f"; behind If(B >= {below}): the Scan from batch {below}, the native op below it (the batch is unknown)"
 
     @staticmethod
     def _direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, native):
@@ -241,3 +274,11 @@ def _attrs(plan: FusePlan, n_dirs: int) -> dict:
     if plan.layout:
         attrs["layout"] = 1
     return attrs
+
+
+def _batch_dispatchable(plan: FusePlan, view) -> bool:
+    """Whether the plan can be written behind a run-time If on the batch (one Scan-9 direction
+    over X [T, B, I] or [B, T, I], no lengths, batches that do not broadcast)."""
+    d = plan.dirs[0]
+    return (len(plan.dirs) == 1 and not view.batched and plan.batched and plan.in_axis in (0, 1)
+            and plan.sequence_lens is None and d.lengths is None and not d.broadcast and not d.batch_of_one)

@@ -12,7 +12,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.emit import INT64_MAX, Emitter
 from scanopt.passes.fuse.cell import Sum
-from scanopt.rewrite import Builder, new_graph, stored_in
+from scanopt.rewrite import Builder, Guard
 
 
 class FuseEmitter(Emitter):
@@ -177,13 +177,10 @@ class FuseEmitter(Emitter):
             return self.b.op(kind, inputs, outputs=outs, **attrs)
         x, dirs = inputs[0], 2 if attrs.get("direction") == "bidirectional" else 1
         empty = self.op("Equal", [self.op("Size", [x]), self._const("zero", np.int64(0))])
-        then_graph, else_graph = new_graph(f"{kind}_empty"), new_graph(f"{kind}_native")
-        inner = FuseEmitter(Builder(else_graph, self.b.names), self.opset, self._shared)
-        results = [inner.b.variable(f"{kind}_{t.name}", np.float32) if t.name else gs.Variable.empty() for t in outs]
-        inner.b.op(kind, inputs, outputs=results, **attrs)
-        stored_in(self.b.graph, inputs)
-        else_graph.outputs = [r for r in results if r.name]
-        zero = FuseEmitter(Builder(then_graph, self.b.names), self.opset, self._shared)
+        guard = Guard(self.b.names, f"{kind}_empty", f"{kind}_native")
+        results = guard.orelse.values(outs, f"{kind}_{{}}")
+        guard.orelse.b.op(kind, inputs, outputs=results, **attrs)
+        zero = FuseEmitter(guard.then.b, self.opset, self._shared)
         hidden = self._const("hidden", np.array([attrs["hidden_size"]], np.int64))
         d = self._const("dirs", np.array([dirs], np.int64))
         x_shape = zero.op("Shape", [x])
@@ -194,6 +191,6 @@ class FuseEmitter(Emitter):
         shapes = ([dims(0, 1), d, hidden], [dims(0), d, hidden]) if layout else \
             ([dims(0), d, dims(1), hidden], [d, dims(1), hidden])
         shapes = [zero.op("Concat", parts, axis=0) for parts in shapes]
-        then_graph.outputs = [zero.zeros(shapes[min(k, 1)]) for k, t in enumerate(outs) if t.name]
-        self.op("If", [empty], outputs=wanted, then_branch=then_graph, else_branch=else_graph)
+        zeros = [zero.zeros(shapes[min(k, 1)]) for k, t in enumerate(outs) if t.name]
+        guard.close(self.b, empty, wanted, zeros, [r for r in results if r.name], outer_weights=True)
         return wanted

@@ -341,12 +341,14 @@ class BodyAlgebra:
                 if m.base[0] not in ("S", "new"):
                     raise NotAttention(f"{label} reads an outer product back (a dot product of keys): "
                                        "not one of the four rules")
-                if any(c.per_row for c in m.coefs):
-                    raise NotAttention(f"{label} reads a state scaled per row: a per-key decay inside the delta "
-                                       "rule's read, which LinearAttention does not take")
                 base, how = m.base, side
                 if base[0] == "S":  # Sᵀ read by columns is S read by rows
                     base, how = ("S",), (side if not (len(base) > 1 and base[1]) else {"row": "col", "col": "row"}[side])
+                if any(c.per_row for c in m.coefs) and (base[0] != "S" or how != "row"):
+                    # Σ_i x_i a_i S_ij (the per-key decayed state read by a key: gated_delta's erase)
+                    # sums over the rows; read by columns a_i would scale the result per element
+                    raise NotAttention(f"{label} reads a state scaled per row along its columns: not a read "
+                                       "LinearAttention's rules make")
                 found.append(Mono(m.const * v.const, (), ("read", how, base, v.base[1])).times(1.0, m.coefs + v.coefs))
         return found
 

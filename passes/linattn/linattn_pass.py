@@ -57,6 +57,12 @@ class LinattnMatch(Match):
 @register_pass
 class Linattn(ScanPass):
     name = "linattn"
+    order = 50
+    form = "LinearAttention"
+    loop_free = True
+    needs_measurement = ("onnxruntime 1.32 CPU runs LinearAttention through its function body (itself a Scan): "
+                         "1.1x the time of a one-node loop (issue 32), 0.14-0.24x that of Einsum bodies "
+                         "(benchmarks/bench_linattn.py), so only a measurement at the model's shapes can tell")
     summary = "matrix-state linear attention (linear, gated, delta, gated_delta) -> one LinearAttention (opset 27)"
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:

@@ -6,7 +6,8 @@ columns swapped), a decay a (per head, or per key row) and a write coefficient �
 - linear:      S' = S + k vᵀ                         (a = 1, no erase term)
 - gated:       S' = a S + k vᵀ                       (any positive a: exp(g), a sigmoid, a constant)
 - delta:       S' = S + β k vᵀ − β k (Sᵀk)ᵀ          (β k (v − Sᵀk)ᵀ, distributed)
-- gated_delta: S' = a S + β k vᵀ − β a k (Sᵀk)ᵀ      (the read is of the decayed state)
+- gated_delta: S' = a S + β k vᵀ − β k ((a S)ᵀk)ᵀ    (the read is of the decayed state; a per head
+                                                     or per key row, as in gated)
 
 The erase term must use the very key of the write (the same value, also inside the read) and
 its coefficients must be exactly the write's times the decay's (same values, constants equal to
@@ -97,11 +98,9 @@ def classify(update: list[Mono], outputs: list[list[Mono]]) -> Rule:
     leaf = erase.base[1][1] if not transposed else erase.base[2][1]
     if leaf is not keys or read[3] is not keys:
         raise NotAttention("the subtracted product uses another key than the written one: not the delta rule")
-    if per_key:
-        raise NotAttention("a per-key decay with the delta rule: LinearAttention's gated_delta decays per head")
     wanted = sorted(write.keys + state.keys, key=repr)
     if sorted(erase.keys, key=repr) != wanted or not _close(erase.const, -write.const * state.const):
         raise NotAttention("the subtracted product's coefficients are not the write's β times the decay: "
                            "not β k (v − a Sᵀk)ᵀ")
     return Rule("gated_delta" if decay else "delta", transposed, keys, values, query, (write.const, write.coefs),
-                decay, scale)
+                decay, scale, per_key)

@@ -35,6 +35,8 @@ from scanopt.passes.loop_to_scan.analysis import CounterTest, LoopMatch, Read, a
 @register_pass
 class LoopToScan(LoopPass):
     name = "loop_to_scan"
+    kind = "normalizer"
+    order = 10
     summary = "Loops that index outer tensors at the iteration number and stack their results -> Scans"
 
     def match(self, node: gs.Node, level: GraphLevel, ctx: PassContext) -> Match | Skip:

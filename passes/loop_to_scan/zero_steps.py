@@ -33,7 +33,7 @@ import onnx_graphsurgeon as gs
 from scanopt.constexpr import ConstantFolder
 from scanopt.emit import Emitter
 from scanopt.pass_api import PassContext
-from scanopt.rewrite import Builder, new_graph
+from scanopt.rewrite import Builder, Guard
 
 
 @dataclass(frozen=True)
@@ -136,21 +136,17 @@ def guard(scan: gs.Node, outputs: list[gs.Tensor], empty: list[ZeroStepOutput], 
     if not any(read):
         graph.nodes.append(scan)
         return
-    else_graph, then_graph = new_graph(f"{label}_steps"), new_graph(f"{label}_zero_steps")
-    steps = Builder(else_graph, names)
-    results = [steps.variable(f"{t.name}_scanned", dtype=t.dtype, shape=t.shape) for t in outputs]
-    scan.outputs = results
-    else_graph.nodes.append(scan)
-    else_graph.outputs = [r for r, wanted in zip(results, read) if wanted]
-    zero = Builder(then_graph, names)
+    branches = Guard(names, f"{label}_zero_steps", f"{label}_steps")
+    results = branches.orelse.take(scan, "{}_scanned")
+    zero = branches.then.b
     once = _run_once(zero, scan, outputs, empty) if any(v.run_once for v in empty) else {}
-    then_graph.outputs = [once[id(t)] if value.run_once else _zero_step_value(zero, t, value)
-                          for t, value, wanted in zip(outputs, empty, read) if wanted]
+    zero_values = [once[id(t)] if value.run_once else _zero_step_value(zero, t, value)
+                   for t, value, wanted in zip(outputs, empty, read) if wanted]
     length = emit.op("Gather", [emit.op("Shape", [first], dtype=np.int64), emit.const("axis", np.int64(axis))],
                      axis=0, dtype=np.int64)
     flag = emit.op("Equal", [length, emit.const("zero", np.int64(0))], dtype=np.bool_)
-    outer.op("If", [flag], outputs=[t for t, wanted in zip(outputs, read) if wanted], then_branch=then_graph,
-             else_branch=else_graph)
+    branches.close(outer, flag, [t for t, wanted in zip(outputs, read) if wanted], zero_values,
+                   [r for r, wanted in zip(results, read) if wanted])
 
 
 def _run_once(b: Builder, scan: gs.Node, outputs: list[gs.Tensor], empty: list[ZeroStepOutput]) -> dict:

@@ -27,8 +27,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
-from scanopt.graph import remove_node
-from scanopt.rewrite import Builder, new_graph, rebind_outputs
+from scanopt.rewrite import Builder, loop_where
 
 # The smallest symbolic length given the chunked form (below it: the loop). Measured with
 #   python benchmarks/bench_symbolic_t.py --crossover --seconds 0.4
@@ -45,41 +44,11 @@ def wrap(node: gs.Node, values: list, graph: gs.Graph, start: int, threshold: in
     and ``node`` itself into the then branch; the If writes ``node``'s output tensors.
     ``scanned``: the first scan input, ``axis`` its scan axis (non-negative); ``dtype_of``:
     a tensor's element type where known."""
-    chunked = graph.nodes[start:]
-    graph.nodes[:] = graph.nodes[:start]
-    outputs = [t for t in node.outputs]
-    wanted = [k for k, t in enumerate(outputs) if t.name]
 
-    else_graph = new_graph(f"{node.name}_chunked")
-    else_graph.nodes.extend(chunked)
-    results = [gs.Variable(names.fresh(f"{outputs[k].name}_chunked"), dtype=_dtype(outputs[k], dtype_of),
-                           shape=_shape(outputs[k])) for k in wanted]
-    placeholder = gs.Node("Identity", inputs=[], outputs=list(results))
-    else_graph.nodes.append(placeholder)
-    rebind_outputs(placeholder, [values[k] for k in wanted], else_graph)
-    else_graph.outputs = results
+    def short() -> gs.Tensor:
+        e = Emitter(Builder(graph, names, prefix=f"{node.name}_" if node.name else ""), opset)
+        length = e.op("Gather", [e.op("Shape", [scanned], dtype=np.int64), e.const("axis", np.int64(axis))], axis=0,
+                      dtype=np.int64, shape=[])
+        return e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
 
-    then_graph = new_graph(f"{node.name}_loop")
-    remove_node(graph, node)
-    looped = [gs.Variable(names.fresh(f"{outputs[k].name}_looped"), dtype=_dtype(outputs[k], dtype_of),
-                          shape=_shape(outputs[k])) for k in wanted]
-    kept = [looped[wanted.index(k)] if k in wanted else t for k, t in enumerate(outputs)]
-    node.outputs.clear()  # unhooks the old tensors: the If writes them
-    node.outputs.extend(kept)
-    then_graph.nodes.append(node)
-    then_graph.outputs = looped
-
-    outer = Builder(graph, names, prefix=f"{node.name}_" if node.name else "")
-    e = Emitter(outer, opset)
-    length = e.op("Gather", [e.op("Shape", [scanned], dtype=np.int64), e.const("axis", np.int64(axis))], axis=0,
-                  dtype=np.int64, shape=[])
-    short = e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
-    outer.op("If", [short], outputs=[outputs[k] for k in wanted], then_branch=then_graph, else_branch=else_graph)
-
-
-def _dtype(t: gs.Tensor, dtype_of):
-    return t.dtype if t.dtype is not None else dtype_of(t)
-
-
-def _shape(t: gs.Tensor):
-    return None if t.shape is None else list(t.shape)
+    loop_where(node, values, graph, start, names, short, "chunked", dtype_of)

@@ -58,6 +58,8 @@ class Distances(Match):
 @register_pass
 class GemmDistances(ScanPass):
     name = "distances"
+    order = 70
+    loop_free = True
     summary = ("pairwise squared-distance Scans (skl2onnx) -> one GEMM: ‖x‖² − 2·x·qᵀ + ‖q‖² about the rows' mean in "
                "float64, clamped at 0")
 

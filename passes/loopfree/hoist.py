@@ -43,6 +43,8 @@ class HoistMatch(Match):
 @register_pass
 class Hoist(ScanPass):
     name = "hoist"
+    order = 90
+    form = "hoisted"
     summary = "state-independent body work -> computed once (invariant) or as one batched op feeding a new scan input"
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:

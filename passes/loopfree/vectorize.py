@@ -48,6 +48,9 @@ class VectorizeMatch(Match):
 class Vectorize(ScanPass):
     tunables = {"vectorize_max_bytes": (int, f"memory bound of a vectorized (or hoisted) value (default {DEFAULT_MAX_BYTES:,})")}
     name = "vectorize"
+    order = 80
+    form = "vectorized"
+    loop_free = True
     summary = "map Scans (no state changes across steps) -> the body applied once to the whole sequence"
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:

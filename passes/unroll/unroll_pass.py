@@ -14,7 +14,8 @@ Scan is unrolled in place at opset 8, per batch item and step (:mod:`batched`); 
 default only with batch 1 and no ``sequence_lens`` (otherwise measured slower than the loop;
 an explicit ``unroll_max`` unrolls it anyway).
 Skipped: dynamic length (and for Scan-8 a symbolic batch), over the threshold, over the
-size cap, and Scans the fuse pass can turn into a native op.
+size cap; and a Scan the fuse pass turns into a native op is left to it (``defers_to``: the
+chooser declines unrolling there).
 
 Size cap: however high ``unroll_max`` is set, the unrolled graph may add at most
 ``unroll_max_nodes`` nodes (default DEFAULT_MAX_NODES) and ``unroll_max_bytes`` bytes of
@@ -30,10 +31,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.clone import BodyInliner
-from scanopt.graph import GraphLevel, node_label, walk_graphs
+from scanopt.graph import GraphLevel, walk_graphs
 from scanopt.ir import OWNER
 from scanopt.emit import Emitter
-from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass, registered_passes
+from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.rewrite import Builder, place_appended, rebind_outputs, replacing
 from scanopt.passes.unroll.batched import empty_scan8_outputs, unroll_scan8
 from scanopt.scan_view import ScanView
@@ -62,6 +63,9 @@ class Unroll(ScanPass):
         "unroll_max_bytes": (int, f"most bytes of nested constants copied by unrolling (default {DEFAULT_MAX_BYTES:,})"),
     }
     name = "unroll"
+    order = 100
+    form = "unrolled"
+    defers_to = ("fuse",)
     summary = "short static-length Scans -> straight-line graphs (body copied once per step)"
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
@@ -85,17 +89,6 @@ class Unroll(ScanPass):
         too_big = _size_cap(body, steps * batch, ctx)
         if too_big:
             return Skip(too_big)
-        if steps:
-            fuse = registered_passes().get("fuse")
-            fuse_runs = ctx.selected is None or "fuse" in ctx.selected
-            label = node_label(node)
-            if fuse is not None and fuse_runs and ("fuse", label) not in ctx.denied:
-                fused = fuse().match(node, view, level, ctx)
-                # a fusion the cost policy declines (predicted slower) leaves the Scan to us
-                declined = ctx.cost is not None and isinstance(fused, Match) and not getattr(
-                    ctx.cost.decide("fuse", label, node, view, fused, ctx), "apply", True)
-                if isinstance(fused, Match) and not declined:
-                    return Skip("left to fuse: it becomes a native op")
         empty = []
         if steps == 0:
             for k, element in enumerate(body.outputs[view.num_states:]):

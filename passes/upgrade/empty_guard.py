@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from scanopt.emit import Emitter
-from scanopt.rewrite import new_graph, stored_in
+from scanopt.rewrite import Guard
 
 
 def step_dims(body: gs.Graph, n: int, match, *, batched: bool, states=()) -> list | None:
@@ -63,11 +63,10 @@ def guarded(outer: Emitter, x: gs.Tensor, states, outputs, per_step, run: Callab
     steps = outer.op("Gather", [shape, outer.ints("one", [1])], axis=0)
     zero = outer.ints("zero", [0])
     empty = outer.op("Or", [outer.op("Equal", [batch, zero]), outer.op("Equal", [steps, zero])])  # [1]: If's condition
-    then_graph, else_graph = new_graph("scan8_empty"), new_graph("scan8_upgraded")
-    results = [held(else_graph, match, ctx).b.variable(f"{t.name}_run", dtype=t.dtype) for t in outputs]
-    run(held(else_graph, match, ctx), results)
-    else_graph.outputs = results
-    quick = held(then_graph, match, ctx)
+    guard = Guard(ctx.names, "scan8_empty", "scan8_upgraded")
+    results = guard.orelse.values(outputs, "{}_run")
+    run(held(guard.orelse.graph, match, ctx), results)
+    quick = held(guard.then.graph, match, ctx)
     kept = [quick.op("Identity", [s], dtype=out.dtype) for s, out in zip(states, outputs)]
     zeros = []
     for dims, dtype in per_step:
@@ -78,7 +77,4 @@ def guarded(outer: Emitter, x: gs.Tensor, states, outputs, per_step, run: Callab
             parts = [batch, steps] + ([quick.ints("dims", dims)] if dims else [])
         value = gs.Constant(quick.b.names.fresh("zero_value"), np.zeros([1], dtype))
         zeros.append(quick.op("ConstantOfShape", [quick.op("Concat", parts, axis=0)], value=value, dtype=dtype))
-    then_graph.outputs = kept + zeros
-    stored_in(outer.b.graph, [t for node in else_graph.nodes for t in node.inputs])
-    outer.op("If", [empty], outputs=outputs, then_branch=then_graph, else_branch=else_graph)
-    return outputs[0].inputs[0]
+    return guard.close(outer.b, empty, outputs, kept + zeros, results, domain=outer.domain, outer_weights=True)

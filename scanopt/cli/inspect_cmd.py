@@ -7,7 +7,8 @@ import json
 
 from scanopt.cli.common import comma_list
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
-from scanopt.cost import TARGETS, CostPolicy
+from scanopt.chooser import Chooser
+from scanopt.cost import TARGETS
 from scanopt.errors import printable
 from scanopt.graph import NameAllocator
 from scanopt.inspect import describe_scans, format_scans
@@ -67,6 +68,6 @@ def run(args) -> int:
 def _described(model, graph, options: dict, chosen) -> list[dict]:
     ctx = PassContext(
         opset=default_opset(model) or 0, names=NameAllocator(graph), shapes=ShapeTable(model),
-        options=options, selected=tuple(p.name for p in chosen), cost=CostPolicy.from_options(options),
+        options=options, selected=tuple(p.name for p in chosen), chooser=Chooser.from_options(options),
     )
     return describe_scans(graph, ctx, [p for p in chosen if isinstance(p, ScanPass)])

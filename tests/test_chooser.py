@@ -1,0 +1,120 @@
+"""The chooser (scanopt/chooser.py) is the one place a form is chosen (issue 28): no pass imports
+the cost policy or calls another pass, normalizers never ask, and the cost policy is asked only
+through it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+
+import builders as b
+import cell_builders as cb
+from onnx import helper as h
+
+from scanopt import chooser as chooser_module
+from scanopt.cost import CostPolicy
+from scanopt.pass_api import form_name, pass_order, registered_passes
+from scanopt.pipeline import optimize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _imports(path: str) -> set[str]:
+    tree = ast.parse(open(path).read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def _calls(path: str) -> set[str]:
+    """Names called in ``path`` (``f(...)`` and ``x.f(...)`` as "f")."""
+    tree = ast.parse(open(path).read())
+    return {getattr(n.func, "attr", getattr(n.func, "id", "")) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+
+
+def _pass_sources() -> list[str]:
+    return [os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(ROOT, "passes"))
+            for name in names if name.endswith(".py")]
+
+
+def test_no_pass_imports_the_cost_policy_or_looks_up_another_pass():
+    for path in _pass_sources():
+        imports = _imports(path)
+        assert not {i for i in imports if i == "scanopt.cost" or i.startswith("scanopt.cost.")}, path
+        assert "scanopt.chooser" not in imports or path.endswith("fission.py"), path  # fission asks it what pieces get
+        assert "registered_passes" not in _calls(path), path
+        assert "decide" not in _calls(path), path
+
+
+def test_only_the_chooser_asks_the_cost_policy(monkeypatch):
+    callers = []
+    real = CostPolicy.decide
+
+    def spy(self, form, *args, **kwargs):
+        callers.append((inspect.stack()[1].frame.f_globals["__name__"], form.name, form.kind))
+        return real(self, form, *args, **kwargs)
+
+    monkeypatch.setattr(CostPolicy, "decide", spy)
+    optimize(_short_rnn(), verify=False)
+    optimize(b.scan9_sum(steps="T"), verify=False)
+    assert callers and {module for module, _, _ in callers} == {"scanopt.chooser"}
+    assert {kind for _, _, kind in callers} == {"form"}  # a normalizer never asks
+
+
+def test_every_pass_has_a_kind_and_the_normalizers_run_first():
+    registry = registered_passes()
+    kinds = {name: cls.kind for name, cls in registry.items()}
+    assert set(kinds.values()) == {"normalizer", "form"}
+    assert {n for n, k in kinds.items() if k == "normalizer"} == {"loop_to_scan", "upgrade", "canonicalize", "cleanup"}
+    order = list(pass_order())
+    forms = [n for n in order if kinds[n] == "form"]
+    assert order[:3] == ["loop_to_scan", "upgrade", "canonicalize"] and order[-1] == "cleanup"
+    assert order[3:-1] == forms
+    assert forms.index("fuse") < forms.index("unroll")  # unrolling destroys the cells fuse matches
+
+
+def test_form_names_come_from_the_passes():
+    assert form_name(()) == "loop"
+    assert form_name(["fuse"]) == "native" and form_name(["linattn"]) == "LinearAttention"
+    assert form_name(["hoist", "fuse"]) == "hoisted+native"
+    assert form_name(["fuse", "linrec"]) == "native+linrec"
+    assert form_name(["a_later_pass"]) == "a_later_pass"
+
+
+def _short_rnn():
+    body = cb.Body(hidden=4, inputs=3)
+    y = cb.rnn(body, "x", "h")
+    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
+    model = cb.scan_model(body, [("h", "h_new", 4)], ys=("h_new",))
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in ("seq", "batch"):
+                dim.dim_value = {"seq": 3, "batch": 2}[dim.dim_param]
+    return model
+
+
+def test_a_chooser_without_a_policy_still_defers():
+    """A pass used alone (no cost policy) applies every proposal, but a form still defers to one
+    it names in ``defers_to`` that takes the Scan: unroll leaves a cell to fuse when fuse runs."""
+    from scanopt.graph import NameAllocator
+    from scanopt.ir import import_model
+    from scanopt.pass_api import PassContext
+    from scanopt.passes.unroll.unroll_pass import Unroll
+    from scanopt.shapes import ShapeTable
+
+    assert Unroll.defers_to == ("fuse",) and chooser_module.Chooser(None).portable
+    model = _short_rnn()
+    details = {}
+    for selected in (("fuse", "unroll"), ("unroll",)):
+        graph = import_model(model)
+        ctx = PassContext(opset=17, names=NameAllocator(graph), shapes=ShapeTable(model), selected=selected)
+        result = Unroll()(graph, ctx)
+        details[selected] = (result.modified, [o.detail for o in result.outcomes])
+    assert details[("fuse", "unroll")] == (False, ["left to fuse: it becomes a native op"])
+    assert details[("unroll",)][0] and details[("unroll",)][1][0].startswith("unrolled 3 steps")
