@@ -5,9 +5,16 @@ handler catches, and a user's model may run without bound.
 :func:`screen`: whether models survive feed sets. Verification screens its empty-dimension
 feed sets here before running them in-process (scanopt.verify). One child serves every
 screening of this process (importing onnxruntime costs ~0.4 s: paid once, not per
-verification); a run that kills it is recorded as a crash and a new child takes the rest. A
-child that does not answer within TIMEOUT_S is killed: what it had not answered counts as a
-crash (unsafe to run in-process).
+verification; :func:`warm_up` starts it without waiting, so that import overlaps the caller's
+own work); a run that kills it is recorded as a crash (``why`` says of which signal) and a new
+child takes the rest. A child that does not answer within TIMEOUT_S is killed: what it had
+not answered counts as a crash (unsafe to run in-process). A feed set of None screens the
+session's creation alone (onnxruntime's graph optimizers may die on a model too).
+
+:func:`first_run`: the first run of a user's model in onnxruntime, which happens here, where
+onnxruntime dying on a malformed model it accepts (SIGSEGV on a Loop whose trip count is an
+empty tensor, SIGABRT on a Split with more outputs than ``num_outputs``) is survivable: the
+command ends with :class:`OnnxruntimeCrashError`'s one line instead of a dead process.
 
 :func:`run_bounded`: one run of a user's model whose length nothing bounds (a Loop with trip
 count 2^62 that stacks an output every step), under a time limit and an address-space limit
@@ -24,10 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Sequence
 
-import numpy as np
-import onnx
+from scanopt.errors import ScanoptError
+
+# numpy and onnx are imported where used: warm_up runs before the command line's heavy imports
 
 SCREEN_BYTES = 64 << 20  # a bigger model is not copied into a child: its empty sets are skipped
 TIMEOUT_S = 60  # per screening
@@ -43,12 +53,24 @@ print("ready", flush=True)
 for request in sys.stdin:
     folder, models, sets, start = request.split("\t")
     models, sets, start = int(models), int(sets), int(start)
+    sessions = {}  # one per model and request: its feed sets run in the same session
     for job in range(start, models * sets):
         i, j = divmod(job, sets)
         print(job, flush=True)  # the run under way: if the process dies now, this one killed it
         try:
-            session = ort.InferenceSession(f"{folder}/m{i}.onnx", options, providers=["CPUExecutionProvider"])
-            session.run(None, dict(np.load(f"{folder}/f{j}.npz")))
+            if i not in sessions:  # jobs go model by model: one session alive at a time
+                sessions.clear()
+                sessions[i] = None  # stays None where onnxruntime refuses the model: an error on every set
+                sessions[i] = ort.InferenceSession(f"{folder}/m{i}.onnx", options, providers=["CPUExecutionProvider"])
+            session = sessions[i]
+            if session is None:
+                raise RuntimeError("no session")
+            try:
+                feeds = np.load(f"{folder}/f{j}.npz")
+            except FileNotFoundError:  # a None feed set: the session's creation alone
+                feeds = None
+            if feeds is not None:
+                session.run(None, dict(feeds))
             print("ok", flush=True)
         except Exception:
             print("error", flush=True)
@@ -56,6 +78,7 @@ for request in sys.stdin:
 """
 
 _child: subprocess.Popen | None = None
+_ready = False  # whether _child has said "ready" (warm_up does not wait for it)
 
 
 _BOUNDED_CHILD = r"""
@@ -88,6 +111,8 @@ def run_bounded(model: onnx.ModelProto, feeds: dict, names: list[str], seconds: 
     """``names`` computed by onnxruntime (CPU, one thread) in a child process limited to
     ``seconds`` (onnxruntime's import included) and ``memory_bytes`` of address space plus four
     times the model's and the feeds' size; or why not, in words."""
+    import numpy as np
+
     from scanopt.external_data import serialized_size_bound
 
     if not screenable(model):
@@ -131,15 +156,23 @@ def _signal_name(number: int) -> str:
 
 def screenable(model: onnx.ModelProto) -> bool:
     """Small enough to copy into a child, weights inline."""
+    import onnx
+
     from scanopt.external_data import has_marks, serialized_size_bound
 
     return not has_marks(model) and serialized_size_bound(model) <= SCREEN_BYTES and not any(
         t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
-def screen(models: Sequence[onnx.ModelProto], feed_sets: Sequence[dict]) -> list[list[str]]:
-    """status[i][j]: "ok", "error" or "crash" for model i on feed set j (onnxruntime, CPU)."""
+def screen(models: Sequence[onnx.ModelProto], feed_sets: Sequence[dict | None],
+           why: dict | None = None) -> list[list[str]]:
+    """status[i][j]: "ok", "error" or "crash" for model i on feed set j (onnxruntime, CPU; a
+    set of None: creating the session alone). ``why``, when given, gets {(i, j): how the
+    process died} for each crash: "SIGSEGV", "no answer within 60 s", "no child process"."""
+    import numpy as np
+
     status = [["crash"] * len(feed_sets) for _ in models]
+    why = {} if why is None else why
     if not models or not feed_sets:
         return status
     with tempfile.TemporaryDirectory(prefix="scanopt-screen-") as folder:
@@ -147,19 +180,24 @@ def screen(models: Sequence[onnx.ModelProto], feed_sets: Sequence[dict]) -> list
             with open(os.path.join(folder, f"m{i}.onnx"), "wb") as f:
                 f.write(model.SerializeToString())
         for j, feeds in enumerate(feed_sets):
-            np.savez(os.path.join(folder, f"f{j}.npz"), **{k: np.asarray(v) for k, v in feeds.items()})
+            if feeds is not None:
+                np.savez(os.path.join(folder, f"f{j}.npz"), **{k: np.asarray(v) for k, v in feeds.items()})
         total, start = len(models) * len(feed_sets), 0
         deadline = time.monotonic() + TIMEOUT_S
         while start < total:
-            start = _ask(folder, len(models), len(feed_sets), start, status, deadline)
+            start = _ask(folder, len(models), len(feed_sets), start, status, deadline, why)
+    for i, row in enumerate(status):
+        for j, word in enumerate(row):
+            if word == "crash":
+                why.setdefault((i, j), "no child process")
     return status
 
 
-def _ask(folder, n_models, n_sets, start, status, deadline) -> int:
+def _ask(folder, n_models, n_sets, start, status, deadline, why) -> int:
     """Run jobs from ``start`` in the child until it answers "done" or dies; return the next
     job to run (past the one that killed it), or the total when no child can answer."""
     total = n_models * n_sets
-    child = _started() if time.monotonic() < deadline else None
+    child = _started(deadline) if time.monotonic() < deadline else None
     if child is None:
         return total
     try:
@@ -180,8 +218,101 @@ def _ask(folder, n_models, n_sets, start, status, deadline) -> int:
             job += 1
     # no "done": the child died on ``job`` (that run stays "crash"), or ran out of time
     timed_out = time.monotonic() >= deadline
+    if timed_out:
+        for late in range(job, total):
+            why[divmod(late, n_sets)] = f"no answer within {TIMEOUT_S} s"
+    else:
+        try:
+            code = child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if job < total:
+            why[divmod(job, n_sets)] = _signal_name(-code) if code is not None and code < 0 else (
+                f"exit code {code}" if code is not None else "it stopped answering")
     _stop()
     return total if timed_out else job + 1
+
+
+def first_run(models: Sequence[onnx.ModelProto], feeds: dict | None) -> list[str | None]:
+    """Per model, how onnxruntime's process died creating its session and running it once on
+    ``feeds`` (None, or feeds numpy cannot store plainly: creating the session alone) in the
+    child ("SIGSEGV"), or None where it survived. A clean error is survival (the run in this
+    process reports it), and so is what says nothing of the model: a model too big for a
+    child (:func:`screenable`), no child process, no answer within TIMEOUT_S (a slow model)."""
+    fits = [screenable(m) for m in models]
+    runnable = [m for m, ok in zip(models, fits) if ok]
+    if runnable:  # the caller runs onnxruntime next: its import here overlaps the child's
+        warm_up()
+        import onnxruntime  # noqa: F401
+    why: dict = {}
+    status = screen(runnable, [feeds if _plain(feeds) else None], why) if runnable else []
+    died = iter(why.get((i, 0)) if row[0] == "crash" and not why.get((i, 0), "").startswith("no ") else None
+                for i, row in enumerate(status))
+    return [next(died) if ok else None for ok in fits]
+
+
+def _plain(feeds) -> bool:
+    """Feeds an .npz holds as they are: numeric and bool arrays (no sequences, maps, strings
+    or ml_dtypes types)."""
+    import numpy as np
+
+    return feeds is not None and all(isinstance(v, np.ndarray) and v.dtype.kind in "biufc"
+                                     and type(v.dtype).__module__.startswith("numpy") for v in feeds.values())
+
+
+class OnnxruntimeCrashError(ScanoptError):
+    """onnxruntime's process died (a signal, not an error) running the user's model: reported
+    in one line, exit code 2 (the model is the problem), nothing written."""
+
+
+_SURVIVORS: dict[int, onnx.ModelProto] = {}  # originals whose first run a child survived (kept: ids stay theirs)
+SURVIVORS_KEPT = 8
+_CRASHES: ContextVar[list[str] | None] = ContextVar("scanopt_ort_crashes", default=None)
+
+
+def screen_original(original: onnx.ModelProto, feeds: dict | None, where: str,
+                    others: Sequence[onnx.ModelProto] = ()) -> list[str | None]:
+    """The first run of ``original`` in onnxruntime (and of ``others`` beside it: a candidate),
+    in the child (:func:`first_run`) before any run in this process: raises
+    OnnxruntimeCrashError when the original's process dies; returns how each of ``others``
+    died (None: it survived). ``where``: the inputs, in words ("on seed 0's inputs"). An
+    original that survived once is not run again (its proto is kept, so its id stays
+    its own); a crash is also added to the list of an enclosing :func:`crash_watch`."""
+    models = ([] if survived(original) else [original]) + [m for m in others if m is not original]
+    if not models:
+        return [None for _ in others]
+    verdicts = dict(zip(map(id, models), first_run(models, feeds)))
+    died = verdicts.get(id(original))
+    if died:
+        message = (f"onnxruntime crashed running the original model: its process died of {died} {where} "
+                   "(run in a child process; --engine reference runs it without onnxruntime)")
+        watching = _CRASHES.get()
+        if watching is not None:
+            watching.append(message)
+        raise OnnxruntimeCrashError(message)
+    if id(original) in verdicts:
+        if len(_SURVIVORS) >= SURVIVORS_KEPT:
+            _SURVIVORS.pop(next(iter(_SURVIVORS)))
+        _SURVIVORS[id(original)] = original
+    return [None if m is original else verdicts.get(id(m)) for m in others]
+
+
+def survived(model: onnx.ModelProto) -> bool:
+    """Whether :func:`screen_original` ran ``model`` (this very proto) in a child and it survived."""
+    return _SURVIVORS.get(id(model)) is model
+
+
+@contextmanager
+def crash_watch():
+    """Within the block, every OnnxruntimeCrashError :func:`screen_original` raises is also
+    appended to the list this yields: a caller that turns verification errors into "cannot
+    verify" (the pipeline) cannot hide from the command that onnxruntime dies on the model."""
+    found: list[str] = []
+    token = _CRASHES.set(found)
+    try:
+        yield found
+    finally:
+        _CRASHES.reset(token)
 
 
 def _words(child: subprocess.Popen, deadline: float):
@@ -201,25 +332,37 @@ def _words(child: subprocess.Popen, deadline: float):
         buffer += chunk
 
 
-def _started() -> subprocess.Popen | None:
-    """The running child, started (and waited for) if there is none."""
-    global _child
+def warm_up() -> None:
+    """Start the child now, without waiting for it: its import of onnxruntime (~0.4 s)
+    overlaps what the caller does before its first screening."""
+    global _child, _ready
     if _child is not None and _child.poll() is None:
-        return _child
+        return
+    _stop()
     try:
         _child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL)
     except OSError:
         _child = None
+    _ready = False
+
+
+def _started(deadline: float | None = None) -> subprocess.Popen | None:
+    """The running child, started if there is none, once it has said it is ready."""
+    global _ready
+    warm_up()
+    if _child is None:
         return None
-    if next(_words(_child, time.monotonic() + TIMEOUT_S), None) != "ready":
-        _stop()
-        return None
+    if not _ready:
+        if next(_words(_child, deadline or time.monotonic() + TIMEOUT_S), None) != "ready":
+            _stop()
+            return None
+        _ready = True
     return _child
 
 
 def _stop() -> None:
-    global _child
+    global _child, _ready
     if _child is not None:
         if _child.poll() is None:
             _child.kill()
@@ -229,7 +372,7 @@ def _stop() -> None:
                 stream.close()
             except OSError:
                 pass
-    _child = None
+    _child, _ready = None, False
 
 
 atexit.register(_stop)

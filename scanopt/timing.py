@@ -102,6 +102,9 @@ def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, ch
     clock_label = "wall" if device else clock_name(threads)
     clock = time.thread_time if clock_label == "thread CPU" else time.perf_counter
     names = list(forms)
+    died = _dies(forms, feeds, form_feeds or {})
+    if died:
+        return died
     sessions = {name: session(model, threads, providers) for name, model in forms.items()}
     sessions[AA] = session(forms[names[0]], threads, providers)
     order = names + [AA]
@@ -135,6 +138,23 @@ def measure(forms: dict, feeds: dict, *, threads: int | None, seconds: float, ch
             samples[name].append(max(clock() - begin, 1e-9))
         rounds += 1
     return summarize(samples, clock_label)
+
+
+def _dies(forms: dict, feeds: dict, form_feeds: dict) -> str | None:
+    """Why a form must not run in this process: onnxruntime's process died running it once in
+    a child (scanopt.isolated.first_run: a malformed model onnxruntime accepts, or a rewrite
+    it crashes on); None when every form survived."""
+    from scanopt.isolated import first_run
+
+    groups: dict[int, list[str]] = {}
+    for name in forms:
+        groups.setdefault(id(form_feeds.get(name, feeds)), []).append(name)
+    for names in groups.values():
+        fed = form_feeds.get(names[0], feeds)
+        for name, how in zip(names, first_run([forms[n] for n in names], fed)):
+            if how:
+                return f"onnxruntime's process dies running the form '{name}' ({how})"
+    return None
 
 
 def summarize(samples: dict[str, list[float]], clock: str) -> Timings:

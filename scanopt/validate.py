@@ -235,6 +235,8 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
                 _check_body_declarations(node, view, declared, f"{where}Scan node '{label}'")
             elif node.op_type == "Loop" and in_default_domain(node.domain):
                 _check_loop_declarations(node, declared, f"{where}Loop node '{label}'")
+            elif node.op_type == "Split":
+                _check_split_outputs(node, opset, f"{where}Split node '{label}'")
             for attr in node.attribute:
                 for sub in attribute_graphs(attr):
                     visit(sub, f"{where}{label}/{attr.name}: ")
@@ -252,9 +254,27 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
                 declared[name] = before
 
     visit(model.graph, "")
+    for function in model.functions:
+        own = next((o.version for o in function.opset_import if in_default_domain(o.domain)), opset)
+        for graph in [function, *(g for n in function.node for a in n.attribute for top in attribute_graphs(a)
+                                  for g in walk_proto_graphs(top))]:
+            for node in graph.node:
+                if node.op_type == "Split":
+                    _check_split_outputs(node, own, f"function '{function.name}': Split node '{node.name or 'Split'}'")
 
 
 _UNDECLARED = object()
+
+
+def _check_split_outputs(node: onnx.NodeProto, opset: int | None, label: str) -> None:
+    """Split-18's ``num_outputs`` is its number of outputs: with more outputs than that, onnx's
+    shape inference and onnxruntime index past the sizes they computed and abort the process
+    (a libstdc++ assertion), so the model is refused here, before either runs."""
+    if not in_default_domain(node.domain) or (opset or 0) < 18:
+        return
+    count = next((a for a in node.attribute if a.name == "num_outputs"), None)
+    if count is not None and count.type == onnx.AttributeProto.INT and count.i != len(node.output):
+        raise InvalidModelError(f"{label} has {len(node.output)} outputs but num_outputs = {count.i}")
 
 
 def _declared_shape(value: onnx.ValueInfoProto) -> list | None:

@@ -19,6 +19,7 @@ from scanopt.edge_inputs import LabelledFeeds, edge_sets, is_edge, screened
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError, printable_lines
 from scanopt.external_data import has_marks, serialized_size_bound
+from scanopt.isolated import first_run, screen_original, survived
 from scanopt.inputs import (
     FeedBudgetError,
     InputSynthesizer,
@@ -516,7 +517,14 @@ def compare_models(
     original, original_path = resolve_model(original)
     candidate, candidate_path = resolve_model(candidate)
     check_signatures(original, candidate)
-    pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort)
+    synthesizer, candidate_dies = None, None
+    if _ort_runs(original, candidate, engine):
+        first, where, synthesizer = _first_feeds(original, inputs, input_ranges)
+        died, = screen_original(original, first, where, others=[candidate])
+        if died:
+            candidate_dies = (f"not run: onnxruntime's process dies on the candidate ({died}, {where}), "
+                              "where it runs the original")
+    pairs, notes = _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort, candidate_dies)
     if inputs is not None:
         try:
             runs, sizes = _given_runs(original, candidate, inputs, pairs, notes), {}
@@ -532,7 +540,7 @@ def compare_models(
         if seeds < 1:
             raise ScanoptError(f"seeds must be at least 1 (got {seeds})")
         pairs, runs, sizes = _synthesized_runs(original, candidate, candidate_path, pairs, seeds, engine, notes,
-                                               input_ranges)
+                                               input_ranges, synthesizer)
     resolved = "both" if len(pairs) == 2 else pairs[0][0]
 
     comparisons = []
@@ -575,6 +583,9 @@ def compare_models(
     return VerifyResult(resolved, comparisons, notes, sizes)
 
 
+_TWIN_SURVIVED: dict[int, onnx.ModelProto] = {}  # originals whose twin's first run a child survived
+
+
 class Truth:
     """The original's float64 twin (scanopt.widen), run on each feed set: the truth a narrow
     float output is judged against. Prepared on first use; when no engine runs the twin, or
@@ -593,7 +604,7 @@ class Truth:
 
     def __call__(self, feeds) -> dict | None:
         if self._runner is False:
-            self._runner = self._prepare()
+            self._runner = self._prepare(feeds)
         if self._runner is None:
             return None
         if getattr(self._runner, "engine", None) == "ort" and is_edge(feeds):
@@ -605,7 +616,7 @@ class Truth:
             self._runner = None
             return None
 
-    def _prepare(self) -> Runner | None:
+    def _prepare(self, feeds) -> Runner | None:
         narrow = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
         if not any(s.elem_type in narrow for s in output_specs(self._original)):
             return None  # nothing to judge by it
@@ -617,6 +628,14 @@ class Truth:
         twin = widened(self._original)
         failures = []
         for engine in self._engines:
+            if engine == "ort" and id(self._original) not in _TWIN_SURVIVED and not is_edge(feeds):
+                died = first_run([twin], widened_feeds(feeds))[0]  # its first run, where a crash is survivable
+                if died:
+                    failures.append(f"onnxruntime's process dies on it ({died})")
+                    continue
+                if len(_TWIN_SURVIVED) >= 8:
+                    _TWIN_SURVIVED.pop(next(iter(_TWIN_SURVIVED)))
+                _TWIN_SURVIVED[id(self._original)] = self._original  # kept: its id stays its own
             try:
                 return prepare(twin, engine)
             except EngineError as exc:
@@ -677,14 +696,22 @@ class _OtherEngine:
         if self.missing is None:
             return None
         if self._runner is False:
-            try:
-                self._runner = prepare(self._model, self.missing, path=self._path)
-            except EngineError:
-                self._runner = None
+            self._runner = self._prepare(feeds)
         if self._runner is None:
             return None
         try:
             return self._runner(feeds)
+        except EngineError:
+            return None
+
+    def _prepare(self, feeds) -> Runner | None:
+        if self.missing == "ort":  # the pairs run the reference executor: onnxruntime has not run the original yet
+            if ort_miscomputes(self._model):
+                return None  # its numbers say nothing (or it crashes: a Loop with an omitted output)
+            if not survived(self._model) and first_run([self._model], feeds)[0]:
+                return None  # its process dies on the original: no spread
+        try:
+            return prepare(self._model, self.missing, path=self._path)
         except EngineError:
             return None
 
@@ -753,11 +780,45 @@ def runnable_feeds(model: ModelLike, *, seeds: int = 2, engine: str = "auto") ->
     a plain int64 input."""
     model, path = resolve_model(model)
     engine = "auto" if engine == "both" else engine
+    synthesizer = None
+    if _ort_runs(model, model, engine):
+        first, where, synthesizer = _first_feeds(model, None, None)
+        screen_original(model, first, where)
     pairs, notes = _prepare_pairs(model, path, model, path, engine)
-    _, runs, _ = _synthesized_runs(model, model, path, pairs, seeds, engine, notes)
+    _, runs, _ = _synthesized_runs(model, model, path, pairs, seeds, engine, notes, synthesizer=synthesizer)
     return [LabelledFeeds(feeds, label, getattr(feeds, "safe_for", ()), getattr(feeds, "unsafe", None))
             for label, feeds, _ in runs]
 
+
+def _ort_runs(original, candidate, engine: str) -> bool:
+    """Whether onnxruntime will run ``original`` in this process for ``engine``."""
+    if engine in ("ort", "both"):
+        return True
+    return engine == "auto" and not (ort_miscomputes(original) or ort_miscomputes(candidate))
+
+
+def _first_feeds(original, inputs, input_ranges) -> tuple[dict | None, str, InputSynthesizer | None]:
+    """(the feeds of the original's first run in onnxruntime, them in words, the synthesizer
+    made for them): the first given set that is not an edge (those are screened apart,
+    edge_inputs.screened), else seed 0's first sizes; None (creating the session alone) where
+    there are none or they do not check."""
+    if inputs is not None:
+        given = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+        for feeds in given:
+            if not is_edge(feeds):
+                try:
+                    return check_feeds(original, feeds), f"on {getattr(feeds, 'label', None) or 'the given inputs'}", None
+                except ScanoptError:
+                    break  # reported as it was when the runs get to it
+        return None, "creating its session", None
+    try:
+        synthesizer = InputSynthesizer(original, input_ranges=input_ranges)
+    except ScanoptError:  # reported as it was by _synthesized_runs
+        return None, "creating its session", None
+    try:
+        return synthesizer.feeds(0, synthesizer.attempts(0)[0], min_len=1), "on seed 0's synthesized inputs", synthesizer
+    except ScanoptError:
+        return None, "creating its session", synthesizer
 
 
 class CannotVerifyError(EngineError):
@@ -770,12 +831,14 @@ class CannotVerifyError(EngineError):
     exit_code = 1
 
 
-def _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort=False):
+def _prepare_pairs(original, original_path, candidate, candidate_path, engine, keep_ort=False, candidate_dies=None):
     """(engine, original runner, candidate runner or load error) per engine to use, and notes.
 
     ``keep_ort`` (auto only): a candidate onnxruntime cannot load while it loads the original
     fails, instead of both going to the reference executor (what the pipeline wants: a rewrite
-    must not cost the user their runtime)."""
+    must not cost the user their runtime). ``candidate_dies``: why onnxruntime must not run
+    the candidate in this process (its process died on it in a child: a failure, not a reason
+    to switch engines)."""
     notes: list[str] = []
     wrong = ort_miscomputes(original) or ort_miscomputes(candidate)
     if engine == "auto" and wrong:
@@ -786,6 +849,8 @@ def _prepare_pairs(original, original_path, candidate, candidate_path, engine, k
     if engine == "auto":
         try:
             original_runner = prepare(original, "ort", path=original_path)
+            if candidate_dies:
+                return [("ort", original_runner, candidate_dies)], notes
             try:
                 candidate_runner = prepare(candidate, "ort", path=candidate_path)
             except EngineError as exc:
@@ -799,15 +864,16 @@ def _prepare_pairs(original, original_path, candidate, candidate_path, engine, k
                 return _pairs_for("reference", original, original_path, candidate, candidate_path), notes
             except EngineError as neither:  # no engine runs both: a limit of the engines, not bad input
                 raise CannotVerifyError(f"cannot verify: {exc}; and {neither}") from None
-    return _pairs_for(engine, original, original_path, candidate, candidate_path), notes
+    return _pairs_for(engine, original, original_path, candidate, candidate_path, candidate_dies), notes
 
 
-def _pairs_for(engine: str, original, original_path, candidate, candidate_path):
+def _pairs_for(engine: str, original, original_path, candidate, candidate_path, candidate_dies=None):
     pairs = []
     for name in ("ort", "reference") if engine == "both" else (engine,):
         original_runner = prepare(original, name, path=original_path)
         try:
-            candidate_runner: Runner | str = prepare(candidate, name, path=candidate_path)
+            candidate_runner: Runner | str = (candidate_dies if name == "ort" and candidate_dies
+                                              else prepare(candidate, name, path=candidate_path))
         except EngineError as exc:
             candidate_runner = str(exc)
         pairs.append((name, original_runner, candidate_runner))
@@ -839,14 +905,15 @@ def _given_runs(original, candidate, inputs, pairs, notes) -> list[tuple[str, di
 
 
 def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, engine: str, notes: list[str],
-                      input_ranges: dict | None = None):
+                      input_ranges: dict | None = None, synthesizer: InputSynthesizer | None = None):
     """(pairs, runs): per seed, the first sizes the original runs on (see InputSynthesizer.attempts).
 
     With ``engine="auto"``, an original onnxruntime runs on no input of (a zero-length
-    Scan-9, say) is run by the reference executor instead, both models.
-    """
+    Scan-9, say) is run by the reference executor instead, both models. ``synthesizer``: one
+    made for ``original`` and ``input_ranges`` already."""
     try:
-        synthesizer = InputSynthesizer(original, input_ranges=input_ranges)
+        if synthesizer is None:
+            synthesizer = InputSynthesizer(original, input_ranges=input_ranges)
     except ScanoptError as exc:  # an input without a rank, or of a type scanopt cannot draw
         raise CannotVerifyError(f"cannot verify: {exc}") from None
     notes.extend(synthesizer.range_notes)

@@ -12,7 +12,9 @@ an exception escaping ``main``, another exit code, a refusal of more than one li
 a raw control character in it — is a finding. Deterministic: mutant i of seed s is always
 the same bytes. ``python tests/fuzz_models.py N [--commands optimize,inspect,run,verify]``
 runs N mutants per command and prints a table and the findings; ``--kind structure`` the
-structure-level ones.
+structure-level ones. The mutants run in a worker process that a mutant may kill (onnxruntime
+or onnx dying of SIGSEGV/SIGABRT): the death is counted as an abort, naming the mutant, and a
+new worker goes on after it.
 """
 
 from __future__ import annotations
@@ -451,26 +453,94 @@ def fuzz(n: int, commands=("optimize",), seed: int = 0, work: str | None = None,
     return results
 
 
+def _worker(args) -> None:
+    """Run mutants ``args.start``.. of one command in this process, one JSON line per mutant in
+    ``args.results`` ({"i", "label", "code", "finding"}) and the label in ``args.trace`` before
+    each run: if onnxruntime (or onnx) kills this process, the parent names the culprit."""
+    import json
+
+    make = structure_mutants if args.kind == "structure" else mutants
+    command = args.commands
+    import tempfile
+
+    with open(args.results, "a", buffering=1) as results, open(args.trace, "w", buffering=1) as trace, \
+            tempfile.TemporaryDirectory() as work:
+        for i, (label, data) in enumerate(make(args.n, args.seed)):
+            if i < args.start:
+                continue
+            trace.write(f"{i} {label}\n")
+            codes: dict = {}
+            problem = run_one(command, data, work, codes)
+            results.write(json.dumps({"i": i, "label": label, "code": next(iter(codes), None), "finding": problem}) + "\n")
+
+
+def run_command(n: int, command: str, seed: int, kind: str, log=None) -> tuple[dict, list, list, float]:
+    """({exit code: count}, [(label, finding)], [(label, how the process died)], seconds) for n
+    mutants of ``command``, each in a worker process that goes on after the one that killed
+    it (an abort or a segfault inside an extension: no exception handler sees those)."""
+    import json
+    import signal
+    import subprocess
+    import tempfile
+    import time
+
+    started = time.perf_counter()
+    codes: dict = {}
+    findings, deaths = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        results, trace = os.path.join(folder, "results.jsonl"), os.path.join(folder, "trace")
+        open(results, "w").close()
+        start = 0
+        while start < n:
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), str(n), "--worker", "--commands", command,
+                                   "--seed", str(seed), "--kind", kind, "--start", str(start), "--results", results,
+                                   "--trace", trace], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            with open(results) as handle:
+                seen = [json.loads(line) for line in handle if line.strip()]
+            last = max((r["i"] for r in seen), default=start - 1)
+            if done.returncode == 0 and last >= n - 1:
+                break
+            with open(trace, "a+") as handle:
+                handle.seek(0)
+                culprit = handle.read().strip().splitlines()
+            culprit = culprit[-1].split(" ", 1) if culprit else [str(last + 1), "?"]
+            how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+                   else f"worker exit {done.returncode}: {done.stderr.strip()[-300:]}")
+            deaths.append((culprit[1], how))
+            if log is not None:
+                print(f"  {command} {culprit[1]}: {how}", file=log, flush=True)
+            start = int(culprit[0]) + 1
+        for r in seen:
+            codes[r["code"]] = codes.get(r["code"], 0) + 1
+            if r["finding"]:
+                findings.append((r["label"], r["finding"]))
+    return codes, findings, deaths, time.perf_counter() - started
+
+
 if __name__ == "__main__":
     import argparse
-    import time
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("n", type=int)
     parser.add_argument("--commands", default="optimize")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kind", choices=("bytes", "structure"), default="bytes")
-    parser.add_argument("--trace", help="a file that names each mutant before its run (an abort's culprit is its last line)")
-    parser.add_argument("--start", type=int, default=0, help="begin at this mutant (resume after one that aborted)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--results", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]  # this checkout's scanopt, not an installed one
-    trace = open(args.trace, "w", buffering=1) if args.trace else None  # noqa: SIM115 - open for the whole run
+    if args.worker:
+        _worker(args)
+        sys.exit(0)
     for command in args.commands.split(","):
-        start = time.perf_counter()
-        codes, findings = fuzz(args.n, (command,), args.seed, kind=args.kind, start=args.start,
-                               progress=(lambda label: trace.write(f"{command} {label}\n")) if trace else None)[command]
+        codes, findings, deaths, seconds = run_command(args.n, command, args.seed, args.kind, log=sys.stderr)
         tally = ", ".join(f"exit {c}: {k}" for c, k in sorted(codes.items(), key=str))
-        print(f"{command}: {args.n} mutants, {len(findings)} findings ({tally}), {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"{command}: {args.n} mutants, {len(findings)} tracebacks/findings, {len(deaths)} aborts "
+              f"({tally}), {seconds:.0f} s", flush=True)
         for label, problem in findings:
             print(f"--- {label}\n{problem.strip().splitlines()[-1]}")
             print(problem, file=sys.stderr)
+        for label, how in deaths:
+            print(f"--- {label}\nthe process died: {how}")

@@ -79,12 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     with handled_signals(keep=argv is None):  # first, and before build_parser imports the heavy modules
         try:
             _tolerant_streams()
+            _warm_up(sys.argv[1:] if argv is None else argv)
             code = _main(argv)
             check()  # a signal whose exception was swallowed on the way
             return code
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: staging removed on the way here
             print(f"scanopt: {describe(exc)}", file=sys.stderr)
             return exit_code(exc)
+
+
+# Commands that run the user's model in onnxruntime at once: their first run happens in a child
+# process (scanopt.isolated), which starts importing onnxruntime now, beside this one's imports.
+RUNS_AT_ONCE = ("run", "verify")
+
+
+def _warm_up(argv) -> None:
+    words = [str(a) for a in argv]
+    command = next((a for a in words if not a.startswith("-")), None)
+    if command in RUNS_AT_ONCE and not any(a in ("reference", "--engine=reference") for a in words):
+        from scanopt.isolated import warm_up
+
+        warm_up()
 
 
 def _tolerant_streams() -> None:

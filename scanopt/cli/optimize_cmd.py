@@ -10,8 +10,10 @@ from scanopt import before_after
 from scanopt.cli.common import add_job_arguments, comma_list, job_progress, start_job, text_writer
 from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
 from scanopt.errors import ScanoptError, VerificationError, did_you_mean
+from scanopt.isolated import OnnxruntimeCrashError, crash_watch, warm_up
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
 from scanopt.pipeline import optimize, select_passes
+from scanopt.protos import attribute_graphs, walk_proto_graphs
 
 EPILOG = """\
 examples:
@@ -99,18 +101,23 @@ def _run(args, progress) -> int:
     if progress is not None:
         progress(f"loading {args.input}")
     loaded, feeds, plan = start_job(args)
-    result, report = optimize(
-        loaded.model,
-        passes=args.passes,
-        skip=args.skip,
-        verify=not args.no_verify,
-        inputs=feeds,
-        engine=args.engine,
-        seeds=args.seeds,
-        options=_pass_options(args, feeds),
-        progress=progress,
-        validated=loaded.warnings,  # load validated it already
-    )
+    if _has_loops(loaded.model):  # it will be run: the child that runs it first starts importing onnxruntime now
+        warm_up()
+    with crash_watch() as crashes:
+        result, report = optimize(
+            loaded.model,
+            passes=args.passes,
+            skip=args.skip,
+            verify=not args.no_verify,
+            inputs=feeds,
+            engine=args.engine,
+            seeds=args.seeds,
+            options=_pass_options(args, feeds),
+            progress=progress,
+            validated=loaded.warnings,  # load validated it already
+        )
+    if crashes:  # verification met it, and the pipeline took it for "cannot verify": the model is the problem
+        raise OnnxruntimeCrashError(f"{args.input}: {crashes[0]}; nothing written")
     report.warnings = loaded.warnings + [w for w in report.warnings if w not in loaded.warnings]
     rolled_back = bool(report.verification and report.verification.get("rolled_back"))
     if args.strict and rolled_back:
@@ -136,6 +143,17 @@ def _run(args, progress) -> int:
         state = "optimized" if report.modified else "unchanged"
         print(f"wrote {args.output} ({state})")
     return 0
+
+
+def _has_loops(model) -> bool:
+    """Whether ``model`` holds a Scan or Loop (in a graph or a function): what optimize rewrites,
+    verifies and times, running it in onnxruntime."""
+    graphs = list(walk_proto_graphs(model.graph))
+    for function in model.functions:
+        graphs += [g for node in function.node for a in node.attribute for top in attribute_graphs(a)
+                   for g in walk_proto_graphs(top)]
+        graphs.append(function)
+    return any(node.op_type in ("Scan", "Loop") for g in graphs for node in g.node)
 
 
 def _pass_options(args, feeds=None) -> dict:

@@ -10,9 +10,10 @@ from scanopt.cli.common import input_files
 from scanopt.cli.deploy_args import add_provider_argument, session_providers
 from scanopt.cli.feeds import feed_files, user_feeds
 from scanopt.cli.interrupts import committing
-from scanopt.engines import EngineError, prepare
+from scanopt.engines import EngineError, ort_miscomputes, prepare
 from scanopt.errors import printable
 from scanopt.inputs import synthesize_inputs
+from scanopt.isolated import screen_original
 from scanopt.model_io import load
 from scanopt.outputs import OutputPlan
 
@@ -73,18 +74,30 @@ def _run(args) -> int:
     if args.out:  # fail before running, not after
         plan = OutputPlan(input_files(loaded, "MODEL") + files, committing=committing)
         plan.claim(args.out, "--out")
+    made = {}
+
+    def inputs_for(engine: str):
+        """(feeds, their source in words) for a run with ``engine``, made once per engine."""
+        if engine not in made:
+            given, synthesized = user_feeds(model, npz=args.inputs, arrays=args.input, seeds=[args.seed], engine=engine)
+            if given is None:
+                made[engine] = synthesize_inputs(model, args.seed, engine=engine), f"synthesized, seed {args.seed}"
+            else:
+                made[engine] = given[0], "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}"
+                                                    if synthesized else "")
+        return made[engine]
+
+    if args.engine == "ort" or (args.engine == "auto" and not ort_miscomputes(model)):
+        # its first run in onnxruntime happens in a child, where onnxruntime dying on it is survivable
+        feeds, source = inputs_for("ort")
+        where = f"on seed {args.seed}'s synthesized inputs" if source.startswith("synth") else "on the given inputs"
+        screen_original(model, feeds, where)
     runner = prepare(model, args.engine, path=args.model)
-    given, synthesized = user_feeds(model, npz=args.inputs, arrays=args.input, seeds=[args.seed], engine=runner.engine)
-    if given is None:
-        feeds = synthesize_inputs(model, args.seed, engine=runner.engine)
-        source = f"synthesized, seed {args.seed}"
-    else:
-        feeds = given[0]
-        source = "given" + (f"; {', '.join(synthesized)} synthesized, seed {args.seed}" if synthesized else "")
+    feeds, source = inputs_for(runner.engine)
     try:
         outputs = runner(feeds)
     except EngineError:
-        if args.engine != "auto" or runner.engine != "ort" or given is None:
+        if args.engine != "auto" or runner.engine != "ort" or source.startswith("synth"):
             raise
         runner = prepare(model, "reference")  # inputs onnxruntime refuses, such as a sequence length 0
         outputs = runner(feeds)
