@@ -10,7 +10,6 @@ import os
 
 import builders as b
 import cell_builders as cb
-from onnx import helper as h
 
 from scanopt import chooser as chooser_module
 from scanopt.cost import CostPolicy
@@ -88,15 +87,7 @@ def test_form_names_come_from_the_passes():
 
 
 def _short_rnn():
-    body = cb.Body(hidden=4, inputs=3)
-    y = cb.rnn(body, "x", "h")
-    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
-    model = cb.scan_model(body, [("h", "h_new", 4)], ys=("h_new",))
-    for value in list(model.graph.input) + list(model.graph.output):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param in ("seq", "batch"):
-                dim.dim_value = {"seq": 3, "batch": 2}[dim.dim_param]
-    return model
+    return cb.rnn_model(hidden=4, inputs=3, seq=3, batch=2)
 
 
 def test_a_chooser_without_a_policy_still_defers():
