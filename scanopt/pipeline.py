@@ -403,7 +403,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         options=options,
         denied=denied,
         selected=tuple(p.name for p in chosen),
-        chooser=Chooser.from_options(options),
+        chooser=Chooser.from_options(options, denied),
         progress=getattr(progress, "count", None),  # a scanopt.progress.Progress also counts Scans
     )
     has_scan = any(True for _ in scan_nodes(graph)) or any(True for _ in op_nodes(graph, "Loop"))
