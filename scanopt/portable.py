@@ -21,8 +21,9 @@ Under ``--target portable`` (the pipeline sets ``options["portable_output"]`` fr
 the option ``portable_runtimes=[]`` turns this off and leaves target portable's other meaning, every
 proven form applied, which tests of a form's rewrite use):
 :func:`make_portable` runs after the passes and writes every Scan so (each non-constant value
-its body reads from outside becomes a state the body passes through unchanged, one Identity
-copy per step; each untyped body input gets the type of the value it is bound to), and the
+its body reads from outside becomes an initializer where constants compute it, else a state
+the body passes through unchanged, one Identity copy per step; each untyped body input gets the
+type of the value it is bound to), and the
 chooser does not apply a form whose native op :func:`native_refusal` refuses (the report says
 why; the loop, or the next form, stays). The default target (onnxruntime) writes neither.
 """
@@ -34,13 +35,16 @@ from typing import Callable
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from scanopt.constexpr import ConstantFolder
 from scanopt.graph import dtype_of, is_op, node_label, outer_captures, walk_graphs
 from scanopt.pass_api import NodeOutcome, PassContext, scan_nodes
+from scanopt.rewrite import stored_in
 
 NAME = "portable"  # the report's name for these edits (a tidy step, like cleanup)
 RUNTIME = "OpenVINO's CPU runtime"
 OPENVINO_ACTIVATIONS = ("Sigmoid", "Tanh", "Relu")
 RUNTIMES = ("openvino",)  # what options["portable_runtimes"] may name
+FOLD_MAX_ELEMENTS = 1 << 22  # a captured constant expression up to this size becomes an initializer
 
 
 def written_for(options: dict) -> tuple[str, ...]:
@@ -94,6 +98,7 @@ def make_portable(graph: gs.Graph, ctx: PassContext, infer: Callable[[], object]
     captured value lacks); a Scan whose label is denied ``portable`` is left as it is."""
     outcomes = []
     table = []  # the inferred ShapeTable, made once when first needed
+    folder = ConstantFolder(ctx.opset)
 
     def dtype(t: gs.Tensor, *names: str):
         found = dtype_of(t) or ctx.shapes.dtype(t)
@@ -117,6 +122,10 @@ def make_portable(graph: gs.Graph, ctx: PassContext, infer: Callable[[], object]
                                         f"the body reads no scan element: written as a Loop of the scan inputs' "
                                         f"length ({RUNTIME} runs such a Scan once)"))
             continue
+        folded = _fold_captures(node, graph, ctx, folder)
+        if folded:
+            done.append(f"the body read {_names(folded)} from outside, computed from constants: read as "
+                        f"initializer(s) ({RUNTIME}'s Scan reads only constants from enclosing graphs)")
         if ctx.opset >= 9:
             passed = _pass_captures_in(node, ctx, dtype)
             if passed:
@@ -213,6 +222,31 @@ def _as_counted_loop(node: gs.Node, graph: gs.Graph, ctx: PassContext, dtype) ->
 
 def _rank_or(t: gs.Tensor, default):
     return len(t.shape) if t.shape is not None else default
+
+
+def _fold_captures(node: gs.Node, top: gs.Graph, ctx: PassContext, folder: ConstantFolder) -> list[gs.Tensor]:
+    """Each non-constant value the Scan body reads from outside that a constant subgraph
+    computes (a weight hoisted out of the loop, ``Sigmoid(w)`` lifted by linrec), up to
+    FOLD_MAX_ELEMENTS, read as a new initializer instead: no copy per step."""
+    body = node.attrs["body"]
+    folded = []
+    inside = None
+    for value in outer_captures(body):
+        if _is_constant(value):
+            continue
+        array = folder.value(value)
+        if array is None or array.size > FOLD_MAX_ELEMENTS:
+            continue
+        inside = inside or {id(n) for level in walk_graphs(body) for n in level.graph.nodes}
+        const = gs.Constant(ctx.names.fresh(f"{value.name}_folded"), np.asarray(array))
+        stored_in(top, [const])
+        for reader in list(value.outputs):
+            if id(reader) in inside:
+                for i, t in enumerate(reader.inputs):
+                    if t is value:
+                        reader.inputs[i] = const
+        folded.append(value)
+    return folded
 
 
 def _pass_captures_in(node: gs.Node, ctx: PassContext, dtype) -> list[gs.Tensor]:
