@@ -1,6 +1,6 @@
 """Does `scanopt optimize --target portable` write models OpenVINO's CPU runtime loads and runs, equal?
 
-    python benchmarks/check_openvino.py [--filter rnn] [--no-samples] [--no-table] [--table-small]
+    python benchmarks/check_openvino.py [--filter rnn ...] [--no-samples] [--no-table] [--table-small]
                                         [--perf ../shared/perf] [--work DIR] [--max-kb 2048]
 
 Needs `pip install openvino` beside scanopt (issue 30: "a form OpenVINO cannot run is not portable").
@@ -10,10 +10,12 @@ shrinks the cells to T <= 64, B <= 4, I, H <= 32 for a quick run), this runs the
 (`scanopt optimize -q --target portable M OUT`), then compiles the original and the output with
 `openvino.Core().compile_model(..., "CPU")` at f32 inference precision, runs both on one
 synthesized input set (the sizes verification draws first: static dims from the model, symbolic
-ones bound to small sizes; float values from N(0, 0.5^2)) and compares each with onnxruntime's run of the original
+ones bound to small sizes; float values from N(0, 0.5^2), or N(0, 0.05^2) where onnxruntime's
+run of the original overflows on those) and compares each with onnxruntime's run of the original
 (rtol 1e-4, atol 1e-5 times the output's largest magnitude, at least 1; integer and bool outputs
 exactly). An output also counts as equal where its error is within twice OpenVINO's own error on
-the original (the runtime's rounding, not the rewrite's).
+the original (the runtime's rounding, not the rewrite's), or where it equals OpenVINO's run of the
+original ("yes (as OV's original)": both off onnxruntime's, e.g. both overflowing).
 
 Columns: model, forms scanopt wrote, whether OpenVINO loads (and runs) the original and the
 output, whether the output equals, and the first line of the error. A summary follows: among
@@ -66,9 +68,13 @@ def table_models(perf_dir: str, small: bool) -> list[tuple[str, onnx.ModelProto]
     return out
 
 
-def sample_paths(max_kb: int, needle: str) -> list[str]:
+def sample_paths(max_kb: int, needles: list[str]) -> list[str]:
     paths = sorted(glob.glob(os.path.join(ROOT, "models", "**", "*.onnx"), recursive=True))
-    return [p for p in paths if needle in os.path.relpath(p, ROOT) and os.path.getsize(p) <= max_kb * 1024]
+    return [p for p in paths if _wanted(os.path.relpath(p, ROOT), needles) and os.path.getsize(p) <= max_kb * 1024]
+
+
+def _wanted(name: str, needles: list[str]) -> bool:
+    return not needles or any(n in name for n in needles)
 
 
 def optimize(src: str, dst: str, report: str) -> tuple[str | None, str]:
@@ -87,7 +93,7 @@ def optimize(src: str, dst: str, report: str) -> tuple[str | None, str]:
     return ", ".join(forms) or "unchanged", ""
 
 
-def feeds_for(path: str) -> dict:
+def feeds_for(path: str, scale: float = 0.5) -> dict:
     """The sizes, lengths and indices of verification's first input set, with every float input
     redrawn from N(0, 0.5^2): verification's saturated outliers overflow some models to inf,
     where two runtimes then disagree about nothing this check is about."""
@@ -100,7 +106,7 @@ def feeds_for(path: str) -> dict:
     for name, value in plain[0].items():
         value = np.asarray(value)
         if value.dtype.kind == "f":
-            value = (0.5 * rng.standard_normal(value.shape)).astype(value.dtype)
+            value = (scale * rng.standard_normal(value.shape)).astype(value.dtype)
         feeds[name] = value
     return feeds
 
@@ -181,21 +187,28 @@ def check(core, name: str, src: str, work: str) -> dict:
     try:
         feeds = feeds_for(src)
         want = ort_run(src, feeds)
+        if not all(np.isfinite(v).all() for v in want.values() if v.dtype.kind == "f"):
+            feeds = feeds_for(src, 0.05)  # onnxruntime's original overflows there: milder values
+            want = ort_run(src, feeds)
     except Exception as exc:  # noqa: BLE001 - a model onnxruntime cannot run is a row
         row["error"] = "onnxruntime: " + first_line(exc)
         return row
     try:
-        own = compare(ov_run(core, src, feeds), want)
+        theirs = ov_run(core, src, feeds)
+        own = compare(theirs, want)
         row["orig"] = "yes" if own <= 1 else f"runs, differs ({own:.3g}x tol)"
     except Exception as exc:  # noqa: BLE001
-        row["orig"], own = "no", None
+        row["orig"], own, theirs = "no", None, None
         row["error"] = "original: " + first_line(exc)
     try:
         got = ov_run(core, dst, feeds)
         row["out"] = "yes"
         error = compare(got, want)
         equal = error <= 1 or (own is not None and np.isfinite(own) and error <= 2 * own)
-        row["equal"] = "yes" if equal else f"no ({error:.3g}x tol)"
+        if not equal and theirs is not None and compare(got, theirs) <= 1:
+            row["equal"] = "yes (as OV's original)"
+        else:
+            row["equal"] = "yes" if equal else f"no ({error:.3g}x tol)"
     except Exception as exc:  # noqa: BLE001
         row["out"] = "no"
         row["error"] = (row["error"] + "; " if row["error"] else "") + "output: " + first_line(exc)
@@ -204,7 +217,8 @@ def check(core, name: str, src: str, work: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--filter", default="", help="only models whose name contains this")
+    parser.add_argument("--filter", action="append", default=[],
+                        help="only models whose name contains this (repeatable: any of them)")
     parser.add_argument("--no-samples", action="store_true", help="skip models/**.onnx")
     parser.add_argument("--no-table", action="store_true", help="skip the shared table's 15 models")
     parser.add_argument("--table-small", action="store_true", help="shrink the table's cells (T<=64, B<=4, I,H<=32)")
@@ -228,7 +242,7 @@ def main(argv=None) -> int:
             print(f"no gen_set.py in {args.perf}: the table's models are skipped", file=sys.stderr)
         else:
             for tag, model in table_models(args.perf, args.table_small):
-                if args.filter in tag:
+                if _wanted(f"table/{tag}", args.filter):
                     path = os.path.join(work, f"table_{tag}.onnx")
                     onnx.save(model, path)
                     cases.append((f"table/{tag}", path))
@@ -249,12 +263,12 @@ def main(argv=None) -> int:
         runs = [r for r in group if _runs_original(r)]
         changed = [r for r in runs if r["forms"] != "unchanged"]
         print(f"| {label} | {len(group)} | {len(runs)} | {sum(r['out'] == 'yes' for r in runs)} | "
-              f"{sum(r['equal'] == 'yes' for r in runs)} | {len(changed)} | "
-              f"{sum(r['out'] == 'yes' for r in changed)} | {sum(r['equal'] == 'yes' for r in changed)} |")
+              f"{sum(r['equal'].startswith('yes') for r in runs)} | {len(changed)} | "
+              f"{sum(r['out'] == 'yes' for r in changed)} | {sum(r['equal'].startswith('yes') for r in changed)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return 1 if any(_runs_original(r) and r["equal"] != "yes" for r in rows) else 0
+    return 1 if any(_runs_original(r) and not r["equal"].startswith("yes") for r in rows) else 0
 
 
 def _runs_original(row: dict) -> bool:
