@@ -173,6 +173,11 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
         result[1].modified = True
         result[1].ops_before = count_ops(original)
         result[1].ops_after = count_ops(result[0])
+    target = options.get("deployment_target")
+    if target is not None and target.model == "cuda":  # what CUDA graphs can capture of the output
+        from scanopt.providers import capture_note
+
+        result[1].target = f"{result[1].target}; {capture_note(result[0])}"
     return result
 
 
