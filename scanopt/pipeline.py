@@ -182,9 +182,11 @@ def _prepare_functions(model, chosen, options, verify, inputs, engine, seeds, pr
         return None
     from scanopt.functions import prepare_functions
 
-    def run(body, shapes):
-        # the body's own deployment: the declared shapes its call sites give its inputs
-        body_options, _ = deploy_decisions(body, chosen, dict(options, input_shapes=shapes or None), progress)
+    def run(body, shapes, positive=()):
+        # the body's own deployment: the declared shapes its call sites give its inputs; the
+        # inputs every caller passes values > 0 (scanopt.functions.positive_inputs; linattn reads them)
+        body_options, _ = deploy_decisions(body, chosen, dict(options, input_shapes=shapes or None,
+                                                              positive_inputs=frozenset(positive)), progress)
         return _run_passes(body, chosen, body_options, frozenset(), progress)
 
     def check(candidate):

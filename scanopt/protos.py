@@ -9,6 +9,13 @@ import onnx
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
+# Ops every output element of which is an element of their first input (views, Transpose,
+# Slice, Gather, Split...): a property of the elements (their sign) read through them holds.
+SELECTING_OPS = frozenset(("Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand", "Slice",
+                           "Gather", "GatherElements", "Tile", "Split"))
+# Ops whose outputs are > 0 wherever they do not underflow to 0: exp(x), sigmoid(x), softplus(x).
+POSITIVE_OPS = frozenset(("Exp", "Sigmoid", "Softplus"))
+
 
 def in_default_domain(domain: str | None) -> bool:
     """True for the ai.onnx domain however it is spelled (gs uses None for it)."""
