@@ -143,3 +143,47 @@ def test_a_decay_the_callers_compute_is_taken_only_where_every_call_passes_posit
     out, report = scanopt.optimize(model, options={"target": "portable"}, passes=["canonicalize", "linattn"])
     reasons = [o.detail for o in report.outcomes if o.pass_name == "linattn"]
     assert _ops(out)["LinearAttention"] == 0 and any("its log is not known to exist" in r for r in reasons), reasons
+
+
+def _hoisted(name: str) -> onnx.ModelProto:
+    """The sample after canonicalize and hoist: the default's form when it keeps the loop, its
+    body reading k as a column and as a row, and q, from scan inputs Unsqueeze(K, axis) over all
+    steps (or k vᵀ itself, where no state is involved)."""
+    out, _ = scanopt.optimize(onnx.load(str(MODELS / f"{name}.onnx")), passes=["canonicalize", "hoist", "cleanup"],
+                              options={"target": "portable"})
+    return out
+
+
+@pytest.mark.parametrize("name", ["linear_mm", "decayed_es", "delta_rs", "gated_delta_mm"])
+def test_the_hoisted_loop_is_read_as_linear_attention_too(name):
+    """After hoist (what the default keeps where LinearAttention is unmeasured or measured
+    slower), linattn reads the vectors and outer products hoist computed over all steps: the
+    report's reason for a loop kept is the cost, not 'not linear attention'."""
+    hoisted = _hoisted(name)
+    assert _ops(hoisted)["Scan"] >= 1
+    out, report = scanopt.optimize(hoisted, passes=["canonicalize", "linattn"], options={"target": "portable"})
+    applied = [o.detail for o in report.outcomes if o.pass_name == "linattn" and o.applied]
+    assert applied and all(d.startswith(RULE[gen.split(name)[0]] + " ") for d in applied), \
+        [o.detail for o in report.outcomes]
+    assert _ops(out)["Scan"] == 0 and report.verification["passed"] is True, report.verification
+    _assert_equal_at(onnx.load(str(MODELS / f"{name}.onnx")), out, name, 1024, seeds=(0,))
+
+
+def test_a_hoisted_erase_read_by_another_vector_is_not_the_delta_rule():
+    """gated_delta_mm hoisted, its erase reading the state with q (Unsqueeze(Q, row) outside)
+    while the write adds k vᵀ: not β k (v − Sᵀk)ᵀ, declined."""
+    from onnx import helper, numpy_helper
+
+    model = _hoisted("gated_delta_mm")
+    graph = model.graph
+    scan = next(n for n in graph.node if n.op_type == "Scan")
+    axes = {n.output[0]: list(helper.get_attribute_value(n.attribute[0])) for n in graph.node
+            if n.op_type == "Constant" and n.attribute[0].name == "value_ints"}
+    axes.update({t.name: numpy_helper.to_array(t).reshape(-1).tolist() for t in graph.initializer})
+    unsq = [n for n in graph.node if n.op_type == "Unsqueeze" and n.output[0] in scan.input]
+    (k_row,) = [n for n in unsq if axes.get(n.input[1]) == [3] and any(
+        m.input[0] == n.input[0] and axes.get(m.input[1]) == [4] for m in unsq)]
+    k_row.input[0] = next(n.output[0] for n in graph.node if n.op_type == "Transpose" and n.input[0] == "q")
+    out, report = scanopt.optimize(model, passes=["canonicalize", "linattn"], options={"target": "portable"})
+    reasons = [o.detail for o in report.outcomes if o.pass_name == "linattn"]
+    assert _ops(out)["LinearAttention"] == 0 and any("another key" in r for r in reasons), reasons

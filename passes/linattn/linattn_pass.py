@@ -30,7 +30,7 @@ from scanopt.constexpr import ConstantFolder
 from scanopt.emit import INT64_MAX
 from scanopt.graph import GraphLevel, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.linattn.algebra import BodyAlgebra, NotAttention
+from scanopt.passes.linattn.algebra import BodyAlgebra, Lifted, NotAttention
 from scanopt.passes.linattn.rules import Rule, classify
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, changing_states, element_value, emit_nodes, from_processing_order,
@@ -92,9 +92,13 @@ class Linattn(ScanPass):
             return Skip(f"the state's last two dims {list(shape[-2:])} are not static")
         new_state = {id(t) for t in _identity_chain(body.outputs[0])}
         depends = _depends_on(body, s_in)
+        outer = {id(body.inputs[n + j]): (node.inputs[n + j], view.input_axes[j], view.input_directions[j], j)
+                 for j in range(view.num_scan_inputs)}
+        hoisted: dict = {}
         try:
-            update = BodyAlgebra(s_in, set(), lambda t: id(t) in depends, ctx.shapes.shape, rank).read(s_out)
-            reader = BodyAlgebra(s_in, new_state, lambda t: id(t) in depends, ctx.shapes.shape, rank)
+            update = BodyAlgebra(s_in, set(), lambda t: id(t) in depends, ctx.shapes.shape, rank, outer,
+                                 hoisted).read(s_out)
+            reader = BodyAlgebra(s_in, new_state, lambda t: id(t) in depends, ctx.shapes.shape, rank, outer, hoisted)
             outputs = [reader.read(t) for t in body.outputs[1:]]
             rule = classify(update, outputs)
         except NotAttention as exc:
@@ -115,7 +119,7 @@ class Linattn(ScanPass):
         except Declined as exc:
             return Skip(f"the step values are not lifted: {exc}")
         for t in (rule.keys, rule.values) + ((rule.query,) if rule.query is not None else ()):
-            if plan.value(t, ctx.shapes.shape).rank != rank - 1:
+            if not isinstance(t, Lifted) and plan.value(t, ctx.shapes.shape).rank != rank - 1:
                 return Skip(f"'{t.name}' is not a per-head vector of rank {rank - 1}")
         for t in wanted:
             if plan.value(t, ctx.shapes.shape).rank is None:
@@ -147,7 +151,7 @@ class Linattn(ScanPass):
             return x if value.per_step else e.over_steps(x, value.rank)
 
         def vector(t, width):  # [T, *b, d] expanded over the state's batch axes
-            x = lifted(t)
+            x = to_processing_order(e, t.x, view, t.j) if isinstance(t, Lifted) else lifted(t)
             if nb:
                 steps = e.length(x)
                 x = e.op("Expand", [x, e.op("Concat", [steps, heads_of, e.ints("width", [width])], axis=0)])
@@ -387,7 +391,9 @@ def _static_dims(shape: list, tensors, ctx: PassContext) -> list:
 
 
 def _leaves(rule: Rule) -> list[gs.Tensor]:
-    found = [rule.keys, rule.values] + ([rule.query] if rule.query is not None else [])
+    """The body values the rewrite lifts (a :class:`Lifted` vector is outside already)."""
+    found = [t for t in (rule.keys, rule.values) + ((rule.query,) if rule.query is not None else ())
+             if not isinstance(t, Lifted)]
     found += [c.tensor for c in rule.write[1]]
     for c in (rule.decay[1] if rule.decay else ()):
         arg = _through_views(c.tensor, "Exp") or _through_views(c.tensor, "Sigmoid")
