@@ -130,6 +130,7 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
     # rest). A migration is all or nothing, so it is verified on its own and raises when it
     # fails; the other passes then run on, and are rolled back against, the migrated model.
     original = model
+    given = inputs  # the caller's feeds: only they imply deployment shapes, not those drawn below
     prefused = _fuse_before_migration(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if prefused is not None:
         model = prefused[0]
@@ -147,7 +148,7 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
             from scanopt.verify import runnable_feeds
 
             inputs = runnable_feeds(original, seeds=seeds, engine=engine)
-    options = _implied_shapes(options or {}, inputs, model)
+    options = _implied_shapes(options or {}, given, model)
     options, tuning = deploy_decisions(model, chosen, options, progress)
     if verify and inputs is None and options["input_shapes"]:
         inputs = declared_feeds(model, options["input_shapes"], seeds, engine)

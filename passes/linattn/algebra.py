@@ -320,7 +320,7 @@ class BodyAlgebra:
         node = self._outer_step_node(t)
         if node is None or not in_default_domain(node.domain):
             return None
-        pair = self._pair(node, self.rank + 1, lambda u, axis: _unsqueezed(_producer(u), self.rank + 1, axis))
+        pair = self._pair(node, self.rank + 1, lambda u, axis: _unsqueezed(_producer(_unsliced(u)), self.rank + 1, axis))
         if pair is None:
             return None
         rows, cols = (self._lifted(x, t) for x in pair)
