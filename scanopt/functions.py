@@ -20,15 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 import onnx.inliner
-import onnx.numpy_helper
 from onnx import helper as oh
 
 from scanopt.errors import ScanoptError
 from scanopt.pass_api import NodeOutcome
-from scanopt.protos import POSITIVE_OPS, SELECTING_OPS, attribute_graphs, in_default_domain, walk_proto_graphs
+from scanopt.protos import attribute_graphs, positive_values, walk_proto_graphs
 from scanopt.shapes import ShapeTable
 
 LOOP_OPS = ("Scan", "Loop")
@@ -217,30 +215,8 @@ def positive_inputs(model: onnx.ModelProto, f: onnx.FunctionProto) -> list[str]:
         constants = {t.name: t for g in graphs if isinstance(g, onnx.GraphProto) for t in g.initializer}
         scopes.append((producers, constants))
     return [name for k, name in enumerate(f.input)
-            if all(k < len(c.input) and c.input[k] and _positive_values(c.input[k], *scope)
+            if all(k < len(c.input) and c.input[k] and positive_values(c.input[k], *scope)
                    for c, scope in zip(calls, scopes))]
-
-
-def _positive_values(name: str, producers: dict, constants: dict) -> bool:
-    for _ in range(64):
-        node = producers.get(name)
-        if node is None:
-            return name in constants and _all_positive(onnx.numpy_helper.to_array(constants[name]))
-        if not in_default_domain(node.domain):
-            return False
-        if node.op_type in POSITIVE_OPS:
-            return True
-        if node.op_type == "Constant":
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            return value is not None and _all_positive(onnx.numpy_helper.to_array(value))
-        if node.op_type not in SELECTING_OPS or not node.input:
-            return False
-        name = node.input[0]
-    return False
-
-
-def _all_positive(value) -> bool:
-    return value.size > 0 and value.dtype.kind == "f" and bool(np.all(value > 0))
 
 
 def _deployed_dims(model: onnx.ModelProto, f: onnx.FunctionProto, shapes) -> dict[str, list[int]]:

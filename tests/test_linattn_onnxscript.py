@@ -109,10 +109,12 @@ def test_default_says_why_linear_attention_is_not_written_at_unknown_shapes(name
     _assert_equal_at(model, out, name, 64, seeds=(0,))
 
 
-@pytest.mark.parametrize("name", ["gated_delta_mm", "linear_es"])
+@pytest.mark.parametrize("name", ["gated_delta_mm", "linear_es", "decayed_es"])
 def test_default_at_declared_shapes_writes_the_form_it_measured_fastest(name):
-    """At declared shapes the chooser times the loop, LinearAttention (and hoist's form); the
-    report's tuning line gives each time and the form kept, and the written model is that form."""
+    """At declared shapes the chooser times the loop, LinearAttention (and hoist's, linrec's
+    forms); the report's tuning line gives each time and the form kept, and the written model is
+    that form. decayed_es's gamma is Tile'd over the batch outside the loop: an input of the
+    Scan's subgraph that is timed, known positive from the model (tune's positive_inputs)."""
     model = onnx.load(str(MODELS / f"{name}.onnx"))
     shapes = {k: list(v.shape) for k, v in gen.feeds(name, 2, 256, seed=0).items()}
     out, report = scanopt.optimize(model, input_shapes=shapes, options={"tune": True, "threads": 1})
