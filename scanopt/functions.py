@@ -26,7 +26,7 @@ from onnx import helper as oh
 
 from scanopt.errors import ScanoptError
 from scanopt.pass_api import NodeOutcome
-from scanopt.protos import attribute_graphs, walk_proto_graphs
+from scanopt.protos import attribute_graphs, positive_values, walk_proto_graphs
 from scanopt.shapes import ShapeTable
 
 LOOP_OPS = ("Scan", "Loop")
@@ -67,9 +67,10 @@ def call_sites(model: onnx.ModelProto) -> dict[tuple[str, str], list[onnx.NodePr
 def prepare_functions(model: onnx.ModelProto, run_passes, verify, shapes=None) -> PreparedModel | None:
     """The model with its loop-holding functions inlined or optimized (the same object
     when none changed), and what was done or why not; None when no function has a loop.
-    ``run_passes(model, shapes) -> (model, report)`` runs the chosen passes on one model, deciding
+    ``run_passes(model, shapes, positive) -> (model, report)`` runs the chosen passes on one model, deciding
     for ``shapes`` ({input name: dims}: the deployment shapes of a function body's inputs, where the
-    declared ``shapes`` of the model's inputs give every call site the same static shape);
+    declared ``shapes`` of the model's inputs give every call site the same static shape), with
+    ``positive`` the body's inputs every caller passes values > 0 (:func:`positive_inputs`);
     ``verify(candidate) -> (passed, summary) | None`` checks a candidate against the
     original (None: verification is off)."""
     loopy = [f for f in model.functions if _has_loop(f.node)]
@@ -117,7 +118,8 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify, shapes=None) -
             prepared.outcomes.append(NodeOutcome("functions", label, "", False, body))
             continue
         try:
-            rewritten, report = run_passes(body, _deployed_dims(current, f, shapes) if shapes else {})
+            rewritten, report = run_passes(body, _deployed_dims(current, f, shapes) if shapes else {},
+                                           positive_inputs(current, f))
         except ScanoptError as exc:
             prepared.outcomes.append(NodeOutcome("functions", label, "", False, f"its body cannot be optimized alone: {exc}"))
             continue
@@ -185,6 +187,36 @@ def _standalone(model: onnx.ModelProto, f: onnx.FunctionProto, depth: int = 0) -
         if typed.type.HasField("tensor_type") and typed.type.tensor_type.elem_type:
             out.CopyFrom(typed)
     return body
+
+
+def positive_inputs(model: onnx.ModelProto, f: onnx.FunctionProto) -> list[str]:
+    """The inputs of ``f`` that every call passes values > 0 (or 0 where they underflow): an
+    Exp, Sigmoid or Softplus output or a constant > 0, read through ops that only select
+    elements (SELECTING_OPS: Split, Squeeze, Slice...) in the calling graph. A decay that the
+    caller computes as a sigmoid and hands to a per-head function is one; linattn needs its log
+    to exist. What the calls prove, not what the body alone does: the rewritten function is
+    verified through its callers."""
+    calls = call_sites(model)[function_key(f)]
+    if not calls:
+        return []
+    main = [g for g in walk_proto_graphs(model.graph)]
+    main_nodes = {id(n) for g in main for n in g.node}
+    scopes = []  # per call: (producer of each name, constant values by name) of the calling graph
+    for call in calls:
+        if id(call) in main_nodes:
+            graphs = main
+        else:
+            caller = next((g for g in model.functions if any(n is call for top in g.node for n in _nodes_within(top))),
+                          None)
+            if caller is None:
+                return []
+            graphs = [caller]
+        producers = {out: n for g in graphs for n in g.node for out in n.output if out}
+        constants = {t.name: t for g in graphs if isinstance(g, onnx.GraphProto) for t in g.initializer}
+        scopes.append((producers, constants))
+    return [name for k, name in enumerate(f.input)
+            if all(k < len(c.input) and c.input[k] and positive_values(c.input[k], *scope)
+                   for c, scope in zip(calls, scopes))]
 
 
 def _deployed_dims(model: onnx.ModelProto, f: onnx.FunctionProto, shapes) -> dict[str, list[int]]:

@@ -287,8 +287,11 @@ class OnnxruntimeCrashError(ScanoptError):
     in one line, exit code 2 (the model is the problem), nothing written."""
 
 
-_SURVIVORS: dict[int, onnx.ModelProto] = {}  # originals whose first run a child survived (kept: ids stay theirs)
-SURVIVORS_KEPT = 8
+# Originals whose first run a child survived, the protos kept so that their ids stay theirs (no
+# weak references to protos): the last few only, a library process optimizing many big models
+# must not hold them all (a verification asks about the same original again and again).
+_SURVIVORS: dict[int, onnx.ModelProto] = {}
+SURVIVORS_KEPT = 2
 _CRASHES: ContextVar[list[str] | None] = ContextVar("scanopt_ort_crashes", default=None)
 
 

@@ -130,6 +130,7 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
     # rest). A migration is all or nothing, so it is verified on its own and raises when it
     # fails; the other passes then run on, and are rolled back against, the migrated model.
     original = model
+    given = inputs  # the caller's feeds: only they imply deployment shapes, not those drawn below
     prefused = _fuse_before_migration(model, options or {}, chosen, verify, inputs, engine, seeds, progress)
     if prefused is not None:
         model = prefused[0]
@@ -147,7 +148,7 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
             from scanopt.verify import runnable_feeds
 
             inputs = runnable_feeds(original, seeds=seeds, engine=engine)
-    options = _implied_shapes(options or {}, inputs, model)
+    options = _implied_shapes(options or {}, given, model)
     options, tuning = deploy_decisions(model, chosen, options, progress)
     if verify and inputs is None and options["input_shapes"]:
         inputs = declared_feeds(model, options["input_shapes"], seeds, engine)
@@ -173,6 +174,11 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
         result[1].modified = True
         result[1].ops_before = count_ops(original)
         result[1].ops_after = count_ops(result[0])
+    target = options.get("deployment_target")
+    if target is not None and target.model == "cuda":  # what CUDA graphs can capture of the output
+        from scanopt.providers import capture_note
+
+        result[1].target = f"{result[1].target}; {capture_note(result[0])}"
     return result
 
 
@@ -182,9 +188,11 @@ def _prepare_functions(model, chosen, options, verify, inputs, engine, seeds, pr
         return None
     from scanopt.functions import prepare_functions
 
-    def run(body, shapes):
-        # the body's own deployment: the declared shapes its call sites give its inputs
-        body_options, _ = deploy_decisions(body, chosen, dict(options, input_shapes=shapes or None), progress)
+    def run(body, shapes, positive=()):
+        # the body's own deployment: the declared shapes its call sites give its inputs; the
+        # inputs every caller passes values > 0 (scanopt.functions.positive_inputs; linattn reads them)
+        body_options, _ = deploy_decisions(body, chosen, dict(options, input_shapes=shapes or None,
+                                                              positive_inputs=frozenset(positive)), progress)
         return _run_passes(body, chosen, body_options, frozenset(), progress)
 
     def check(candidate):

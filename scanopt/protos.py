@@ -9,6 +9,39 @@ import onnx
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
+# Ops every output element of which is an element of their first input (views, Transpose,
+# Slice, Gather, Split...): a property of the elements (their sign) read through them holds.
+SELECTING_OPS = frozenset(("Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand", "Slice",
+                           "Gather", "GatherElements", "Tile", "Split"))
+# Ops whose outputs are > 0 wherever they do not underflow to 0: exp(x), sigmoid(x), softplus(x).
+POSITIVE_OPS = frozenset(("Exp", "Sigmoid", "Softplus"))
+
+
+def positive_values(name: str, producers: dict, constants: dict) -> bool:
+    """Whether every element of the value ``name`` is > 0 (or 0 where it underflows): an
+    output of POSITIVE_OPS or a float constant > 0 (a Constant node, or ``constants``: name ->
+    TensorProto), read back through SELECTING_OPS; ``producers``: output name -> NodeProto of
+    the graphs it is looked up in. At most 64 nodes back."""
+    from onnx import numpy_helper
+
+    for _ in range(64):
+        node = producers.get(name)
+        if node is None or node.op_type == "Constant" and in_default_domain(node.domain):
+            tensor = constants.get(name) if node is None else next(
+                (a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if tensor is None:
+                return False
+            value = numpy_helper.to_array(tensor)
+            return value.size > 0 and value.dtype.kind == "f" and bool((value > 0).all())
+        if not in_default_domain(node.domain):
+            return False
+        if node.op_type in POSITIVE_OPS:
+            return True
+        if node.op_type not in SELECTING_OPS or not node.input:
+            return False
+        name = node.input[0]
+    return False
+
 
 def in_default_domain(domain: str | None) -> bool:
     """True for the ai.onnx domain however it is spelled (gs uses None for it)."""

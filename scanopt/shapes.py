@@ -27,7 +27,7 @@ class ShapeTable:
 
     def __init__(self, model: onnx.ModelProto):
         self._table: dict[str, tuple[int | None, list[Dim] | None]] = {}
-        self._derived: dict[int, tuple[gs.Tensor, int | None]] = {}  # id -> (tensor, rank) of derived_rank
+        self._derived: dict[int, tuple[gs.Tensor, list | None]] = {}  # id -> (tensor, shape) of derived_shape
         inferred = inferred_model(model) or model
         self._inferred = inferred  # for dims(), on first use
         self._dims = None
@@ -47,19 +47,17 @@ class ShapeTable:
         return self._dims
 
     def shape(self, tensor: gs.Tensor) -> list[Dim] | None:
-        """The tensor's shape: gs's own when set, else inferred, else (rank known, dims
-        unknown) a list of None as long as the rank :func:`derived_rank` recovers, else None."""
+        """The tensor's shape: gs's own when set, else inferred, else what
+        :func:`derived_shape` recovers from the producers (dims None where unknown), else None."""
         if tensor.shape is not None:
             return list(tensor.shape)
         found = self._table.get(tensor.name, (None, None))[1]
         if found is None:
-            rank = derived_rank(tensor, self._declared_rank, self._derived)
-            return None if rank is None else [None] * rank
+            return derived_shape(tensor, self._declared_shape, self._derived)
         return found
 
-    def _declared_rank(self, tensor: gs.Tensor) -> int | None:
-        shape = tensor.shape if tensor.shape is not None else self._table.get(tensor.name, (None, None))[1]
-        return None if shape is None else len(shape)
+    def _declared_shape(self, tensor: gs.Tensor) -> list[Dim] | None:
+        return tensor.shape if tensor.shape is not None else self._table.get(tensor.name, (None, None))[1]
 
     def rank(self, tensor: gs.Tensor) -> int | None:
         shape = self.shape(tensor)
@@ -125,48 +123,113 @@ _DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
 def derived_rank(tensor: gs.Tensor, declared, memo: dict, depth: int = 0) -> int | None:
-    """The rank of ``tensor`` from its producer when ``declared(tensor)`` does not know it:
-    ops that keep their input's rank, broadcasting ops (the largest input rank), MatMul
-    (numpy rules) and Gemm (2). Looks at most 64 producers back; ``memo`` (id -> (tensor,
-    rank)) keeps the answers of one table."""
+    """The rank of ``tensor`` from its producer when ``declared(tensor)`` (a rank or None) does
+    not know it: :func:`derived_shape`'s length."""
+    def declared_shape(t):
+        rank = declared(t)
+        return None if rank is None else [None] * rank
+
+    shape = derived_shape(tensor, declared_shape, memo, depth)
+    return None if shape is None else len(shape)
+
+
+def derived_shape(tensor: gs.Tensor, declared, memo: dict, depth: int = 0) -> list[Dim] | None:
+    """The shape of ``tensor`` from its producer when ``declared(tensor)`` (a shape or None)
+    does not know it, dims None where unknown: ops that keep their input's shape, broadcasting
+    ops (the largest input rank; a dim where the inputs prove it), MatMul (numpy rules) and
+    Gemm (rank 2), Slice (the rank), Unsqueeze / Squeeze / Reduce* with known axes (the dims
+    they insert, drop or make 1) and Einsum (each letter's dim). Onnx inference leaves these
+    unknown in a body whose axes are an outer-scope Constant (onnxscript's bodies read the
+    enclosing function's constants). Looks at most 64 producers back; ``memo`` (id -> (tensor,
+    shape)) keeps the answers of one table."""
     found = declared(tensor)
     if found is not None or depth > 64:
-        return found
+        return None if found is None else list(found)
     cached = memo.get(id(tensor))
     if cached is not None and cached[0] is tensor:
-        return cached[1]
+        return None if cached[1] is None else list(cached[1])
     memo[id(tensor)] = (tensor, None)  # a cycle ends here
-    rank = None
+    shape = None
     node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
     if node is not None and (node.domain or "") in _DOMAINS:
         def of(t):
-            return derived_rank(t, declared, memo, depth + 1) if t.name else None
-        if node.op in _SAME_RANK and tensor is node.outputs[0] and node.inputs:
-            rank = of(node.inputs[0])
+            return derived_shape(t, declared, memo, depth + 1) if t.name else None
+        first = tensor is node.outputs[0] and bool(node.inputs)
+        if node.op in SHAPE_PRESERVING and first:
+            shape = of(node.inputs[0])
+        elif node.op in _SAME_RANK and first:
+            inner = of(node.inputs[0])
+            shape = None if inner is None else [None] * len(inner)
         elif node.op in ELEMENTWISE:
-            ranks = [of(t) for t in node.inputs if t.name]
-            rank = None if not ranks or None in ranks else max(ranks)
+            shapes = [of(t) for t in node.inputs if t.name]
+            shape = None if not shapes or any(x is None for x in shapes) else _broadcast(shapes)
         elif node.op == "MatMul":
             a, b = of(node.inputs[0]), of(node.inputs[1])
             if a is not None and b is not None:
-                rank = max(a, b) if min(a, b) >= 2 else a + b - 2 if min(a, b) == 1 else None
+                ra, rb = len(a), len(b)
+                rank = max(ra, rb) if min(ra, rb) >= 2 else ra + rb - 2 if min(ra, rb) == 1 else None
+                shape = None if rank is None else [None] * rank
         elif node.op == "Gemm":
-            rank = 2
+            shape = [None, None]
         elif node.op == "Slice" and node.inputs:
-            rank = of(node.inputs[0])
-        elif node.op.startswith("Reduce") and node.inputs and tensor is node.outputs[0]:
+            inner = of(node.inputs[0])
+            shape = None if inner is None else [None] * len(inner)
+        elif node.op.startswith("Reduce") and first:
             inner, axes = of(node.inputs[0]), constant_axes(node)
-            if inner is not None and node.attrs.get("keepdims", 1):
-                rank = inner
-            elif inner is not None and axes is not None:
-                rank = inner - len(set(a % inner for a in axes)) if inner else None
+            rank = None if inner is None else len(inner)
+            if rank is not None and axes is not None:
+                dropped = {a % rank for a in axes} if rank else set()
+                if node.attrs.get("keepdims", 1):
+                    shape = [1 if i in dropped else d for i, d in enumerate(inner)]
+                else:
+                    shape = [d for i, d in enumerate(inner) if i not in dropped]
+            elif rank is not None and node.attrs.get("keepdims", 1):
+                shape = [None] * rank
         elif node.op in ("Unsqueeze", "Squeeze") and node.inputs:
             axes = constant_axes(node)
             inner = of(node.inputs[0])
             if axes is not None and inner is not None:
-                rank = inner + (len(axes) if node.op == "Unsqueeze" else -len(axes))
-    memo[id(tensor)] = (tensor, rank)
-    return rank
+                if node.op == "Unsqueeze":
+                    rank = len(inner) + len(axes)
+                    where = {a % rank for a in axes} if rank else set()
+                    rest = iter(inner)
+                    shape = [1 if i in where else next(rest) for i in range(rank)]
+                else:
+                    where = {a % len(inner) for a in axes} if inner else set()
+                    shape = [d for i, d in enumerate(inner) if i not in where]
+        elif node.op == "Einsum" and first:
+            terms = einsum_terms(node.attrs.get("equation"))
+            shapes = [of(t) for t in node.inputs]
+            if terms is not None and len(terms[0]) == len(shapes) and all(
+                    x is not None and len(x) == len(term) for x, term in zip(shapes, terms[0])):
+                sizes: dict[str, Dim] = {}
+                for x, term in zip(shapes, terms[0]):
+                    for letter, d in zip(term, x):
+                        if sizes.get(letter) is None:  # a letter has one size in every operand
+                            sizes[letter] = d
+                shape = [sizes.get(letter) for letter in terms[1]]
+    memo[id(tensor)] = (tensor, shape)
+    return None if shape is None else list(shape)
+
+
+def _broadcast(shapes: list[list[Dim]]) -> list[Dim]:
+    """Multidirectional broadcasting of shapes whose dims may be unknown (None): a dim is a
+    number other than 1 where an input has it, 1 where every input has 1, a symbolic name where
+    the others have it or 1, else unknown."""
+    rank = max(len(x) for x in shapes)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [x[i - rank + len(x)] for x in shapes if i - rank + len(x) >= 0]
+        numbers = [d for d in dims if isinstance(d, (int, np.integer)) and d != 1]
+        if numbers:
+            out.append(int(numbers[0]))
+        elif all(d == 1 for d in dims):
+            out.append(1)
+        elif None not in dims and len({d for d in dims if d != 1}) == 1:
+            out.append(next(d for d in dims if d != 1))
+        else:
+            out.append(None)
+    return out
 
 
 # While a run holds it open (:func:`shared_inference`): the last model inferred, a cheap

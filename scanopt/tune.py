@@ -30,7 +30,7 @@ import onnx
 
 from scanopt import timing, tune_cache
 from scanopt.pass_api import form_name
-from scanopt.protos import attribute_graphs, fed_inputs, outer_names, proto_node_label
+from scanopt.protos import attribute_graphs, fed_inputs, outer_names, positive_values, proto_node_label
 from scanopt.shapes import ELEMENTWISE, SHAPE_PRESERVING, ShapeTable
 from scanopt.validate import default_opset
 
@@ -68,6 +68,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
     declared = deployment is not None
     deployment = original_shapes if deployment is None else deployment
     inits = {t.name: t for t in model.graph.initializer}
+    weights = dict(inits)  # TensorProtos only (positive_values)
     inits.update((n.output[0], n) for n in model.graph.node  # a Constant node's value is copied, not fed at random
                  if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1)
     read = _read_values(model)
@@ -92,7 +93,12 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             why = f"not measured ({sub if isinstance(sub, str) else feeds_shapes}); modelled instead"
             note(why, label, why)
             continue
-        entry = tune_cache.key(sub, names, base_options, threads, providers) + _shape_key(feeds_shapes)
+        # inputs the model computes > 0 (a decay Tile'd over the batch from positive constants): fed
+        # at random here, so the passes learn it as they do a function's (scanopt.functions.positive_inputs)
+        positive = tuple(sorted(i.name for i in sub.graph.input if positive_values(i.name, index.written, weights)))
+        sub_options = dict(base_options, positive_inputs=frozenset(positive)) if positive else base_options
+        entry = tune_cache.key(sub, names, dict(base_options, positive_inputs=" ".join(positive)) if positive
+                               else base_options, threads, providers) + _shape_key(feeds_shapes)
         if entry in by_key:  # an identical Scan (names apart) decided in this run
             measured[label] = measured[groups[entry][0][0]]
             note(entry, label, None)
@@ -110,7 +116,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             why = f"not measured (time budget of {budget:g} s per model spent); modelled instead"
             note(why, label, why)
             continue
-        forms, same = _forms(sub, run_passes, chosen, neutral, names, base_options)
+        forms, same = _forms(sub, run_passes, chosen, neutral, names, sub_options)
         if len(forms) == 1:
             continue  # no pass rewrites it: nothing to choose
         feeds = _feeds(sub, feeds_shapes)
@@ -128,7 +134,7 @@ def tune(model: onnx.ModelProto, run_passes, chosen, options: dict, deployment: 
             continue
         stretched = ""
         if isinstance(timings, str) and timings.startswith("one run"):  # too slow whole: time it shortened
-            build = lambda short: _forms(short, run_passes, chosen, neutral, names, base_options)[0]  # noqa: E731
+            build = lambda short: _forms(short, run_passes, chosen, neutral, names, sub_options)[0]  # noqa: E731
             try:
                 timings, stretched = _measure_shortened(sub, node, default_opset(model), feeds_shapes, list(forms), build,
                                                         threads, seconds, timings)

@@ -19,7 +19,7 @@ from scanopt.edge_inputs import LabelledFeeds, edge_sets, is_edge, screened
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError, printable_lines
 from scanopt.external_data import has_marks, serialized_size_bound
-from scanopt.isolated import first_run, screen_original, survived
+from scanopt.isolated import SURVIVORS_KEPT, first_run, screen_original, survived
 from scanopt.inputs import (
     FeedBudgetError,
     InputSynthesizer,
@@ -593,7 +593,7 @@ def compare_models(
     return VerifyResult(resolved, comparisons, notes, sizes)
 
 
-_TWIN_SURVIVED: dict[int, onnx.ModelProto] = {}  # originals whose twin's first run a child survived
+_TWIN_SURVIVED: dict[int, onnx.ModelProto] = {}  # originals whose twin's first run a child survived (the last few)
 
 
 class Truth:
@@ -643,7 +643,7 @@ class Truth:
                 if died:
                     failures.append(f"onnxruntime's process dies on it ({died})")
                     continue
-                if len(_TWIN_SURVIVED) >= 8:
+                if len(_TWIN_SURVIVED) >= SURVIVORS_KEPT:
                     _TWIN_SURVIVED.pop(next(iter(_TWIN_SURVIVED)))
                 _TWIN_SURVIVED[id(self._original)] = self._original  # kept: its id stays its own
             try:

@@ -60,3 +60,31 @@ def test_default_keeps_what_measures_fastest_and_equal_to_torch(name):
     if report.modified:
         assert report.verification["passed"] is True, report.verification
     _equal_to_torch(name, out)
+
+
+def test_a_migration_does_not_make_its_drawn_feeds_the_deployment_shapes():
+    """--target-opset 27 verifies the migration on feeds drawn from the original; those are not
+    the user's (only --inputs imply shapes): with B and T symbolic nothing is measured, and the
+    report says why, instead of timing the forms at the first drawn set (T=3, B=16) as declared."""
+    model = onnx.load(str(MODELS / "linear_ts.onnx"))
+    _, report = scanopt.optimize(model, options={"target_opset": 27, "tune": True})
+    assert not any("(declared" in line for line in report.tuning), report.tuning
+    assert any("not measured" in line and "--input-shape" in line for line in report.tuning), report.tuning
+
+
+@pytest.mark.parametrize("name", ["gated_ts", "delta_dyn"])
+def test_the_hoisted_loop_is_read_as_linear_attention(name):
+    """What the default keeps when LinearAttention measures slower: the loop after hoist, whose
+    body reads k vᵀ (TorchScript: through the whole Slices of x[..., None, :]) or k as a row and
+    a column from scan inputs computed over all steps. linattn still reads it (so the report's
+    reason is the measurement, not 'not linear attention')."""
+    passes = ["loop_to_scan", "upgrade", "canonicalize", "hoist", "cleanup"]
+    hoisted, _ = scanopt.optimize(onnx.load(str(MODELS / f"{name}.onnx")), passes=passes,
+                                  options={"target": "portable", "target_opset": 27})
+    assert count_ops(hoisted).get("Scan") == 1
+    out, report = scanopt.optimize(hoisted, passes=["upgrade", "canonicalize", "linattn"],
+                                   options={"target": "portable"})
+    applied = [o.detail for o in report.outcomes if o.pass_name == "linattn" and o.applied]
+    assert len(applied) == 1 and applied[0].startswith(RULES[name] + " "), [o.detail for o in report.outcomes]
+    assert report.verification["passed"] is True, report.verification
+    _equal_to_torch(name, out)

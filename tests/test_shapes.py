@@ -90,3 +90,32 @@ def test_derived_rank_reads_slice_unsqueeze_squeeze_and_reductions():
     del nodes
     declared = lambda t: None if t.shape is None else len(t.shape)  # noqa: E731
     assert [derived_rank(t, declared, {}) for t in (un, sl, red, keep, sq)] == [4, 4, 3, 4, 2]
+
+
+def test_derived_shape_keeps_the_dims_unsqueeze_einsum_and_broadcasts_prove():
+    """onnxscript bodies read the enclosing function's Constant axes, which onnx inference does
+    not see: Unsqueeze(exp(g), [2, 3]) of a [B, 2] step value is [B, 2, 1, 1] (linattn needs the
+    trailing 1s to read a per-head decay), an Einsum's dims follow its letters, a broadcast Mul
+    takes the dims its inputs prove, ReduceSum(keepdims=0) drops its axis."""
+    import onnx_graphsurgeon as gs
+
+    from scanopt.shapes import derived_shape
+
+    g = gs.Variable("g", np.float32, ["B", 2])
+    k = gs.Variable("k", np.float32, ["N", 8])
+    v = gs.Variable("v", np.float32, ["N", 6])
+    s = gs.Variable("s", np.float32, ["N", 8, 6])
+    axes = gs.Variable("axes", np.int64)
+    gs.Node("Constant", outputs=[axes], attrs={"value": gs.Constant("hw", np.array([2, 3], np.int64))})
+    e, un, kv, add, red, q = (gs.Variable(n, np.float32) for n in ("e", "un", "kv", "add", "red", "q"))
+    gs.Node("Exp", inputs=[g], outputs=[e])
+    gs.Node("Unsqueeze", inputs=[e, axes], outputs=[un])
+    gs.Node("Einsum", inputs=[k, v], outputs=[kv], attrs={"equation": "nk,nv->nkv"})
+    gs.Node("Add", inputs=[s, kv], outputs=[add])
+    gs.Node("ReduceSum", inputs=[add, gs.Constant("ax", np.array([-2], np.int64))], outputs=[red],
+            attrs={"keepdims": 0})
+    gs.Node("Mul", inputs=[un, gs.Constant("c", np.ones((1, 1, 8, 1), np.float32))], outputs=[q])
+    declared = lambda t: None if t.shape is None else list(t.shape)  # noqa: E731
+    got = {t.name: derived_shape(t, declared, {}) for t in (un, kv, add, red, q)}
+    assert got == {"un": ["B", 2, 1, 1], "kv": ["N", 8, 6], "add": ["N", 8, 6], "red": ["N", 6],
+                   "q": ["B", 2, 8, 1]}

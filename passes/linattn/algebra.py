@@ -33,6 +33,23 @@ class NotAttention(Exception):
     """The body is not a linear-attention update; the message is the reason."""
 
 
+@dataclass(eq=False)
+class Lifted:
+    """A per-step vector the body never holds, read from a scan input that hoist computed
+    outside the loop over all steps: ``Unsqueeze(X, -1)`` (the body's ``Unsqueeze(x_t, -1)``)
+    or the outer product ``X[..., :, None] * Y[..., None, :]`` (the body's k vᵀ). ``x`` is X
+    ([T, *b, d], steps on axis 0, read as scan input ``j`` reads them); one object per X and
+    direction, so the key of the write and of the erase (hoisted as a column and as a row) is
+    one key."""
+
+    x: gs.Tensor
+    j: int
+
+    @property
+    def name(self) -> str:
+        return self.x.name
+
+
 @dataclass(frozen=True)
 class Coef:
     """A state-free coefficient: ``tensor`` as the body uses it, ``key`` equal for two uses of
@@ -86,8 +103,14 @@ def _unsliced(t: gs.Tensor) -> gs.Tensor:
 class BodyAlgebra:
     """Reads body values of a Scan whose state is ``state_in`` -> ``state_out`` (rank ``rank``)."""
 
-    def __init__(self, state_in: gs.Tensor, new_state: set[int], depends, shape_of, rank: int):
+    def __init__(self, state_in: gs.Tensor, new_state: set[int], depends, shape_of, rank: int,
+                 scan_inputs: dict | None = None, hoisted: dict | None = None):
+        """``scan_inputs``: id of a body scan input -> (outer tensor, scan axis, direction, index),
+        to read the vectors and outer products hoist computed outside the loop; ``hoisted``: the
+        :class:`Lifted` of each outer vector, shared by the algebras of one body."""
         self.state_in, self.new_state, self.depends, self.shape_of, self.rank = state_in, new_state, depends, shape_of, rank
+        self.scan_inputs = scan_inputs or {}
+        self.hoisted = {} if hoisted is None else hoisted
         self.memo: dict[int, list[Mono]] = {}
 
     # -- classification -------------------------------------------------------------------
@@ -132,6 +155,8 @@ class BodyAlgebra:
     # -- reading ---------------------------------------------------------------------------
     def read(self, t: gs.Tensor) -> list[Mono]:
         """The monomials of ``t``: a matrix (rank == state rank) or a vector (one less)."""
+        if isinstance(t, Lifted):
+            return [Mono(1.0, (), ("leaf", t))]
         if id(t) in self.memo:
             return self.memo[id(t)]
         monos = self._read(t)
@@ -209,6 +234,10 @@ class BodyAlgebra:
                         const = 1.0 / const
                     return [m.times(const, coefs) for m in self.read(node.inputs[1 - i])]
             return [Mono(1.0, (), ("leaf", t))]
+        if rank == self.rank and node is None and id(t) in self.scan_inputs:
+            lifted = self._lifted_outer(t)
+            if lifted is not None:
+                return lifted
         if rank == self.rank and node is not None:
             outer = self._outer(node, rank)
             if outer is not None:
@@ -232,38 +261,77 @@ class BodyAlgebra:
         raise NotAttention(f"'{t.name}' enters the state update but is not an outer product of two vectors "
                            "(or a per-head multiple of one)")
 
-    def _vector(self, t: gs.Tensor, axis_from_end: int) -> gs.Tensor | None:
+    def _vector(self, t: gs.Tensor, axis_from_end: int) -> gs.Tensor | Lifted | None:
         """x when ``t`` = Unsqueeze(x, axis) with the axis the last (-1) or second last (-2)
-        (behind a Slice that keeps every element)."""
-        node = _producer(_unsliced(t))
+        (behind a Slice that keeps every element); a :class:`Lifted` x when ``t`` is a scan
+        input over Unsqueeze(X, axis) outside the loop."""
+        t = _unsliced(t)
+        node = _producer(t)
+        if node is None and id(t) in self.scan_inputs:
+            outer = self._outer_step_node(t)
+            x = None if outer is None else _unsqueezed(outer, self.rank + 1, axis_from_end)
+            return None if x is None else self._lifted(x, t)
         if node is None or node.op != "Unsqueeze":
             return None
-        axes, r = constant_axes(node), self.rank
-        if axes is None or len(axes) != 1 or axes[0] % r != r + axis_from_end:
-            return None
-        return node.inputs[0]
+        return _unsqueezed(node, self.rank, axis_from_end)
 
-    def _outer(self, node, rank) -> list[Mono] | None:
-        if rank != self.rank:
+    def _outer_step_node(self, t: gs.Tensor):
+        """The outer node computing scan input ``t`` over all steps (scanned on axis 0), when
+        ``t`` has the state's rank."""
+        outer, scan_axis, _, _ = self.scan_inputs[id(t)]
+        node = _producer(outer)
+        if node is None or scan_axis != 0 or self.rank_of(t) != self.rank:
             return None
+        return node
+
+    def _lifted(self, x: gs.Tensor, t: gs.Tensor) -> Lifted | None:
+        _, _, direction, j = self.scan_inputs[id(t)]
+        if self.rank_of(x) != self.rank:  # [T, *b, d]
+            return None
+        key = (id(x), direction)
+        found = self.hoisted.get(key)
+        if found is None:
+            found = self.hoisted[key] = Lifted(x, j)
+        return found
+
+    def _pair(self, node, rank: int, vector) -> tuple | None:
+        """(rows, cols) when ``node`` (of rank ``rank``) is the outer product of two vectors:
+        Mul/MatMul of ``vector(a, -1)`` and ``vector(b, -2)``, or a two-term Einsum."""
         ins = list(node.inputs)
-        pair = None
-        if node.op in ("Mul", "MatMul"):
+        if node.op in ("Mul", "MatMul") and len(ins) == 2:
             for a, b_ in ((0, 1), (1, 0)) if node.op == "Mul" else ((0, 1),):
-                r, c = self._vector(ins[a], -1), self._vector(ins[b_], -2)
+                r, c = vector(ins[a], -1), vector(ins[b_], -2)
                 if r is not None and c is not None:
-                    pair = (r, c)
-                    break
+                    return r, c
         elif node.op == "Einsum":
-            terms = _einsum(node, self.rank - 2)
+            terms = _einsum(node, rank - 2)
             if terms is not None and len(terms[0]) == 2:
                 (x, y), out = terms
                 batch = out[:-2]
                 if len(out) == rank and out[-2] != out[-1] and x[:-1] == batch == y[:-1]:
                     if (x[-1], y[-1]) == (out[-2], out[-1]):
-                        pair = (ins[0], ins[1])
-                    elif (x[-1], y[-1]) == (out[-1], out[-2]):
-                        pair = (ins[1], ins[0])
+                        return ins[0], ins[1]
+                    if (x[-1], y[-1]) == (out[-1], out[-2]):
+                        return ins[1], ins[0]
+        return None
+
+    def _lifted_outer(self, t: gs.Tensor) -> list[Mono] | None:
+        """A scan input that is the outer product of two vectors over all steps (hoisted k vᵀ)."""
+        node = self._outer_step_node(t)
+        if node is None or not in_default_domain(node.domain):
+            return None
+        pair = self._pair(node, self.rank + 1, lambda u, axis: _unsqueezed(_producer(_unsliced(u)), self.rank + 1, axis))
+        if pair is None:
+            return None
+        rows, cols = (self._lifted(x, t) for x in pair)
+        if rows is None or cols is None:
+            return None
+        return [Mono(1.0, (), ("outer", ("leaf", rows), ("leaf", cols)))]
+
+    def _outer(self, node, rank) -> list[Mono] | None:
+        if rank != self.rank:
+            return None
+        pair = self._pair(node, rank, self._vector)
         if pair is None:
             return None
         rows, cols = self.read(pair[0]), self.read(pair[1])
@@ -330,8 +398,8 @@ class BodyAlgebra:
                 return self._read_with(mul.inputs[m_i], x, "row" if axis == self.rank - 2 else "col", label)
         return None
 
-    def _read_with(self, matrix: gs.Tensor, vector: gs.Tensor, side: str, label: str) -> list[Mono]:
-        if self._dependent(vector):
+    def _read_with(self, matrix: gs.Tensor, vector: gs.Tensor | Lifted, side: str, label: str) -> list[Mono]:
+        if not isinstance(vector, Lifted) and self._dependent(vector):
             raise NotAttention(f"{label} reads the state with a vector that depends on the state")
         found = []
         for v in self.read(vector):
@@ -351,6 +419,17 @@ class BodyAlgebra:
                                        "LinearAttention's rules make")
                 found.append(Mono(m.const * v.const, (), ("read", how, base, v.base[1])).times(1.0, m.coefs + v.coefs))
         return found
+
+
+def _unsqueezed(node, rank: int, axis_from_end: int):
+    """x when ``node`` is Unsqueeze(x, axis) giving rank ``rank`` with the axis the last (-1) or
+    second last (-2), else None."""
+    if node is None or node.op != "Unsqueeze" or not in_default_domain(node.domain):
+        return None
+    axes = constant_axes(node)
+    if axes is None or len(axes) != 1 or axes[0] % rank != rank + axis_from_end:
+        return None
+    return node.inputs[0]
 
 
 def _transposed(base: tuple, label: str) -> tuple:

@@ -30,13 +30,13 @@ from scanopt.constexpr import ConstantFolder
 from scanopt.emit import INT64_MAX
 from scanopt.graph import GraphLevel, identity_root
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
-from scanopt.passes.linattn.algebra import BodyAlgebra, NotAttention
+from scanopt.passes.linattn.algebra import BodyAlgebra, Lifted, NotAttention
 from scanopt.passes.linattn.rules import Rule, classify
 from scanopt.passes.loopfree.lift import (
     Declined, LiftEmitter, LiftPlan, Value, changing_states, element_value, emit_nodes, from_processing_order,
     needed_nodes, plan_nodes, to_processing_order,
 )
-from scanopt.protos import in_default_domain
+from scanopt.protos import POSITIVE_OPS, SELECTING_OPS, in_default_domain
 from scanopt.rewrite import place_appended, rebind_outputs, replacing
 from scanopt.scan_view import ScanView
 
@@ -92,18 +92,23 @@ class Linattn(ScanPass):
             return Skip(f"the state's last two dims {list(shape[-2:])} are not static")
         new_state = {id(t) for t in _identity_chain(body.outputs[0])}
         depends = _depends_on(body, s_in)
+        outer = {id(body.inputs[n + j]): (node.inputs[n + j], view.input_axes[j], view.input_directions[j], j)
+                 for j in range(view.num_scan_inputs)}
+        hoisted: dict = {}
         try:
-            update = BodyAlgebra(s_in, set(), lambda t: id(t) in depends, ctx.shapes.shape, rank).read(s_out)
-            reader = BodyAlgebra(s_in, new_state, lambda t: id(t) in depends, ctx.shapes.shape, rank)
+            update = BodyAlgebra(s_in, set(), lambda t: id(t) in depends, ctx.shapes.shape, rank, outer,
+                                 hoisted).read(s_out)
+            reader = BodyAlgebra(s_in, new_state, lambda t: id(t) in depends, ctx.shapes.shape, rank, outer, hoisted)
             outputs = [reader.read(t) for t in body.outputs[1:]]
             rule = classify(update, outputs)
         except NotAttention as exc:
             return Skip(f"not linear attention: {exc}")
         dk, dv = (int(shape[-1]), int(shape[-2])) if rule.transposed else (int(shape[-2]), int(shape[-1]))
         scan_inputs = {id(body.inputs[n + j]): node.inputs[n + j] for j in range(view.num_scan_inputs)}
+        positive = ctx.options.get("positive_inputs", ())
         for c in rule.decay[1] if rule.decay else ():
             if (_through_views(c.tensor, "Exp") is None and _through_views(c.tensor, "Sigmoid") is None
-                    and not _positive(c.tensor, scan_inputs)):
+                    and not _positive(c.tensor, scan_inputs, positive)):
                 return Skip(f"the decay '{c.tensor.name}' is not exp(g), a sigmoid or a positive constant: "
                             "LinearAttention takes it in log space, and its log is not known to exist")
         roots = {id(body.inputs[n + j]): element_value(view, j, body.inputs[n + j], ctx.shapes)
@@ -114,7 +119,7 @@ class Linattn(ScanPass):
         except Declined as exc:
             return Skip(f"the step values are not lifted: {exc}")
         for t in (rule.keys, rule.values) + ((rule.query,) if rule.query is not None else ()):
-            if plan.value(t, ctx.shapes.shape).rank != rank - 1:
+            if not isinstance(t, Lifted) and plan.value(t, ctx.shapes.shape).rank != rank - 1:
                 return Skip(f"'{t.name}' is not a per-head vector of rank {rank - 1}")
         for t in wanted:
             if plan.value(t, ctx.shapes.shape).rank is None:
@@ -146,7 +151,7 @@ class Linattn(ScanPass):
             return x if value.per_step else e.over_steps(x, value.rank)
 
         def vector(t, width):  # [T, *b, d] expanded over the state's batch axes
-            x = lifted(t)
+            x = to_processing_order(e, t.x, view, t.j) if isinstance(t, Lifted) else lifted(t)
             if nb:
                 steps = e.length(x)
                 x = e.op("Expand", [x, e.op("Concat", [steps, heads_of, e.ints("width", [width])], axis=0)])
@@ -271,19 +276,18 @@ def _through_views(t: gs.Tensor, op: str):
     return None
 
 
-# ops whose every output element is an element of their (first) input
-_SELECTING = ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Expand", "Slice", "Gather",
-              "GatherElements", "Tile")
-
-
-def _positive(t: gs.Tensor, scan_inputs: dict) -> bool:
-    """True when every element of ``t`` is exp(x) or sigmoid(x) (positive, or 0 where it
-    underflows: its log -inf decays to 0 as the loop's 0 does) or a positive constant, read
-    through ops that only select elements (views, Transpose, Slice, Gather...) and from a scan
-    input to the outer tensor it slices (``scan_inputs``: id of the body input -> outer input):
-    a decay that hoist moved out of the loop as ``Exp`` of the whole sequence."""
-    found = _selected_from(t, scan_inputs, stop=("Exp", "Sigmoid"))
+def _positive(t: gs.Tensor, scan_inputs: dict, positive_inputs=()) -> bool:
+    """True when every element of ``t`` is exp(x), sigmoid(x) or softplus(x) (positive, or 0
+    where it underflows: its log -inf decays to 0 as the loop's 0 does), a positive constant, or
+    a graph input named in ``positive_inputs`` (a function body's input every caller passes a
+    sigmoid or exp output: scanopt.functions.positive_inputs), read through ops that only select
+    elements (views, Transpose, Slice, Gather, Split...) and from a scan input to the outer
+    tensor it slices (``scan_inputs``: id of the body input -> outer input): a decay that hoist
+    moved out of the loop as ``Exp`` of the whole sequence."""
+    found = _selected_from(t, scan_inputs, stop=POSITIVE_OPS)
     if isinstance(found, gs.Node):
+        return True
+    if isinstance(found, gs.Variable) and not found.inputs and found.name and found.name in positive_inputs:
         return True
     value = None if found is None else ConstantFolder().value(found)
     return value is not None and np.asarray(value).size > 0 and np.asarray(value).dtype.kind == "f" \
@@ -291,7 +295,7 @@ def _positive(t: gs.Tensor, scan_inputs: dict) -> bool:
 
 
 def _selected_from(t: gs.Tensor, scan_inputs: dict, stop=()):
-    """Where the elements of ``t`` come from, through :data:`_SELECTING` ops and scan inputs:
+    """Where the elements of ``t`` come from, through SELECTING_OPS and scan inputs:
     the first node of an op in ``stop``, else the tensor reached (a constant, a graph input, a
     computed value), or None past 64 steps."""
     for _ in range(64):
@@ -303,7 +307,7 @@ def _selected_from(t: gs.Tensor, scan_inputs: dict, stop=()):
             return t
         if node.op in stop:
             return node
-        if node.op not in _SELECTING or ConstantFolder().value(t) is not None:
+        if node.op not in SELECTING_OPS or ConstantFolder().value(t) is not None:
             return t
         t = node.inputs[0]
     return None
@@ -387,7 +391,9 @@ def _static_dims(shape: list, tensors, ctx: PassContext) -> list:
 
 
 def _leaves(rule: Rule) -> list[gs.Tensor]:
-    found = [rule.keys, rule.values] + ([rule.query] if rule.query is not None else [])
+    """The body values the rewrite lifts (a :class:`Lifted` vector is outside already)."""
+    found = [t for t in (rule.keys, rule.values) + ((rule.query,) if rule.query is not None else ())
+             if not isinstance(t, Lifted)]
     found += [c.tensor for c in rule.write[1]]
     for c in (rule.decay[1] if rule.decay else ()):
         arg = _through_views(c.tensor, "Exp") or _through_views(c.tensor, "Sigmoid")
