@@ -12,6 +12,9 @@ Scans (its ONNX frontend makes each a TensorIterator):
   input the shape of the slice but not its type, so an untyped one stays dynamic and the CPU
   plugin refuses the model ("Memory has not been allocated", "object is not initialized", a
   ReduceSum "Unsupported input type dynamic" downstream).
+- Scans loop_to_scan made of the loops a form chose (linrec's chunk loops) were the two cases
+  above, and a two-pass one ran wrong where its Loop runs right: under portable those loops
+  stay Loops (passes/loop_to_scan; the Loop form is 10-20% slower on onnxruntime there).
 - A select of a final state read off fuse's empty-input If (``Where(T > 0, Squeeze(Y_h), h0)``)
   beside other loops came back as garbage; fuse writes that If's empty branch as the initial
   states instead, with no select after it (``options["portable_output"]``, passes/fuse/glue.py).

@@ -107,26 +107,59 @@ def test_native_refusal_names_what_openvino_misruns():
 
 # -- the linear recurrences' chunked forms (the issue's EMA and minGRU) -----------------------------
 
-def test_portable_ema_reads_the_lifted_decay_as_an_initializer():
-    """linrec's positions loop reads the lifted decay Sigmoid(w) from the main graph; loop_to_scan
-    made it a Scan, which OpenVINO cannot convert ("Conversion is failed for: Scan-17"). Constants
-    compute it: it becomes an initializer."""
-    model = lb.ema(T=600, H=8)
+def _loops(model: onnx.ModelProto) -> list:
+    return [n for g in walk_proto_graphs(model.graph) for n in g.node if n.op_type == "Loop"]
+
+
+@pytest.mark.parametrize("build", [lambda: lb.ema(T=600, H=8), lambda: lb.mingru(T=600, I=8, H=8, B=1)],
+                         ids=["ema", "mingru"])
+def test_portable_keeps_linrecs_chunk_loop_a_loop(build):
+    """linrec's positions form loops over the chunk positions in a Loop. As a Scan (loop_to_scan)
+    it read the lifted decay from the main graph (EMA: "Conversion is failed for: Scan-17") and
+    had untyped body inputs (minGRU: "Memory has not been allocated"), and a two-pass one ran
+    wrong in OpenVINO; as the Loop OpenVINO runs it right."""
+    model = build()
+    model = model if isinstance(model, onnx.ModelProto) else model[0]
     out, report = portable(model)
-    assert any("linrec" in o.pass_name and o.applied for o in report.outcomes)
+    assert any(o.pass_name == "linrec" and o.applied for o in report.outcomes)
+    kept = [o.detail for o in report.outcomes if o.pass_name == "loop_to_scan" and not o.applied]
+    assert any("kept a Loop for --target portable" in d for d in kept), kept
+    assert _loops(out) and not [n for n, _, _ in scans(out) if "fallback" not in n.name]
+    assert_portable_scans(out)
+    assert_equivalent(model, out, engine="ort", seeds=1)
+    written, _ = optimize(model, options={"target": "portable", "portable_runtimes": []})
+    assert not _loops(written)  # onnxruntime's portable: the Scan loop_to_scan makes of it
+
+
+def test_portable_reads_a_hoisted_constant_as_an_initializer():
+    """hoist moves loop-invariant work out of the body, which then reads it from outside:
+    constants compute it here, so the portable output reads an initializer."""
+    R = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    body = h.make_graph(
+        [h.make_node("Transpose", ["R"], ["RT"]), h.make_node("MatMul", ["s", "RT"], ["sr"]),
+         h.make_node("Add", ["sr", "x"], ["s_next"]), h.make_node("Identity", ["s_next"], ["y"])], "body",
+        [h.make_tensor_value_info("s", TP.FLOAT, [2, 4]), h.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
+        [h.make_tensor_value_info("s_next", TP.FLOAT, [2, 4]), h.make_tensor_value_info("y", TP.FLOAT, [2, 4])])
+    graph = h.make_graph(
+        [h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1, name="scan")], "g",
+        [h.make_tensor_value_info("s0", TP.FLOAT, [2, 4]), h.make_tensor_value_info("X", TP.FLOAT, ["T", 2, 4])],
+        [h.make_tensor_value_info("sT", TP.FLOAT, [2, 4]), h.make_tensor_value_info("Y", TP.FLOAT, ["T", 2, 4])],
+        initializer=[onnx.numpy_helper.from_array(R, "R")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    out, report = optimize(model, passes=["hoist", "cleanup"], options={"target": "portable"})
+    assert any(o.pass_name == "hoist" and o.applied for o in report.outcomes)
     assert any("read as initializer" in d for d in portable_outcomes(report)), portable_outcomes(report)
     assert_portable_scans(out)
     assert_equivalent(model, out, engine="ort", seeds=1)
 
 
-def test_portable_mingru_types_the_chunk_loop_inputs():
-    """The minGRU chunk loop's scan inputs had no element type ("Memory has not been allocated")."""
-    model = lb.mingru(T=600, I=8, H=8, B=1)
-    model = model if isinstance(model, onnx.ModelProto) else model[0]
-    out, report = portable(model)
-    assert any("element type" in d for d in portable_outcomes(report)), portable_outcomes(report)
+def test_portable_types_an_untyped_scan_body_input():
+    model = _scan_reading_input()
+    body = model.graph.node[0].attribute[0].g
+    body.input[1].type.tensor_type.elem_type = 0  # x_t declared without an element type
+    out, report = optimize(model, passes=["cleanup"], options={"target": "portable"})
+    assert any("element type of body input(s) 'x_t'" in d for d in portable_outcomes(report)), report.outcomes
     assert_portable_scans(out)
-    assert_equivalent(model, out, engine="ort", seeds=1)
 
 
 def test_default_target_writes_no_portable_edits():
