@@ -1,17 +1,21 @@
 """Symbolic T, no shapes: the loop against what the default command writes (issue 28's last done-when).
 
-    python benchmarks/bench_symbolic_t.py [--seconds 1.0] [--busy 2] [--only ema]
+    python benchmarks/bench_symbolic_t.py [--seconds 1.0] [--busy 2] [--only EMA] [--lengths 1024,2048]
+                                          [--baseline DIR]
     python benchmarks/bench_symbolic_t.py --crossover [--seconds 0.5]
 
 Models (tests/linrec_builders.py) with their length a name, nothing declared: a running sum
 H=128 B=1, an EMA with a learned per-channel decay H=128, minGRU I=H=64 B=1. Each is written
 once by ``scanopt optimize in.onnx out.onnx`` (the CLI, default options, verification on) and
-both are timed at T = 16, 64, 1024, 4096 with scanopt.timing.measure: thread CPU time of
+both are timed at T = 16, 64, 1024, 4096 (``--lengths``) with scanopt.timing.measure: thread CPU time of
 ``session.run`` at one intra-op thread, loop and output interleaved in rotating order with an
 A/A pair of the loop. A row gives the medians, the ratio loop / output from the median of
 paired ratios (above 1: the output is faster) ± half their interquartile range, and the A/A
 noise; the first row times the loop against itself. ``--busy N`` starts N busy-loop
-processes beside the timing (stopped at the end).
+processes beside the timing (stopped at the end). ``--baseline DIR``: the output of the
+scanopt checkout at DIR (``git worktree add DIR <commit>``, its scanopt/passes a link to
+../passes where the install is editable) is timed in the same rounds: a before/after
+comparison that a change of load between two runs cannot skew.
 
 ``--crossover`` finds linrec's dispatch threshold (passes/loopfree/dispatch.THRESHOLD): per
 case and width, the chunked form (the dispatch with threshold 0: always the else branch, If
@@ -61,21 +65,32 @@ def feeds_at(model: onnx.ModelProto, steps: int) -> dict:
             .astype(np.float32) for v in model.graph.input}
 
 
-def default_command(model: onnx.ModelProto, folder: str, name: str) -> onnx.ModelProto:
-    """The model written by ``scanopt optimize in.onnx out.onnx`` (default options)."""
-    src, dst = os.path.join(folder, f"{name}.onnx"), os.path.join(folder, f"{name}.opt.onnx")
+def default_command(model: onnx.ModelProto, folder: str, name: str, root: str = ROOT) -> onnx.ModelProto:
+    """The model written by ``scanopt optimize in.onnx out.onnx`` (default options), by the
+    scanopt checkout at ``root``."""
+    tag = "opt" if root == ROOT else "baseline"
+    src, dst = os.path.join(folder, f"{name}.onnx"), os.path.join(folder, f"{name}.{tag}.onnx")
     onnx.save(model, src)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "scanopt", "optimize", src, dst], env=env, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # run in root: ``python -m`` puts the working directory first on sys.path
+    done = subprocess.run([sys.executable, "-m", "scanopt", "optimize", src, dst], env=env, cwd=root,
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"scanopt optimize failed on {name}:\n{done.stdout}{done.stderr}")
     return onnx.load(dst)
 
 
-def row(label: str, loop, other, steps: int, seconds: float) -> str:
-    t = measure({"loop": loop, "other": other}, feeds_at(loop, steps), threads=1, seconds=seconds, check_budget=False)
+def row(label: str, loop, other, steps: int, seconds: float, baseline=None) -> str:
+    # with a baseline, a second loop session runs between the two outputs: each then follows a
+    # loop run (a form run right after the other output measured up to 10% faster)
+    forms = {"loop": loop, "other": other, **({"loop again": loop, "baseline": baseline} if baseline is not None else {})}
+    t = measure(forms, feeds_at(loop, steps), threads=1, seconds=seconds, check_budget=False)
     a, b = t.forms["loop"], t.forms["other"]
-    return (f"| {label} | {steps} | {a.seconds * 1e3:.3f} | {b.seconds * 1e3:.3f} | {1 / b.ratio:.2f}x "
+    before = ""
+    if baseline is not None:
+        c = t.forms["baseline"]
+        before = f"{c.seconds * 1e3:.3f} | {1 / c.ratio:.2f}x ±{c.spread:.2f} | "
+    return (f"| {label} | {steps} | {a.seconds * 1e3:.3f} | {before}{b.seconds * 1e3:.3f} | {1 / b.ratio:.2f}x "
             f"±{b.spread:.2f} | {t.noise * 100:.0f}% | {t.rounds} |")
 
 
@@ -87,16 +102,18 @@ def busy() -> None:
 def table(args) -> None:
     print(f"onnxruntime CPU, 1 intra-op thread, thread CPU time, interleaved with an A/A pair; "
           f"{args.busy} busy-loop process(es) beside it")
-    print("| case | T | loop ms | scanopt ms | loop / scanopt | A/A noise | rounds |")
-    print("|---|---|---|---|---|---|---|")
+    before = "baseline ms | loop / baseline | " if args.baseline else ""
+    print(f"| case | T | loop ms | {before}scanopt ms | loop / scanopt | A/A noise | rounds |")
+    print("|---|---|---|---|---|---|---|" + "---|---|" * bool(args.baseline))
     with tempfile.TemporaryDirectory() as folder:
         aa = CASES["EMA"]()
-        print(row("A/A: EMA loop vs itself", aa, aa, 1024, args.seconds), flush=True)
+        print(row("A/A: EMA loop vs itself", aa, aa, 1024, args.seconds, aa if args.baseline else None), flush=True)
         for name in args.only or CASES:
             model = CASES[name]()
             out = default_command(model, folder, name.replace(" ", "_"))
-            for steps in LENGTHS:
-                print(row(name, model, out, steps, args.seconds), flush=True)
+            base = default_command(model, folder, name.replace(" ", "_"), args.baseline) if args.baseline else None
+            for steps in args.lengths:
+                print(row(name, model, out, steps, args.seconds, base), flush=True)
 
 
 def crossover(args) -> None:
@@ -123,6 +140,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--busy", type=int, default=0, help="busy-loop processes started beside the timing")
     parser.add_argument("--only", action="append", choices=sorted(CASES))
+    parser.add_argument("--lengths", type=lambda v: [int(x) for x in v.split(",")], default=list(LENGTHS),
+                        help="comma-separated lengths of the table (default 16,64,1024,4096)")
+    parser.add_argument("--baseline", help="another scanopt checkout (its root): its output is timed in the same "
+                                           "rounds, for a before/after comparison that load cannot skew")
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args(argv)
     print(f"scanopt from {os.path.dirname(scanopt.__file__)}")
