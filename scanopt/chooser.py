@@ -18,13 +18,14 @@ policy's alternatives, canonicalize's trial split) and only it calls the cost po
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import onnx_graphsurgeon as gs
 
 from scanopt.cost import MODEL_MARGIN, CostPolicy, Estimate
 from scanopt.graph import GraphLevel, node_label
-from scanopt.pass_api import Match, PassContext, Skip, registered_passes
+from scanopt.pass_api import Match, PassContext, Skip, form_name, registered_passes
 from scanopt.scan_view import ScanView
 
 
@@ -35,8 +36,14 @@ class Chooser:
         self.policy = policy  # None: a pass used alone, every proposal applies (deferrals apart)
 
     @classmethod
-    def from_options(cls, options: dict) -> "Chooser":
-        return cls(CostPolicy.from_options(options))
+    def from_options(cls, options: dict, denied: frozenset = frozenset()) -> "Chooser":
+        """The chooser of a pipeline run; ``denied``: (pass, Scan label) pairs rolled back after a
+        failed verification, whose measured choices fall to the next fastest form."""
+        policy = CostPolicy.from_options(options)
+        if denied and policy.measured:
+            policy.measured = {label: next_choice(choice, {p for p, at in denied if at == label})
+                               for label, choice in policy.measured.items()}
+        return cls(policy)
 
     @property
     def portable(self) -> bool:
@@ -121,6 +128,26 @@ class Chooser:
         return None
 
 
+def next_choice(choice: dict, denied: set[str]) -> dict:
+    """``choice`` (a measured one, scanopt.tune) when none of its passes is in ``denied``, else
+    the fastest measured form that uses none of them (the loop when no form left beats it): a
+    form that failed verification gives way to the next, not to the loop."""
+    if not denied or not denied & set(choice.get("passes") or ()) or choice.get("form") is None:
+        return choice
+    names = {form_name(()): frozenset()}
+    registry = registered_passes()
+    forms = [name for name in registry if registry[name].kind == "form"]
+    names.update((form_name(pair), frozenset(pair)) for k in (1, 2) for pair in itertools.combinations(forms, k))
+    times = choice["times"]
+    left = [f for f in times if f in names and not names[f] & denied]
+    best = min(left, key=lambda f: times[f], default=form_name(()))
+    if times.get(best, 0) >= times.get(form_name(()), 0):
+        best = form_name(())
+    failed = ", ".join(sorted(denied & set(choice["passes"])))
+    return dict(choice, form=best, passes=sorted(names[best]),
+                where=f"{choice['where']}; {choice['form']} failed verification ({failed}): the next fastest measured")
+
+
 def proposals(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext):
     """(pass name, its Match) for each registered pass in ``names`` whose ``match`` accepts
     ``node``, without rewriting. A pass denied on the node, or one that cannot judge it (it
@@ -138,8 +165,6 @@ def proposals(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: Pass
 
 
 def _form(name: str) -> str:
-    from scanopt.pass_api import form_name
-
     return form_name((name,))
 
 

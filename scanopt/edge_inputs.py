@@ -30,11 +30,14 @@ MAX_EMPTY_DIMS = 4  # empty-dimension sets per model: verification stays cheap
 class LabelledFeeds(dict):
     """A feed set that keeps its label ("seed 1", "edge: dimension 'batch' = 0 ...") when it is
     passed back as ``inputs`` (a failure then names the edge), which models a child process
-    found it safe for (``safe_for``: ids of protos) and why the candidate is not run on it."""
+    found it safe for (``safe_for``: ids of protos) and why the candidate is not run on it, and
+    whether its queries sit on a distance map's reference points (``reference``, kept from
+    scanopt.weak_spots.RowQueries: verification judges the candidate there by the original)."""
 
-    def __init__(self, feeds, label: str, safe_for: tuple = (), unsafe: str | None = None):
+    def __init__(self, feeds, label: str, safe_for: tuple = (), unsafe: str | None = None, reference: bool | None = None):
         super().__init__(feeds)
         self.label, self.safe_for, self.unsafe = label, safe_for, unsafe
+        self.reference = bool(getattr(feeds, "reference", False)) if reference is None else reference
 
 
 def edge_sets(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:

@@ -43,7 +43,7 @@ SCREEN_BYTES = 64 << 20  # a bigger model is not copied into a child: its empty 
 TIMEOUT_S = 60  # per screening
 
 _CHILD = r"""
-import sys
+import os, sys
 import numpy as np
 import onnxruntime as ort
 options = ort.SessionOptions()
@@ -70,7 +70,10 @@ for request in sys.stdin:
             except FileNotFoundError:  # a None feed set: the session's creation alone
                 feeds = None
             if feeds is not None:
-                session.run(None, dict(feeds))
+                values = session.run(None, dict(feeds))
+                if os.path.exists(f"{folder}/keep") and all(isinstance(v, np.ndarray) and v.dtype.kind in "biufc"
+                                                            for v in values):
+                    np.savez(f"{folder}/o{i}_{j}.npz", *values)  # handed back: the caller need not run it again
             print("ok", flush=True)
         except Exception:
             print("error", flush=True)
@@ -165,10 +168,12 @@ def screenable(model: onnx.ModelProto) -> bool:
 
 
 def screen(models: Sequence[onnx.ModelProto], feed_sets: Sequence[dict | None],
-           why: dict | None = None) -> list[list[str]]:
+           why: dict | None = None, outputs: dict | None = None) -> list[list[str]]:
     """status[i][j]: "ok", "error" or "crash" for model i on feed set j (onnxruntime, CPU; a
     set of None: creating the session alone). ``why``, when given, gets {(i, j): how the
-    process died} for each crash: "SIGSEGV", "no answer within 60 s", "no child process"."""
+    process died} for each crash: "SIGSEGV", "no answer within 60 s", "no child process".
+    ``outputs``, when given, gets {(i, j): the outputs in graph order} of each "ok" run whose
+    outputs are all numeric or bool tensors."""
     import numpy as np
 
     status = [["crash"] * len(feed_sets) for _ in models]
@@ -182,10 +187,21 @@ def screen(models: Sequence[onnx.ModelProto], feed_sets: Sequence[dict | None],
         for j, feeds in enumerate(feed_sets):
             if feeds is not None:
                 np.savez(os.path.join(folder, f"f{j}.npz"), **{k: np.asarray(v) for k, v in feeds.items()})
+        if outputs is not None:
+            open(os.path.join(folder, "keep"), "w").close()
         total, start = len(models) * len(feed_sets), 0
         deadline = time.monotonic() + TIMEOUT_S
         while start < total:
             start = _ask(folder, len(models), len(feed_sets), start, status, deadline, why)
+        for i, row in enumerate(status if outputs is not None else ()):
+            for j, word in enumerate(row):
+                kept = os.path.join(folder, f"o{i}_{j}.npz")
+                if word == "ok" and os.path.exists(kept):
+                    try:
+                        with np.load(kept, allow_pickle=False) as values:
+                            outputs[(i, j)] = [values[f"arr_{k}"] for k in range(len(values.files))]
+                    except (OSError, ValueError, KeyError):
+                        pass
     for i, row in enumerate(status):
         for j, word in enumerate(row):
             if word == "crash":
@@ -233,21 +249,27 @@ def _ask(folder, n_models, n_sets, start, status, deadline, why) -> int:
     return total if timed_out else job + 1
 
 
-def first_run(models: Sequence[onnx.ModelProto], feeds: dict | None) -> list[str | None]:
+def first_run(models: Sequence[onnx.ModelProto], feeds: dict | None, outputs: dict | None = None) -> list[str | None]:
     """Per model, how onnxruntime's process died creating its session and running it once on
     ``feeds`` (None, or feeds numpy cannot store plainly: creating the session alone) in the
     child ("SIGSEGV"), or None where it survived. A clean error is survival (the run in this
     process reports it), and so is what says nothing of the model: a model too big for a
-    child (:func:`screenable`), no child process, no answer within TIMEOUT_S (a slow model)."""
+    child (:func:`screenable`), no child process, no answer within TIMEOUT_S (a slow model).
+    ``outputs``, when given, gets {index in ``models``: its outputs in graph order} where the
+    child could hand them back."""
     fits = [screenable(m) for m in models]
     runnable = [m for m, ok in zip(models, fits) if ok]
-    if runnable:  # the caller runs onnxruntime next: its import here overlaps the child's
+    if runnable and outputs is None:  # the caller runs onnxruntime next: its import here overlaps the child's
         warm_up()
         import onnxruntime  # noqa: F401
     why: dict = {}
-    status = screen(runnable, [feeds if _plain(feeds) else None], why) if runnable else []
+    kept: dict | None = {} if outputs is not None else None
+    status = screen(runnable, [feeds if _plain(feeds) else None], why, kept) if runnable else []
     died = iter(why.get((i, 0)) if row[0] == "crash" and not why.get((i, 0), "").startswith("no ") else None
                 for i, row in enumerate(status))
+    positions = [k for k, ok in enumerate(fits) if ok]  # index in ``runnable`` -> index in ``models``
+    for (i, _), values in (kept or {}).items():
+        outputs[positions[i]] = values
     return [next(died) if ok else None for ok in fits]
 
 
@@ -265,23 +287,30 @@ class OnnxruntimeCrashError(ScanoptError):
     in one line, exit code 2 (the model is the problem), nothing written."""
 
 
-_SURVIVORS: dict[int, onnx.ModelProto] = {}  # originals whose first run a child survived (kept: ids stay theirs)
-SURVIVORS_KEPT = 8
+# Originals whose first run a child survived, the protos kept so that their ids stay theirs (no
+# weak references to protos): the last few only, a library process optimizing many big models
+# must not hold them all (a verification asks about the same original again and again).
+_SURVIVORS: dict[int, onnx.ModelProto] = {}
+SURVIVORS_KEPT = 2
 _CRASHES: ContextVar[list[str] | None] = ContextVar("scanopt_ort_crashes", default=None)
 
 
 def screen_original(original: onnx.ModelProto, feeds: dict | None, where: str,
-                    others: Sequence[onnx.ModelProto] = ()) -> list[str | None]:
+                    others: Sequence[onnx.ModelProto] = (), outputs: list | None = None) -> list[str | None]:
     """The first run of ``original`` in onnxruntime (and of ``others`` beside it: a candidate),
     in the child (:func:`first_run`) before any run in this process: raises
     OnnxruntimeCrashError when the original's process dies; returns how each of ``others``
     died (None: it survived). ``where``: the inputs, in words ("on seed 0's inputs"). An
     original that survived once is not run again (its proto is kept, so its id stays
-    its own); a crash is also added to the list of an enclosing :func:`crash_watch`."""
-    models = ([] if survived(original) else [original]) + [m for m in others if m is not original]
+    its own); a crash is also added to the list of an enclosing :func:`crash_watch`.
+    ``outputs``: a list that gets the original's outputs (graph order) where the child ran it
+    and could hand them back (then nothing needs to run it again: ``scanopt run``)."""
+    again = survived(original) and outputs is None
+    models = ([] if again else [original]) + [m for m in others if m is not original]
     if not models:
         return [None for _ in others]
-    verdicts = dict(zip(map(id, models), first_run(models, feeds)))
+    kept: dict | None = {} if outputs is not None else None
+    verdicts = dict(zip(map(id, models), first_run(models, feeds, kept)))
     died = verdicts.get(id(original))
     if died:
         message = (f"onnxruntime crashed running the original model: its process died of {died} {where} "
@@ -290,6 +319,8 @@ def screen_original(original: onnx.ModelProto, feeds: dict | None, where: str,
         if watching is not None:
             watching.append(message)
         raise OnnxruntimeCrashError(message)
+    if outputs is not None and 0 in kept:
+        outputs.extend(kept[0])
     if id(original) in verdicts:
         if len(_SURVIVORS) >= SURVIVORS_KEPT:
             _SURVIVORS.pop(next(iter(_SURVIVORS)))

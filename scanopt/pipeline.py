@@ -173,6 +173,11 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
         result[1].modified = True
         result[1].ops_before = count_ops(original)
         result[1].ops_after = count_ops(result[0])
+    target = options.get("deployment_target")
+    if target is not None and target.model == "cuda":  # what CUDA graphs can capture of the output
+        from scanopt.providers import capture_note
+
+        result[1].target = f"{result[1].target}; {capture_note(result[0])}"
     return result
 
 
@@ -403,7 +408,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         options=options,
         denied=denied,
         selected=tuple(p.name for p in chosen),
-        chooser=Chooser.from_options(options),
+        chooser=Chooser.from_options(options, denied),
         progress=getattr(progress, "count", None),  # a scanopt.progress.Progress also counts Scans
     )
     has_scan = any(True for _ in scan_nodes(graph)) or any(True for _ in op_nodes(graph, "Loop"))

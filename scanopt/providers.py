@@ -153,7 +153,7 @@ class Target:
 
 # cost models by provider: how a provider that cannot be measured here is ranked
 COST_MODELS = {CPU: "cpu", CUDA: "cuda", "TensorrtExecutionProvider": "cuda"}
-SOURCE = "fitted to onnxruntime-gpu 1.31.1 on an H100, ../shared/perf/GPU-AND-QUIET-CPU.md"
+SOURCE = "fitted to onnxruntime-gpu 1.31.1 on an H100; constants and their source: scanopt/providers.py CudaConstants"
 
 
 def plan(providers=None, *, available: list[str] | None = None, probe=device_answers) -> Target:
@@ -347,3 +347,23 @@ def probe_line(provider: str, have: list[str]) -> str | None:
         return (f"not available here (onnxruntime {getattr(ort, '__version__', '?')} offers "
                 f"{', '.join(short_name(p) for p in have) or 'none'})")
     return device_answers(provider)
+
+
+CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def capture_note(model) -> str:
+    """Whether onnxruntime can capture ``model`` in a CUDA graph (``enable_cuda_graph``): it
+    cannot capture If, Loop or Scan (onnxruntime issue 9978), at any depth."""
+    from collections import Counter
+
+    from scanopt.protos import walk_proto_graphs
+
+    found = Counter(n.op_type for g in walk_proto_graphs(model.graph) for n in g.node
+                    if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx"))
+    if not found:
+        return "no If, Loop or Scan left: capturable in a CUDA graph"
+    listed = ", ".join(f"{found[op]} {op}" for op in CONTROL_FLOW if found[op])
+    why = " (an If: an empty-input guard or a run-time dispatch; inputs of static non-empty shape need no guard)" \
+        if found["If"] else ""
+    return f"not capturable in a CUDA graph: {listed}{why} (onnxruntime issue 9978)"

@@ -157,6 +157,9 @@ class Report:
             seconds = self.verification.get("seconds")
             took = f" [{seconds:.2f} s]" if seconds is not None else ""
             lines += _wrapped(f"verification: {self.verification.get('summary', '')}{took}", "  ")
+            failed = (self.verification.get("details") or {}).get("summary", "") if self.verification.get("rolled_back") else ""
+            if failed.startswith("NOT equivalent"):  # why the rolled-back rewrites failed
+                lines += _wrapped(f"  why: {failed}", "    ")
         for warning in self.warnings:
             lines += _wrapped(f"warning: {warning}", "  ")
         lines += self.before_after

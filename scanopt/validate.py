@@ -316,11 +316,24 @@ def _check_body_declarations(node: onnx.NodeProto, view: ScanView, declared: dic
 
 
 def _check_loop_declarations(node: onnx.NodeProto, declared: dict, label: str) -> None:
-    """A Loop body's dtypes: iteration number int64, condition bool, each loop-carried value
+    """A Loop body's counts (2 + N inputs, 1 + N + K outputs for N loop-carried values and
+    N + K Loop outputs: onnx's Loop inference, which onnxruntime runs on load, refuses
+    anything else) and dtypes: iteration number int64, condition bool, each loop-carried value
     as its outer initial value (shapes may change from one iteration to the next: not checked)."""
     body = next((a.g for a in node.attribute if a.name == "body"), None)
     if body is None:
         return
+    carried = len(node.input) - 2
+    if carried < 0:
+        raise InvalidModelError(f"{label} has {len(node.input)} inputs; it needs at least 2 (M and cond, each may be '')")
+    if len(body.input) != len(node.input):
+        raise InvalidModelError(f"{label}: body has {len(body.input)} inputs; expected 2 + N = 2 + {carried} = "
+                                f"{len(node.input)} (the iteration number, the condition, each loop-carried value)")
+    if len(node.output) < carried:
+        raise InvalidModelError(f"{label} has {len(node.output)} outputs for {carried} loop-carried values")
+    if len(body.output) != 1 + len(node.output):
+        raise InvalidModelError(f"{label}: body has {len(body.output)} outputs; expected 1 + {len(node.output)} = "
+                                f"{1 + len(node.output)} (the condition, then one per output of the Loop)")
     fixed = [(TP.INT64, "the iteration number is"), (TP.BOOL, "the loop condition is")]
     for i, inner in enumerate(body.input):
         if i < 2:

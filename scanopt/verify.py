@@ -19,7 +19,7 @@ from scanopt.edge_inputs import LabelledFeeds, edge_sets, is_edge, screened
 from scanopt.engines import EngineError, Feeds, ModelLike, Runner, ort_miscomputes, prepare, resolve_model
 from scanopt.errors import ScanoptError, printable_lines
 from scanopt.external_data import has_marks, serialized_size_bound
-from scanopt.isolated import first_run, screen_original, survived
+from scanopt.isolated import SURVIVORS_KEPT, first_run, screen_original, survived
 from scanopt.inputs import (
     FeedBudgetError,
     InputSynthesizer,
@@ -64,6 +64,13 @@ from scanopt.widen import widened, widened_feeds
 # errors are reported (for models over TRUTH_ALWAYS_BYTES only where the table refused: the
 # twin is a float64 copy of every weight). Models whose twin cannot run (over TRUTH_BYTES, or
 # no engine runs it) are judged by the table alone; the report says so.
+# But not at a distance map's reference points (scanopt.weak_spots.RowQueries.reference:
+# queries at, near and among the rows a Scan scans): there the loop's distances are exact
+# differences (0 at a row), and a form that rounds them otherwise moves a fitted kernel model
+# by what its weights amplify (a Gaussian process's K⁻¹: 2.5e-4 on the mean, 2.6e-2 on the
+# std at 2,000 rows) while the original, itself far from float64 there, is no better: the
+# truth does not acquit on that set, the table against the original judges (the report
+# gives both errors and says why).
 TRUTH_FACTOR = 8
 TRUTH_ULPS = 16
 TRUTH_BYTES = 2**29  # a model whose float64 twin would be larger is judged by the table
@@ -135,6 +142,7 @@ class OutputCheck:
     spread: float | None = None  # the original's engine disagreement the tolerance was widened by
     truth: tuple[float, float] | None = None  # (original's, candidate's) max abs error from the float64 twin
     truth_bound: float | None = None  # the largest candidate error the truth rule allowed
+    unacquitted: str = ""  # why the truth did not acquit a failure it would have (reference points)
 
     def describe(self) -> str:
         """One line saying how this output failed."""
@@ -154,6 +162,8 @@ class OutputCheck:
             line += (f"; from float64: original {_num(self.truth[0])}, candidate {_num(self.truth[1])} "
                      f"(allowed {TRUTH_FACTOR} x the original's + {TRUTH_ULPS} ulp of each value, at most "
                      f"{_num(self.truth_bound)}; no non-finite value where both are finite)")
+        if self.unacquitted:
+            line += f"; {self.unacquitted}"
         return line
 
     def to_dict(self) -> dict:
@@ -572,7 +582,7 @@ def compare_models(
                 if truth is not None and truth.wanted(comp):
                     wide = truth(feeds) if wide is None else wide
                     if wide is not None:
-                        _judge_by_truth(comp, expected, actual, wide)
+                        _judge_by_truth(comp, expected, actual, wide, acquit=not getattr(feeds, "reference", False))
                 if isinstance(expected, SpecOutputs) and not comp.passed and _keeps_scan8(candidate):
                     _judge_candidate_by_spec(comp, expected, candidate, candidate_path, feeds, rtol, atol, notes)
             comparisons.append(comp)
@@ -583,7 +593,7 @@ def compare_models(
     return VerifyResult(resolved, comparisons, notes, sizes)
 
 
-_TWIN_SURVIVED: dict[int, onnx.ModelProto] = {}  # originals whose twin's first run a child survived
+_TWIN_SURVIVED: dict[int, onnx.ModelProto] = {}  # originals whose twin's first run a child survived (the last few)
 
 
 class Truth:
@@ -633,7 +643,7 @@ class Truth:
                 if died:
                     failures.append(f"onnxruntime's process dies on it ({died})")
                     continue
-                if len(_TWIN_SURVIVED) >= 8:
+                if len(_TWIN_SURVIVED) >= SURVIVORS_KEPT:
                     _TWIN_SURVIVED.pop(next(iter(_TWIN_SURVIVED)))
                 _TWIN_SURVIVED[id(self._original)] = self._original  # kept: its id stays its own
             try:
@@ -644,9 +654,10 @@ class Truth:
         return None
 
 
-def _judge_by_truth(comp: Comparison, expected, actual, wide) -> None:
+def _judge_by_truth(comp: Comparison, expected, actual, wide, acquit: bool = True) -> None:
     """Add each narrow float output's errors from the truth to its check; a check the table
-    refused passes when the truth rule does (see TOLERANCES)."""
+    refused passes when the truth rule does (see TOLERANCES), unless not ``acquit`` (a
+    distance map's reference points)."""
     for check in comp.checks:
         if check.note or check.dtype not in NARROW_FLOATS or check.name not in wide:
             continue
@@ -655,7 +666,11 @@ def _judge_by_truth(comp: Comparison, expected, actual, wide) -> None:
             continue
         errors, bound, passed = truth_check(expected[check.name], actual[check.name], truth_values)
         check.truth, check.truth_bound = errors, bound
-        if passed and not check.passed:
+        if passed and not check.passed and not acquit:
+            check.unacquitted = ("at a distance map's reference points the original's outputs judge: there its "
+                                 "distances are exact differences, and the candidate's other rounding of them moves "
+                                 "this output beyond the tolerance")
+        elif passed and not check.passed:
             check.passed, check.mismatches, check.worst_index, check.worst_values = True, 0, None, None
 
 
@@ -891,7 +906,8 @@ def _given_runs(original, candidate, inputs, pairs, notes) -> list[tuple[str, di
     checked = []
     for label, feeds in zip(labels, given):
         ready = check_feeds(original, feeds)
-        checked.append((label, LabelledFeeds(ready, label, getattr(feeds, "safe_for", ()), getattr(feeds, "unsafe", None))
+        checked.append((label, LabelledFeeds(ready, label, getattr(feeds, "safe_for", ()), getattr(feeds, "unsafe", None),
+                                             getattr(feeds, "reference", False))
                         if isinstance(feeds, LabelledFeeds) else ready))
     if any(name == "ort" for name, _, _ in pairs):
         checked = screened(original, candidate, checked, notes, drop_errors=False)

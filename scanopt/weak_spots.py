@@ -6,12 +6,16 @@ is 0 or tiny and any cancelling form of it loses every digit; and its rows may s
 the origin. Those rows are in the model, as a float initializer [R, F] beside a graph input
 [N, F] of the same width: :func:`row_queries` builds feed sets whose queries are those rows
 exactly, within 1e-3 and 1e-5 of them (relative to the rows' spread), and a spread away, at
-the rows' own offset. And a Loop whose trip count is a graph input ran 0-4 steps on random
-integers: :func:`long_trip_counts` runs it LONG_LOOP steps (a converted Loop's Scan, with
-its Slice of the sequence, past the first few positions). And a Scan whose length is a named
-dim ran at a few dozen steps, where a loop-free form's reordered accumulation has not yet
-drifted: :func:`long_sequences` runs it LONG_SEQUENCE steps. Verification adds these sets to
-the synthesized ones (scanopt.verify); a set the original refuses is dropped.
+the rows' own offset. Where the table is the rows a top-level Scan scans (a distance map's
+reference points: skl2onnx's training rows, maybe scaled by a constant), the set is a
+:class:`RowQueries` with ``reference`` set: verification judges the candidate there by the
+original's own outputs (scanopt.verify, beside TOLERANCES). And a Loop whose trip count is
+a graph input ran 0-4 steps on random integers: :func:`long_trip_counts` runs it LONG_LOOP
+steps (a converted Loop's Scan, with its Slice of the sequence, past the first few
+positions). And a Scan whose length is a named dim ran at a few dozen steps, where a
+loop-free form's reordered accumulation has not yet drifted: :func:`long_sequences` runs it
+LONG_SEQUENCE steps. Verification adds these sets to the synthesized ones (scanopt.verify);
+a set the original refuses is dropped.
 """
 
 from __future__ import annotations
@@ -36,12 +40,21 @@ LONG_SEQUENCE = 1024  # steps of a Scan whose length is a named dim
 LONG_ELEMENTS = 1 << 20  # feed elements a long-sequence set may hold: verification stays cheap
 
 
-def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
+class RowQueries(dict):
+    """A feed set of :func:`row_queries`. ``reference``: its table holds the rows a top-level
+    Scan scans (a distance map's reference points), so the queries sit on the map's own
+    zeros."""
+
+    reference: bool = False
+
+
+def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, RowQueries]]:
     """(label, feeds) for each float graph input [N, F] and each float initializer [R, F]
     (R >= 2) of the top graph: ``feeds`` with that input's rows replaced by the initializer's
     rows, near copies of them and points between them. N keeps its size in ``feeds``
-    unless it is a named dim of that input alone."""
+    unless it is a named dim of that input alone, or an unnamed one of the only fed input."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
+    scanned = None
     for name, value in feeds.items():
         value = np.asarray(value)
         if name not in declared or value.ndim != 2 or value.dtype.kind != "f" or value.shape[0] < 1:
@@ -49,9 +62,12 @@ def row_queries(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iter
         for table_name, rows in _tables(model, value.shape[1]):
             free = _free_rows(declared[name], declared.values())
             queries = _queries(rows, None if free else value.shape[0])
-            probe = dict(feeds)
+            probe = RowQueries(feeds)
             probe[name] = queries.astype(value.dtype)
-            yield f"'{name}' at and near the rows of '{table_name}'", probe
+            scanned = _scanned_tables(model) if scanned is None else scanned
+            probe.reference = table_name in scanned
+            where = " (the reference points a Scan reads)" if probe.reference else ""
+            yield f"'{name}' at and near the rows of '{table_name}'{where}", probe
 
 
 def long_trip_counts(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
@@ -133,10 +149,42 @@ def _values(tensor: onnx.TensorProto) -> np.ndarray:
     return numpy_helper.to_array(tensor)
 
 
+_SCALING = ("Div", "Mul", "Add", "Sub", "Cast", "Identity")  # ops a table may pass through to a Scan
+
+
+def _scanned_tables(model: onnx.ModelProto) -> set[str]:
+    """The initializers a top-level Scan scans: its scan input itself, or reached from it
+    through elementwise ops whose other operands are initializers (skl2onnx scales a GP's
+    training rows by the length scale: Div(rows, l))."""
+    from scanopt.scan_view import top_scan_inputs
+
+    inits = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    found = set()
+    for name, _ in top_scan_inputs(model):
+        for _ in range(4):
+            if name in inits:
+                found.add(name)
+                break
+            node = producers.get(name)
+            if node is None or node.op_type not in _SCALING or node.domain not in ("", "ai.onnx") or not node.input:
+                break
+            computed = [i for i in node.input if i not in inits]
+            rows = computed[0] if computed else max(node.input, key=lambda i: inits[i])
+            if len(computed) > 1 or (rows != node.input[0] and node.op_type in ("Sub", "Div")):
+                break  # another computed operand, or the rows as a divisor / subtrahend
+            name = rows
+    return found
+
+
 def _free_rows(info: onnx.ValueInfoProto, inputs) -> bool:
-    """Whether the row count of ``info`` is a named dim no other input shares: a batch
-    shared with a state input (h0 [batch, H]) must keep the seed's size."""
+    """Whether the row count of ``info`` is a named dim no other input shares, or an unnamed
+    one of the only fed input: a batch shared with a state input (h0 [batch, H]) must keep
+    the seed's size."""
     dims = info.type.tensor_type.shape.dim
+    inputs = list(inputs)
+    if dims and not dims[0].HasField("dim_param") and not dims[0].HasField("dim_value"):
+        return len(inputs) == 1
     if not dims or not dims[0].HasField("dim_param"):
         return False
     name = dims[0].dim_param

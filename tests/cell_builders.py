@@ -589,6 +589,21 @@ def many_bias_rnn(body, x, hs, seed=0, act="Tanh"):
 
 # -- the hand-written native op, for "equal to the native op with the same weights" -----------
 
+def rnn_model(hidden=H, inputs=I, seq=None, batch=None):
+    """A tanh RNN cell as a Scan over X [seq, batch, I] emitting h; ``seq``/``batch`` given: those
+    dims static, else symbolic."""
+    body = Body(hidden=hidden, inputs=inputs)
+    y = rnn(body, "x", "h")
+    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
+    model = scan_model(body, [("h", "h_new", hidden)], ys=("h_new",))
+    static = {k: v for k, v in (("seq", seq), ("batch", batch)) if v is not None}
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in static:
+                dim.dim_value = static[dim.dim_param]
+    return model
+
+
 def native_model(kind, W, R, B, P=None, opset=17, **attrs):
     """X [seq, batch, I], h0 (, c0) -> Y0 [seq, batch, H], h_n (, c_n): one native op written by
     hand from weights in ONNX layout (one direction), with the Scan samples' names."""

@@ -42,16 +42,19 @@ def trial(src: str, folder: str, signum: int, offset: float) -> dict:
     out = os.path.join(folder, "out.onnx")
     proc = subprocess.Popen([sys.executable, "-m", "scanopt", "optimize", src, out, "-q"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_defaults)
-    time.sleep(offset)
-    if proc.poll() is None:
+    began = time.perf_counter()
+    try:
+        proc.wait(timeout=offset)  # ended before its signal: none is sent
+    except subprocess.TimeoutExpired:
         proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
+    seconds = time.perf_counter() - began
     written = os.path.exists(out)
     leftovers = [n for n in os.listdir(folder) if n != "out.onnx"]
     if written:
         os.unlink(out)
     return {"signal": signum, "offset": offset, "code": proc.returncode, "err": err, "written": written,
-            "leftovers": leftovers}
+            "leftovers": leftovers, "seconds": seconds}
 
 
 def _python_default(code: int, err: str, signum: int) -> bool:

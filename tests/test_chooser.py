@@ -10,7 +10,6 @@ import os
 
 import builders as b
 import cell_builders as cb
-from onnx import helper as h
 
 from scanopt import chooser as chooser_module
 from scanopt.cost import CostPolicy
@@ -88,15 +87,7 @@ def test_form_names_come_from_the_passes():
 
 
 def _short_rnn():
-    body = cb.Body(hidden=4, inputs=3)
-    y = cb.rnn(body, "x", "h")
-    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
-    model = cb.scan_model(body, [("h", "h_new", 4)], ys=("h_new",))
-    for value in list(model.graph.input) + list(model.graph.output):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param in ("seq", "batch"):
-                dim.dim_value = {"seq": 3, "batch": 2}[dim.dim_param]
-    return model
+    return cb.rnn_model(hidden=4, inputs=3, seq=3, batch=2)
 
 
 def test_a_chooser_without_a_policy_still_defers():
@@ -118,3 +109,37 @@ def test_a_chooser_without_a_policy_still_defers():
         details[selected] = (result.modified, [o.detail for o in result.outcomes])
     assert details[("fuse", "unroll")] == (False, ["left to fuse: it becomes a native op"])
     assert details[("unroll",)][0] and details[("unroll",)][1][0].startswith("unrolled 3 steps")
+
+
+def _choice(form, passes, times):
+    return {"form": form, "verdict": "faster", "passes": passes, "times": times, "noise": 0.02, "rounds": 9,
+            "clock": "thread CPU", "where": "T=200 B=8 (static)", "same": {}, "threads": 1}
+
+
+def test_a_measured_form_that_fails_verification_gives_way_to_the_next_fastest():
+    times = {"loop": 1.0, "distances": 0.1, "vectorized": 0.3}
+    choice = _choice("distances", ["distances"], times)
+    assert chooser_module.next_choice(choice, set()) is choice
+    assert chooser_module.next_choice(choice, {"fuse"}) is choice
+    after = chooser_module.next_choice(choice, {"distances"})
+    assert (after["form"], after["passes"]) == ("vectorized", ["vectorize"])
+    assert "distances failed verification" in after["where"]
+    for denied in ({"distances", "vectorize"}, {"distances"}):
+        slow = dict(times, vectorized=1.2) if denied == {"distances"} else times
+        after = chooser_module.next_choice(_choice("distances", ["distances"], slow), denied)
+        assert (after["form"], after["passes"]) == ("loop", [])  # nothing left beats the loop
+
+
+def test_after_a_rollback_the_pipeline_writes_the_next_measured_form():
+    """skl2onnx's GP (models/gpr): distances' product form fails verification at the rows the
+    Scan reads; where the measurement had it fastest and vectorize next, vectorize is written
+    (before: the loop stayed, the measured choice naming only distances)."""
+    import onnx
+
+    model = onnx.load(os.path.join(ROOT, "models", "gpr", "gpr_dot_rbf_white_200.onnx"))
+    measured = {"Sc_Scan": _choice("distances", ["distances"], {"loop": 1.0, "distances": 0.1, "vectorized": 0.3})}
+    out, report = optimize(model, options={"measured": measured, "tune": False})
+    fates = {o.pass_name: (o.applied, o.detail) for o in report.outcomes if o.pass_name in ("distances", "vectorize")}
+    assert fates["distances"] == (False, "rolled back: failed verification"), fates
+    assert fates["vectorize"][0], fates
+    assert not any(n.op_type == "Scan" for n in out.graph.node)

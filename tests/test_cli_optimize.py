@@ -139,7 +139,8 @@ def test_pass_option_sets_a_pass_tunable_and_unknown_keys_are_usage_errors(cli, 
 def test_inspect_verdicts_follow_the_cost_policy(cli, tmp_path):
     """inspect says "would apply" only where optimize's policy would; a match the policy
     declines says so with the prediction (a tanh RNN at I=H=8, dynamic T and B: the native RNN
-    is modelled faster on average but more than 25% slower at T=1024 B=32; with shapes
+    is modelled faster at small batches only, so it would be dispatched on the batch; the
+    hoisted loop is predicted slower; with shapes
     declared, the measured verdicts are tests/test_tune.py's)."""
     import onnx
     from test_cost import rnn_scan
@@ -149,8 +150,9 @@ def test_inspect_verdicts_follow_the_cost_policy(cli, tmp_path):
     default = cli("inspect", model, "--json")
     assert default.code == 0, default.err
     (scan,) = json.loads(default.out)["scans"]
-    assert scan["passes"]["fuse"].startswith("matches, not applied: predicted")
-    assert "T, B unknown" in scan["passes"]["fuse"] and "more than 25% slower there" in scan["passes"]["fuse"]
+    # modelled faster at small batches only: optimize writes it behind a run-time If on the batch
+    assert scan["passes"]["fuse"].startswith("would apply: the batch is unknown: native expected")
+    assert "T, B unknown" in scan["passes"]["fuse"] and "run-time If on the batch" in scan["passes"]["fuse"]
     assert scan["passes"]["hoist"].startswith("matches, not applied: predicted")
     portable = cli("inspect", model, "--json", "--target", "portable")
     (scan,) = json.loads(portable.out)["scans"]

@@ -11,7 +11,6 @@ import re
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper as h
 
 import cell_builders as cb
 from scanopt.pipeline import optimize
@@ -25,10 +24,7 @@ def no_tune(monkeypatch):
 
 
 def _rnn(hidden=64):
-    body = cb.Body(hidden=hidden, inputs=hidden)
-    y = cb.rnn(body, "x", "h")
-    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
-    return cb.scan_model(body, [("h", "h_new", hidden)], ys=("h_new",))  # X [seq, batch, I], h0 [batch, H]
+    return cb.rnn_model(hidden=hidden, inputs=hidden)  # X [seq, batch, I], h0 [batch, H]
 
 
 def _batch_if(model):

@@ -9,6 +9,7 @@ Deterministic (fixed seed) and bounded: a few dozen mutants per command, some se
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -258,9 +259,9 @@ def test_a_sequence_at_index_that_is_empty(tmp_path):
     index = next(n.input[1] for n in body.node if n.op_type == "SequenceAt")
     constant = next(n for n in body.node if n.op_type == "Constant" and n.output[0] == index)
     constant.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(np.array([], np.int64)))
-    # Not run: onnxruntime itself dies on this model (SIGSEGV in SequenceAt), which an
-    # in-process run cannot survive; the passes' own code is what this checks.
-    _no_traceback(tmp_path, model, commands=("inspect",))
+    # onnxruntime itself dies on this model (SIGSEGV in SequenceAt): its first run happens in
+    # the child process (scanopt.isolated.screen_original), so every command ends in one line
+    _no_traceback(tmp_path, model)
     out, report = scanopt.optimize(model, verify=False, seeds=1)
     fuse = [o for o in report.outcomes if o.pass_name == "fuse"]
     assert fuse and not fuse[0].applied and "index has 0 values, not one" in fuse[0].detail, fuse
@@ -273,6 +274,48 @@ def test_an_initializer_shadowing_the_input_with_a_lower_rank(tmp_path, shape):
     name = model.graph.input[0].name
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(shape, np.float32), name))
     _no_traceback(tmp_path, model)
+
+
+@pytest.mark.parametrize("path", ["while_loops/ts_while_from_1.onnx", "loops/tf_scan_rnn.onnx"])
+def test_a_loop_whose_body_and_node_counts_disagree_is_refused(cli, tmp_path, path):
+    """loop_to_scan's zero-step guard raised ValueError ("a guard writes 2 outputs: its branches
+    give 1 and 2") on a Loop with an output more than its body gives (structure mutants of seed
+    1: ts_while_from_1 #3464, an extra Loop output) or a body output fewer (tf_scan_rnn #2756):
+    onnx's Loop inference, which onnxruntime runs on load, refuses both, and so does scanopt."""
+    model = _sample(path)
+    loop = next(n for g in _graphs(model) for n in g.node if n.op_type == "Loop")
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    if path.startswith("while"):
+        loop.output.append(loop.output[0] + "_extra")
+    else:
+        del body.output[-1]
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    expected = f"body has {len(body.output)} outputs; expected 1 + {len(loop.output)} = {1 + len(loop.output)}"
+    for command in ("optimize", "inspect", "run", "verify"):
+        result = cli(*fuzz_models.command_line(command, str(src), str(tmp_path)))
+        assert result.code == 2, (command, result)
+        lines = result.err.strip().splitlines()
+        assert len(lines) == 1 and "Loop node" in lines[0] and expected in lines[0], (command, result.err)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("change", ["body input", "node inputs"])
+def test_a_loop_with_a_body_input_count_onnx_refuses(tmp_path, change):
+    from scanopt.errors import InvalidModelError
+    from scanopt.validate import validate_model
+
+    model = _sample("while_loops/ts_while_from_1.onnx")
+    loop = next(n for g in _graphs(model) for n in g.node if n.op_type == "Loop")
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    if change == "body input":
+        del body.input[-1]
+        said = f"body has {len(body.input)} inputs; expected 2 + N"
+    else:
+        del loop.input[1:]
+        said = "has 1 inputs; it needs at least 2"
+    with pytest.raises(InvalidModelError, match=re.escape(said)):
+        validate_model(model)
 
 
 def test_a_function_call_the_inliner_refuses(tmp_path):

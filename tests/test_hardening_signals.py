@@ -19,7 +19,7 @@ import time
 import pytest
 
 import builders as b
-from signal_storm import storm
+from signal_storm import storm, trial
 from test_file_safety import KILLED_RUN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,14 +166,18 @@ def test_a_signal_after_out_is_in_place_finds_the_run_succeeded(tmp_path, signum
 
 def test_signals_at_random_moments_end_as_documented(tmp_path):
     """24 runs of `python -m scanopt optimize`, each sent SIGINT, SIGTERM or SIGHUP at a
-    random moment in its first 1.5 s (imports, the run, the write, the exit); the 200-signal
-    version over 3 s is `python tests/signal_storm.py 200 3`."""
+    random moment in a window as long as one whole run here (at least 1.5 s: imports, the run,
+    the write, the exit; a loaded machine stretches it); the 200-signal version over 3 s is
+    `python tests/signal_storm.py 200 3`. A signal after the run ended (exit 0) is the
+    deterministic test above; here the load decides how many land there."""
     work = tmp_path / "work"
     work.mkdir()
-    results, failures, _ = storm(str(_model(tmp_path)), str(work), 24, 1.5, seed=1)
+    src = str(_model(tmp_path))
+    whole = trial(src, str(work), signal.SIGINT, 600.0)  # never signalled: it ends first
+    assert whole["code"] == 0 and whole["written"], whole
+    results, failures, _ = storm(src, str(work), 24, max(1.5, whole["seconds"]), seed=1)
     assert failures == []
-    codes = {r["code"] for r in results}
-    assert codes & {130, 143, 129} and 0 in codes  # both outcomes were reached
+    assert {r["code"] for r in results} & {130, 143, 129}  # signals were acted on
 
 
 def test_a_signal_during_an_import_waits_until_the_import_is_done(tmp_path, monkeypatch):

@@ -188,3 +188,27 @@ def test_a_split_with_as_many_outputs_as_num_outputs_is_accepted():
     m = split_with_an_extra_output()
     next(a for a in m.graph.node[0].attribute if a.name == "num_outputs").i = 4
     assert validate_model(m) == []
+
+
+def test_run_takes_its_outputs_from_the_child(cli, tmp_path, monkeypatch):
+    """`scanopt run` on the CPU runs the model once, in the child: no session of it in this
+    process, the same numbers as one here."""
+    from scanopt import engines
+    from scanopt.cli import run_cmd
+
+    m = b.scan9_sum(opset=17, steps="T")
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    np.savez(tmp_path / "in.npz", s0=np.ones(2, np.float32), X=np.arange(10, dtype=np.float32).reshape(5, 2))
+    expected = engines.run(m, dict(np.load(tmp_path / "in.npz")), "ort")
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a session of the model in this process")
+
+    monkeypatch.setattr(run_cmd, "prepare", no_session)
+    result = cli("run", str(path), "--inputs", str(tmp_path / "in.npz"), "--out", str(tmp_path / "out.npz"))
+    assert result.code == 0 and "(engine ort)" in result.out, result
+    with np.load(tmp_path / "out.npz") as got:
+        assert sorted(got.files) == sorted(expected)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(got[name], value)

@@ -124,7 +124,7 @@ def test_cuda_absent_is_modelled_never_measured_on_the_cpu_and_the_report_says_s
                                                    "input_shapes": {"X": [100, 4, 64]}}, verify=False)
     assert timer.calls == []  # the CPU is not timed in the GPU's place
     assert report.target.startswith("cuda: not available here (onnxruntime ")
-    assert "modelled for CUDA, not measured" in report.target and "GPU-AND-QUIET-CPU.md" in report.target
+    assert "modelled for CUDA, not measured" in report.target and "CudaConstants" in report.target
     assert "target cuda: not available here" in report.format()
     assert report.to_dict()["target"] == report.target
     fuse = next(o for o in report.outcomes if o.pass_name == "fuse")
@@ -240,3 +240,35 @@ def test_the_summary_names_the_provider_a_decline_was_modelled_for():
                                  options={"execution_providers": ["cuda"]}, passes=["canonicalize", "fuse"])
     text = report.format()
     assert "predicted slower on onnxruntime CUDA (" in text and "onnxruntime CPU" not in text
+
+
+def test_under_cuda_the_report_says_whether_the_output_is_capturable_in_a_cuda_graph():
+    """CUDA graphs cannot capture If, Loop or Scan (onnxruntime issue 9978): a running sum over a
+    static length becomes one CumSum (capturable); a cell over a dynamic X is fused behind an
+    empty-input If (not capturable, and the line says what is left)."""
+    import linrec_builders as lb
+
+    _, report = scanopt.optimize(lb.running_sum(T=16, H=4), verify=False, options={"execution_providers": ["cuda"]})
+    assert "no If, Loop or Scan left: capturable in a CUDA graph" in report.target, report.target
+    body = cb.Body(hidden=4, inputs=3)
+    y = cb.gru(body, "x", "h")
+    model = cb.scan_model(body, [("h", y, 4)], ys=(y,))
+    _, report = scanopt.optimize(model, verify=False, options={"execution_providers": ["cuda"]})
+    assert "not capturable in a CUDA graph: 1 If" in report.target, report.target
+    _, report = scanopt.optimize(model, verify=False)
+    assert "CUDA graph" not in report.format()  # the CPU target says nothing of it
+
+
+@pytest.mark.parametrize("name", ["running_sum", "ema", "mingru", "mamba", "linear_attention"])
+def test_the_cuda_model_writes_the_loop_free_form_of_the_tables_recurrences(name):
+    """The shared table's five loop-free cells (running sum, EMA, minGRU, selective scan, decayed
+    linear attention): on CUDA the loop-free form measured 1.0-35x the Scan (a Scan step costs
+    launches whatever its width), so with --execution-provider cuda the model writes it (with the
+    10 recurrent cells above: the model's pick is the table's fastest in 15 of 15)."""
+    import linrec_builders as lb
+
+    model = getattr(lb, name)(T=64)
+    out, report = scanopt.optimize(model, options={"execution_providers": ["cuda"]})
+    assert [o.pass_name for o in report.outcomes if o.applied and o.pass_name == "linrec"] == ["linrec"], report.format()
+    assert report.verification["passed"] is True
+    assert "Scan" not in top_ops(out)

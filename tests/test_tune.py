@@ -5,6 +5,7 @@ benchmarks/bench_policy.py's."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -338,7 +339,12 @@ def test_a_scan_too_slow_to_time_whole_is_timed_shortened_and_extrapolated(monke
     out, report = run(model, tune_scan_seconds=0.02)
     line = report.tuning[0]
     assert "measured at T=16 and T=32, extrapolated per step to T=2048" in line and "not measured" not in line, line
-    assert any(o.pass_name == "linrec" and o.applied for o in report.outcomes)  # measured, or modelled if undecided
+    applied = any(o.pass_name == "linrec" and o.applied for o in report.outcomes)
+    won = re.search(r" -> (\S+) \(", line)  # what the extrapolated timings chose (load may blur a 0.02 s budget)
+    if won:
+        assert applied is ("linrec" in won.group(1)), line
+    else:  # undecided under the noise: modelled, and the model applies a loop-free form
+        assert "undecided" in line and applied, line
 
 
 def rnn_chain(count: int) -> onnx.ModelProto:

@@ -561,14 +561,7 @@ def test_short_cell_whose_fusion_the_cost_policy_declines_is_unrolled_not_left_t
     (which left a short loop nobody rewrote). With --target portable fuse takes it."""
     import cell_builders as cb
     monkeypatch.setattr(chooser_module, "registered_passes", pass_api.registered_passes)  # the real fuse
-    body = cb.Body(hidden=64, inputs=64)
-    y = cb.rnn(body, "x", "h")
-    body.nodes.append(h.make_node("Identity", [y], ["h_new"]))
-    m = cb.scan_model(body, [("h", "h_new", 64)], ys=("h_new",))
-    for value in list(m.graph.input) + list(m.graph.output):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param in ("seq", "batch"):
-                dim.dim_value = {"seq": 4, "batch": 8}[dim.dim_param]
+    m = cb.rnn_model(hidden=64, inputs=64, seq=4, batch=8)
     out, report = optimize(m, passes=["fuse", "unroll"], verify=False)
     verdicts = {o.pass_name: o.detail for o in report.outcomes}
     assert "slower" in verdicts["fuse"], verdicts

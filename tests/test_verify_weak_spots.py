@@ -105,3 +105,31 @@ def test_long_sequences_stretch_every_input_axis_of_that_name():
     assert probe["X"].shape == (LONG_SEQUENCE, 8) and probe["h0"] is feeds["h0"]
     assert np.array_equal(probe["X"][3], feeds["X"][0])  # the seed's own values, repeated
     assert list(long_sequences(lb.running_sum(T=16, H=8), feeds)) == []  # a static length is run as declared
+
+
+def test_row_queries_mark_the_rows_a_scan_reads_as_reference_points():
+    """A table the Scan scans (through a constant scaling, as skl2onnx's GP writes rows / l) is
+    a distance map's reference points; a weight of the same width beside it is not. An input of
+    unnamed row count that is the only one gets MAX_QUERIES rows."""
+    from onnx import numpy_helper
+
+    from scanopt.weak_spots import MAX_QUERIES, row_queries
+
+    body = oh.make_graph(
+        [oh.make_node("Identity", ["q_in"], ["q_out"]), oh.make_node("Sub", ["q_in", "r"], ["d"]),
+         oh.make_node("ReduceSumSquare", ["d"], ["dd"], axes=[1], keepdims=0)],
+        "body", [vi("q_in", ["n", 3]), vi("r", [3])], [vi("q_out", ["n", 3]), vi("dd", ["n"])])
+    graph = oh.make_graph(
+        [oh.make_node("Div", ["rows", "scale"], ["scaled"]), oh.make_node("Div", ["X", "scale"], ["q"]),
+         oh.make_node("Scan", ["q", "scaled"], ["q_last", "D"], body=body, num_scan_inputs=1),
+         oh.make_node("MatMul", ["X", "weight"], ["Y"])], "g",
+        [oh.make_tensor_value_info("X", TP.FLOAT, [None, 3])], [vi("D", [5, None]), vi("Y", [None, 3])],
+        [numpy_helper.from_array(np.arange(15, dtype=np.float32).reshape(5, 3), "rows"),
+         numpy_helper.from_array(np.float32(2), "scale"),
+         numpy_helper.from_array(np.ones([3, 3], np.float32), "weight")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    probes = {label: p for label, p in row_queries(model, {"X": np.zeros([8, 3], np.float32)})}
+    reference = [p for p in probes.values() if p.reference]
+    assert len(probes) == 2 and len(reference) == 1, list(probes)
+    assert "'rows' (the reference points a Scan reads)" in next(k for k, p in probes.items() if p.reference)
+    assert all(p["X"].shape == (MAX_QUERIES, 3) for p in probes.values())
