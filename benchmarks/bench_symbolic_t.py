@@ -1,17 +1,23 @@
 """Symbolic T, no shapes: the loop against what the default command writes (issue 28's last done-when).
 
-    python benchmarks/bench_symbolic_t.py [--seconds 1.0] [--busy 2] [--only ema]
+    python benchmarks/bench_symbolic_t.py [--seconds 1.0] [--busy 2] [--only EMA] [--lengths 1024,2048]
+                                          [--baseline DIR] [--repeat 3]
     python benchmarks/bench_symbolic_t.py --crossover [--seconds 0.5]
 
 Models (tests/linrec_builders.py) with their length a name, nothing declared: a running sum
 H=128 B=1, an EMA with a learned per-channel decay H=128, minGRU I=H=64 B=1. Each is written
 once by ``scanopt optimize in.onnx out.onnx`` (the CLI, default options, verification on) and
-both are timed at T = 16, 64, 1024, 4096 with scanopt.timing.measure: thread CPU time of
+both are timed at T = 16, 64, 1024, 4096 (``--lengths``) with scanopt.timing.measure: thread CPU time of
 ``session.run`` at one intra-op thread, loop and output interleaved in rotating order with an
 A/A pair of the loop. A row gives the medians, the ratio loop / output from the median of
 paired ratios (above 1: the output is faster) ± half their interquartile range, and the A/A
 noise; the first row times the loop against itself. ``--busy N`` starts N busy-loop
-processes beside the timing (stopped at the end).
+processes beside the timing (stopped at the end). ``--baseline DIR``: the output of the
+scanopt checkout at DIR (``git worktree add DIR <commit>``, its scanopt/passes a link to
+../passes where the install is editable) is timed in the same rounds: a before/after
+comparison that a change of load between two runs cannot skew. ``--repeat N``: N measurements
+per row, each with fresh sessions, medians and the ratio's range (two sessions of one
+memory-bound model can differ by 10% within one measurement).
 
 ``--crossover`` finds linrec's dispatch threshold (passes/loopfree/dispatch.THRESHOLD): per
 case and width, the chunked form (the dispatch with threshold 0: always the else branch, If
@@ -61,22 +67,42 @@ def feeds_at(model: onnx.ModelProto, steps: int) -> dict:
             .astype(np.float32) for v in model.graph.input}
 
 
-def default_command(model: onnx.ModelProto, folder: str, name: str) -> onnx.ModelProto:
-    """The model written by ``scanopt optimize in.onnx out.onnx`` (default options)."""
-    src, dst = os.path.join(folder, f"{name}.onnx"), os.path.join(folder, f"{name}.opt.onnx")
+def default_command(model: onnx.ModelProto, folder: str, name: str, root: str = ROOT) -> onnx.ModelProto:
+    """The model written by ``scanopt optimize in.onnx out.onnx`` (default options), by the
+    scanopt checkout at ``root``."""
+    tag = "opt" if root == ROOT else "baseline"
+    src, dst = os.path.join(folder, f"{name}.onnx"), os.path.join(folder, f"{name}.{tag}.onnx")
     onnx.save(model, src)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "scanopt", "optimize", src, dst], env=env, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # run in root: ``python -m`` puts the working directory first on sys.path
+    done = subprocess.run([sys.executable, "-m", "scanopt", "optimize", src, dst], env=env, cwd=root,
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"scanopt optimize failed on {name}:\n{done.stdout}{done.stderr}")
     return onnx.load(dst)
 
 
-def row(label: str, loop, other, steps: int, seconds: float) -> str:
-    t = measure({"loop": loop, "other": other}, feeds_at(loop, steps), threads=1, seconds=seconds, check_budget=False)
-    a, b = t.forms["loop"], t.forms["other"]
-    return (f"| {label} | {steps} | {a.seconds * 1e3:.3f} | {b.seconds * 1e3:.3f} | {1 / b.ratio:.2f}x "
-            f"±{b.spread:.2f} | {t.noise * 100:.0f}% | {t.rounds} |")
+def row(label: str, loop, other, steps: int, seconds: float, baseline=None, repeat: int = 1) -> str:
+    """One table row; with ``repeat`` > 1, that many measurements, each with fresh sessions, and
+    their medians (the ratio's range across them instead of one measurement's spread): two
+    sessions of the same model measured up to 10% apart in one measurement (a running sum's
+    output, T = 1024-4096), in either direction from one measurement to the next."""
+    # with a baseline, a second loop session runs between the two outputs, so each follows a loop run
+    forms = {"loop": loop, "other": other, **({"loop again": loop, "baseline": baseline} if baseline is not None else {})}
+    runs = [measure(forms, feeds_at(loop, steps), threads=1, seconds=seconds, check_budget=False)
+            for _ in range(repeat)]
+
+    def cells(name: str) -> str:
+        ratios = [1 / t.forms[name].ratio for t in runs]
+        time = float(np.median([t.forms[name].seconds for t in runs]))
+        spread = f"±{runs[0].forms[name].spread:.2f}" if repeat == 1 else f"({min(ratios):.2f}-{max(ratios):.2f})"
+        return f"{time * 1e3:.3f} | {float(np.median(ratios)):.2f}x {spread} | "
+
+    loop_ms = float(np.median([t.forms["loop"].seconds for t in runs])) * 1e3
+    noise = float(np.median([t.noise for t in runs])) * 100
+    rounds = "/".join(str(t.rounds) for t in runs)
+    before = cells("baseline") if baseline is not None else ""
+    return f"| {label} | {steps} | {loop_ms:.3f} | {before}{cells('other')}{noise:.0f}% | {rounds} |"
 
 
 def busy() -> None:
@@ -87,16 +113,19 @@ def busy() -> None:
 def table(args) -> None:
     print(f"onnxruntime CPU, 1 intra-op thread, thread CPU time, interleaved with an A/A pair; "
           f"{args.busy} busy-loop process(es) beside it")
-    print("| case | T | loop ms | scanopt ms | loop / scanopt | A/A noise | rounds |")
-    print("|---|---|---|---|---|---|---|")
+    before = "baseline ms | loop / baseline | " if args.baseline else ""
+    print(f"| case | T | loop ms | {before}scanopt ms | loop / scanopt | A/A noise | rounds |")
+    print("|---|---|---|---|---|---|---|" + "---|---|" * bool(args.baseline))
     with tempfile.TemporaryDirectory() as folder:
         aa = CASES["EMA"]()
-        print(row("A/A: EMA loop vs itself", aa, aa, 1024, args.seconds), flush=True)
+        print(row("A/A: EMA loop vs itself", aa, aa, 1024, args.seconds, aa if args.baseline else None, args.repeat),
+              flush=True)
         for name in args.only or CASES:
             model = CASES[name]()
             out = default_command(model, folder, name.replace(" ", "_"))
-            for steps in LENGTHS:
-                print(row(name, model, out, steps, args.seconds), flush=True)
+            base = default_command(model, folder, name.replace(" ", "_"), args.baseline) if args.baseline else None
+            for steps in args.lengths:
+                print(row(name, model, out, steps, args.seconds, base, args.repeat), flush=True)
 
 
 def crossover(args) -> None:
@@ -123,6 +152,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--busy", type=int, default=0, help="busy-loop processes started beside the timing")
     parser.add_argument("--only", action="append", choices=sorted(CASES))
+    parser.add_argument("--lengths", type=lambda v: [int(x) for x in v.split(",")], default=list(LENGTHS),
+                        help="comma-separated lengths of the table (default 16,64,1024,4096)")
+    parser.add_argument("--baseline", help="another scanopt checkout (its root): its output is timed in the same "
+                                           "rounds, for a before/after comparison that load cannot skew")
+    parser.add_argument("--repeat", type=int, default=1, help="measurements per row, each with fresh sessions "
+                                                              "(medians; the ratio's range across them)")
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args(argv)
     print(f"scanopt from {os.path.dirname(scanopt.__file__)}")

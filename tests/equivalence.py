@@ -68,6 +68,27 @@ def work_ops(model: onnx.ModelProto) -> Counter:
     return found
 
 
+def loop_scans(model: onnx.ModelProto) -> int:
+    """Scans doing work (at :func:`work_ops`' levels), other than the chunk Scans linrec's
+    symbolic-length forms emit (over the chunk ends and the positions; bodies named
+    'chunk_steps...', passes/loopfree/prefix_scan.state_scan): the loops a rewrite left."""
+    found = 0
+
+    def visit(graph):
+        nonlocal found
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type != onnx.AttributeProto.GRAPH or (node.op_type == "If" and attribute.name == "then_branch"):
+                    continue
+                if node.op_type == "Scan" and attribute.g.name.startswith("chunk_steps"):
+                    continue
+                found += node.op_type == "Scan"
+                visit(attribute.g)
+
+    visit(model.graph)
+    return found
+
+
 def the_scan(model: onnx.ModelProto) -> onnx.NodeProto:
     """The main graph's Scan, or the one behind a guard If (its else branch)."""
     for node in model.graph.node:

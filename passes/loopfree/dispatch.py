@@ -32,8 +32,10 @@ from scanopt.rewrite import Builder, loop_where
 # The smallest symbolic length given the chunked form (below it: the loop). Measured with
 #   python benchmarks/bench_symbolic_t.py --crossover --seconds 0.4
 # (onnxruntime 1.32, one thread, thread CPU time; the chunked form C=32 with the If's overhead
-# against the hoisted loop): chunked faster from T=96 for EMA H=64/128/256 and minGRU I=H=32/64,
-# from T=128 for minGRU I=H=128 (0.98x at 96, 1.11x at 128); at T=64 0.73-0.93x, at 16 0.31-0.37x.
+# against the hoisted loop; re-measured with the steps read by position and EMA's two passes):
+# chunked faster from T=96 for EMA H=64/128/256 (1.21-1.33x there) and minGRU I=H=32, from
+# T=128 for minGRU I=H=64/128 (0.98x at 96, 1.18-1.25x at 128); at T=64 0.81-0.98x, at 16
+# 0.32-0.37x.
 THRESHOLD = 128
 
 

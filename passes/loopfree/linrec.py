@@ -21,8 +21,9 @@ selective scan's products as MatMuls (:mod:`products`) and Softplus in vector op
 Declined with the reason: a state read nonlinearly (:class:`NotLinear`), a or b depending on a
 state, an output reading a state before its update, float16/bfloat16 states (the loop rounds the
 state to 16 bits every step; another association order would round differently), a symbolic
-length for the doubling form (the positions form pads at run time), opset < 11 (CumSum, Pad with input pads), and lengths below
-``linrec_min_steps`` for the chunked form (measured: it loses to the loop on short sequences).
+length for the doubling form (the positions form reads the steps by position at run time),
+opset < 11 (CumSum, Pad with input pads), and lengths below ``linrec_min_steps`` for the
+chunked form (measured: it loses to the loop on short sequences).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from scanopt.passes.loopfree.decay_correction import ExponentChain, exponent_cha
 from scanopt.passes.loopfree.softplus import fast_softplus
 from scanopt.passes.loopfree.prefix_scan import (
     carry_loop, chunk_loop_scan, chunk_loop_scan_symbolic, chunked_scan, cumulative_product,
-    cumulative_sum,
+    cumulative_sum, steady_two_pass_symbolic,
 )
 from scanopt.passes.loopfree.two_pass import (
     Chunking, by_position, permute_steps, position_loop, unpermute_steps,
@@ -372,6 +373,7 @@ class Linrec(ScanPass):
         finals: dict[int, gs.Tensor] = {}
         forms = []
         checked = []  # the chunked forms' states over all steps and final states (floating point)
+        by_position = {}  # state index -> its ByPosition, read back in step order after every state's passes
         for i, update in match.updates.items():
             rank, dtype, h0 = match.ranks[i], match.dtypes[i], node.inputs[i]
             b = _per_step(e, update.b, mapping, plan, rank, dtype, ctx) if update.b is not None else None
@@ -385,11 +387,11 @@ class Linrec(ScanPass):
                 forms.append("CumProd")
             else:
                 value, per_step, a_rank = _evaluate(e, update.a, mapping, plan, dtype, ctx)
-                if view.trip_count is None:  # the positions form with run-time padding and count
-                    steady = not per_step and b is not None
-                    a = value if steady else _stacked(e, value, per_step, a_rank, rank)
-                    h, finals[i] = chunk_loop_scan_symbolic(e, h0, a, b, rank, match.chunk, dtype,
-                                                            steady_rank=a_rank if steady else None)
+                if view.trip_count is None and not per_step and b is not None:  # a learned decay, run-time length
+                    by_position[i] = steady_two_pass_symbolic(e, h0, value, b, rank, match.chunk, dtype, a_rank)
+                elif view.trip_count is None:  # the positions form with a run-time chunk count
+                    a = _stacked(e, value, per_step, a_rank, rank)
+                    h, finals[i] = chunk_loop_scan_symbolic(e, h0, a, b, rank, match.chunk, dtype).assemble(e)
                 elif not per_step and match.form == "positions" and b is not None:  # a learned decay
                     h, finals[i] = chunk_loop_scan(e, h0, value, b, rank, view.trip_count, match.chunk, dtype,
                                                    steady_rank=a_rank)
@@ -400,7 +402,16 @@ class Linrec(ScanPass):
                 forms.append(f"{what} (C={min(match.chunk, view.trip_count or match.chunk)}, {match.form}"
                              f"{', symbolic length' if view.trip_count is None else ''})")
                 if np.issubdtype(dtype, np.floating):
-                    checked += [(h, dtype), (finals[i], dtype)]
+                    # by position: each chunk's end (its states are finite exactly when these are)
+                    checked += [(by_position[i].ends, dtype)] if i in by_position else [(h, dtype), (finals[i], dtype)]
+                if i in by_position:
+                    continue
+            mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
+        # from here on, the nodes only read the states back and compute the outputs: with a check
+        # on chunk ends alone, they go into the If's finite branch (no copy of the outputs there)
+        tail = len(graph.nodes) if by_position and checked and len(checked) == len(by_position) else None
+        for i, chunks in by_position.items():
+            h, finals[i] = chunks.assemble(e)
             mapping.update((id(t), h) for t in _identity_chain(body.outputs[i]))
         _emit_aliasing_identities(match.late, e, mapping)
         outputs = []
@@ -410,11 +421,11 @@ class Linrec(ScanPass):
                 value = e.over_steps(value, match.out_ranks[k])
             outputs.append(from_processing_order(e, value, view, k, match.out_ranks[k]))
         states = [finals.get(i, node.inputs[i]) for i in range(n)]
-        # the positions forms' chunk Loops: loop_to_scan makes them Scans, which are not matched again
-        ctx.chosen.update((nd.name, self.name) for nd in graph.nodes[start:] if nd.op == "Loop")
+        # the positions forms' chunk Loops (loop_to_scan makes them Scans) and Scans: not matched again
+        ctx.chosen.update((nd.name, self.name) for nd in graph.nodes[start:] if nd.op in ("Loop", "Scan"))
         values, guarded = states + outputs, ""
         if checked:
-            values = _loop_unless_finite(e, node, values, checked, ctx)
+            values = _loop_unless_finite(e, node, values, checked, ctx, tail)
             guarded = "; the loop behind an If where the state is not finite at some step"
         below = self._replace(node, match, values, graph, start, ctx)
         added = place_appended(graph, position, start - 1)
@@ -648,10 +659,12 @@ class Linrec(ScanPass):
         return final, stacked, [ends[-1], starts, corrected], checked
 
 
-def _loop_unless_finite(e: LiftEmitter, node: gs.Node, values: list, checked: list, ctx) -> list:
+def _loop_unless_finite(e: LiftEmitter, node: gs.Node, values: list, checked: list, ctx, tail: int | None = None) -> list:
     """``values`` (a chunked form's results for ``node``'s outputs) behind
     ``If(some value of checked is not finite)`` (pairs of a value and its dtype), whose then
-    branch runs ``node``'s Scan as it is.
+    branch runs ``node``'s Scan as it is. ``tail``: the nodes of the graph from this index on
+    (none of them computing a checked value) go into the else branch, writing its outputs
+    there; otherwise the else branch copies ``values`` (Identity).
 
     The one-pass chunked forms (module prefix_scan) check the state at every step and the
     final state: doubling composes the a's of a chunk in a tree, whose partial products the
@@ -676,7 +689,16 @@ def _loop_unless_finite(e: LiftEmitter, node: gs.Node, values: list, checked: li
     the chunk: a·inf + b is ±inf or NaN), and where all are finite, each position's state is
     the loop's from a start within rounding. So: finite, the form; else the loop itself (the
     same outcome on a NaN or inf input). The check is one ReduceSum over the K starts, not
-    over the steps."""
+    over the steps.
+
+    By position on a symbolic length with a steady decay (prefix_scan.steady_two_pass_symbolic):
+    the states are the loop's steps from the chunk starts, and a non-finite one stays so to its
+    chunk's end, so the K chunk ends are checked, and reading the states back in step order
+    (``tail``) happens in the finite branch only."""
+    moved = []
+    if tail is not None:
+        moved = e.b.graph.nodes[tail:]
+        e.b.graph.nodes[:] = e.b.graph.nodes[:tail]
     totals: dict = {}  # per dtype (a Scan's float32 and float64 states are summed apart)
     for value, kind in checked:
         # one pass: the sum is ±inf or NaN where a value is (or, all finite, where the sum
@@ -699,8 +721,15 @@ def _loop_unless_finite(e: LiftEmitter, node: gs.Node, values: list, checked: li
     guard.then.graph.nodes.append(gs.Node("Scan", name=names.fresh(f"{FALLBACK_MARK}_{node.name or 'scan'}"),
                                           attrs=attrs, inputs=list(node.inputs), outputs=loop))
     written = [k for k, t in enumerate(node.outputs) if t.name]
-    form = [guard.orelse.b.op("Identity", [values[k]], dtype=node.outputs[k].dtype, shape=node.outputs[k].shape)
-            for k in written]
+    if tail is not None:
+        guard.orelse.graph.nodes.extend(moved)
+        form = guard.orelse.values([node.outputs[k] for k in written], "{}_chunked")
+        placeholder = gs.Node("Identity", inputs=[], outputs=list(form))
+        guard.orelse.graph.nodes.append(placeholder)
+        rebind_outputs(placeholder, [values[k] for k in written], guard.orelse.graph)
+    else:
+        form = [guard.orelse.b.op("Identity", [values[k]], dtype=node.outputs[k].dtype, shape=node.outputs[k].shape)
+                for k in written]
     results = [e.b.variable(f"{t.name}_guarded", dtype=t.dtype, shape=t.shape) if t.name else None for t in node.outputs]
     guard.close(e.b, overflowed, [results[k] for k in written], [loop[k] for k in written], form, domain=e.domain)
     return results  # None: an omitted output
