@@ -43,17 +43,6 @@ RTOL, ATOL = 1e-3, 1e-4  # float32 through another association, against the loop
 REGIMES = ("seed", "large", "empty", "zero_length_or_count", "nan_inf")
 
 
-def _symbolic_steps(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Axis 0 of every graph input and output of rank >= 2 made the symbolic dim 'T' (the
-    Scan-9 builders' sequence axis), so a zero-length sequence is an input the model accepts."""
-    for value in list(model.graph.input) + list(model.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) >= 2:
-            dims[0].ClearField("dim_value")
-            dims[0].dim_param = "T"
-    return model
-
-
 def random_model(rng: random.Random) -> tuple[str, onnx.ModelProto]:
     """(description, model) of one of the forms the passes target, sizes drawn by ``rng``."""
     kind = rng.choice(["running_sum", "ema", "mingru", "mamba", "mamba_wide", "linear_attention",
@@ -88,7 +77,7 @@ def random_model(rng: random.Random) -> tuple[str, onnx.ModelProto]:
             m = cb.scan8_model(body, states, ys=(h_new,), lens=rng.random() < 0.7, reverse=rng.random() < 0.3)
         return f"{kind}:{cell} seed={seed}", m
     if kind not in ("mamba_wide",) and rng.random() < 0.5:
-        m = _symbolic_steps(m)
+        m = lb.symbolic_steps(m)
     return f"{kind} T={T} seed={seed}", m
 
 

@@ -23,16 +23,6 @@ import linrec_builders as lb
 from scanopt.pipeline import optimize
 
 
-def _symbolic(model):
-    """Axis 0 of the rank-2 inputs and outputs made the symbolic dim 'T' (as the fuzz does)."""
-    for value in list(model.graph.input) + list(model.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) >= 2:
-            dims[0].ClearField("dim_value")
-            dims[0].dim_param = "T"
-    return model
-
-
 def per_step_decay(T=17, H=4):
     """h' = a_t ⊙ h + x_t, a and x both scanned."""
     nodes = [oh.make_node("Mul", ["a", "h"], ["ah"]), oh.make_node("Add", ["ah", "x"], ["h_new"]),
@@ -80,10 +70,10 @@ MODELS = {
     "decay_input T=17": lambda: lb.decay_input(T=17, H=4),
     "decay_input T=16": lambda: lb.decay_input(T=16, H=4),
     "decay_input product T=17": lambda: lb.decay_input(T=17, H=4, product=True),
-    "decay_input symbolic": lambda: _symbolic(lb.decay_input(T=17, H=4)),
-    "decay_input product symbolic": lambda: _symbolic(lb.decay_input(T=17, H=4, product=True)),
+    "decay_input symbolic": lambda: lb.symbolic_steps(lb.decay_input(T=17, H=4)),
+    "decay_input product symbolic": lambda: lb.symbolic_steps(lb.decay_input(T=17, H=4, product=True)),
     "per-step decay": lambda: per_step_decay(T=17),
-    "per-step decay symbolic": lambda: _symbolic(per_step_decay(T=17)),
+    "per-step decay symbolic": lambda: lb.symbolic_steps(per_step_decay(T=17)),
     "cumulative_product": lambda: lb.cumulative_product(T=17, H=4),
 }
 
