@@ -58,21 +58,17 @@ def feeds(name: str, b: int = B, t: int = T, seed: int | None = None) -> dict[st
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
+# where each style keeps the time axis of [B, H, T, ...] ("es": already there)
+TIME_AXIS = {"mm": 1, "rs": 0, "es": 2}
+
+
 def _to_bhtd(x: np.ndarray, style: str) -> np.ndarray:
     """[B, H, T, ...] from the style's layout."""
-    if style == "mm":
-        return np.moveaxis(x, 1, 2)
-    if style == "rs":
-        return np.moveaxis(x, 0, 2)
-    return x
+    return np.moveaxis(x, TIME_AXIS[style], 2)
 
 
 def _from_bhtd(x: np.ndarray, style: str) -> np.ndarray:
-    if style == "mm":
-        return np.moveaxis(x, 2, 1)
-    if style == "rs":
-        return np.moveaxis(x, 2, 0)
-    return x
+    return np.moveaxis(x, 2, TIME_AXIS[style])
 
 
 def reference(name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
