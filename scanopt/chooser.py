@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 
 from scanopt.cost import MODEL_MARGIN, CostPolicy, Estimate
 from scanopt.graph import GraphLevel, node_label
-from scanopt.pass_api import Match, PassContext, Skip, form_name, registered_passes
+from scanopt.pass_api import Match, PassContext, Skip, form_name, pass_order, registered_passes
 from scanopt.scan_view import ScanView
 
 
@@ -73,8 +73,7 @@ class Chooser:
         """The form passes this run has (in pipeline order); ``loop_free``: only those whose
         form leaves no loop."""
         registry = registered_passes()
-        order = sorted(registry, key=lambda name: (registry[name].order, name))
-        return [name for name in order if registry[name].kind == "form" and (not loop_free or registry[name].loop_free)
+        return [name for name in pass_order(registry) if registry[name].kind == "form" and (not loop_free or registry[name].loop_free)
                 and (ctx.selected is None or name in ctx.selected)]
 
     def applied_forms(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> list[tuple[str, Any]]:

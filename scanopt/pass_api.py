@@ -309,9 +309,10 @@ def registered_passes() -> dict[str, type[Pass]]:
     return dict(_REGISTRY)
 
 
-def pass_order() -> tuple[str, ...]:
-    """The registered passes' names in pipeline order."""
-    return tuple(sorted(registered_passes(), key=lambda name: (_REGISTRY[name].order, name)))
+def pass_order(registry: dict[str, type[Pass]] | None = None) -> tuple[str, ...]:
+    """The names of ``registry``'s passes (default: the registered ones) in pipeline order."""
+    registry = registered_passes() if registry is None else registry
+    return tuple(sorted(registry, key=lambda name: (registry[name].order, name)))
 
 
 # A pair of forms whose name is not its parts' joined (fuse, then hoist of what is left).
