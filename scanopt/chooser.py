@@ -26,14 +26,17 @@ import onnx_graphsurgeon as gs
 from scanopt.cost import MODEL_MARGIN, CostPolicy, Estimate
 from scanopt.graph import GraphLevel, node_label
 from scanopt.pass_api import Match, PassContext, Skip, form_name, pass_order, registered_passes
+from scanopt.portable import match_refusal
 from scanopt.scan_view import ScanView
 
 
 class Chooser:
     """Decides each proposed rewrite of a pipeline run (see the module docstring)."""
 
-    def __init__(self, policy: CostPolicy | None):
+    def __init__(self, policy: CostPolicy | None, portable_output: bool = False):
         self.policy = policy  # None: a pass used alone, every proposal applies (deferrals apart)
+        # --target portable's output: no form whose native op a portable runtime refuses (scanopt.portable)
+        self.portable_output = portable_output
 
     @classmethod
     def from_options(cls, options: dict, denied: frozenset = frozenset()) -> "Chooser":
@@ -43,7 +46,7 @@ class Chooser:
         if denied and policy.measured:
             policy.measured = {label: next_choice(choice, {p for p, at in denied if at == label})
                                for label, choice in policy.measured.items()}
-        return cls(policy)
+        return cls(policy, bool(options.get("portable_output")))
 
     @property
     def portable(self) -> bool:
@@ -57,6 +60,10 @@ class Chooser:
         it; None for a normalizer (it does not ask)."""
         if scan_pass.kind != "form":
             return None
+        if self.portable_output:
+            refused = match_refusal(match)
+            if refused is not None:
+                return Estimate(False, None, f"not applied for --target portable: {refused}")
         label = node_label(node)
         ahead = self._deferred_to(scan_pass, node, view, level, ctx)
         if ahead is not None:

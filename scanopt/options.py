@@ -30,8 +30,13 @@ class Option:
 RUN_OPTIONS = (
     Option("target", (str,), "onnxruntime",
            "onnxruntime: apply a rewrite only where the cost model does not predict it slower on "
-           "onnxruntime CPU; portable: prefer native ops and loop-free forms regardless",
+           "onnxruntime CPU; portable: prefer native ops and loop-free forms regardless, written so that "
+           "OpenVINO's CPU runtime also runs them (portable_runtimes)",
            choices=("onnxruntime", "portable"), owner="cost"),
+    Option("portable_runtimes", (list, tuple), None,
+           "with target portable: the runtimes besides onnxruntime the output must load and run equal in "
+           "(None: ['openvino'], OpenVINO's CPU runtime, scanopt.portable; []: none, every proven form "
+           "applies as onnxruntime runs it)", owner="cost"),
     Option("target_opset", (int,), None,
            "move the whole model to this opset first (verified); lets upgrade rewrite Scan-8",
            minimum=1, owner="upgrade"),

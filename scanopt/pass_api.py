@@ -140,6 +140,11 @@ class Match:
     dispatch_below: int | None = None
     dispatch: bool = False
 
+    def native_ops(self) -> tuple[tuple[str, dict, tuple[str, ...]], ...]:
+        """(op type, attributes, optional inputs given) of each native recurrent op the rewrite
+        writes, which a target's runtime must run (scanopt.portable); none by default."""
+        return ()
+
 
 class Pass:
     """A named rewrite over the whole model."""

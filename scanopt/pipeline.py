@@ -258,12 +258,16 @@ def deploy_decisions(model, chosen, options: dict, progress) -> tuple[dict, list
         raise ScanoptError(f"unknown target '{options['target']}' (choose from {', '.join(TARGETS)})")
     from scanopt.deploy import check_input_shapes, check_threads, shaped_model, tune_default
 
+    from scanopt.portable import written_for
     from scanopt.providers import plan
 
     declared = check_input_shapes(model, options.get("input_shapes"))
     target = plan(options.get("execution_providers"))  # which provider the forms are ranked for, and how
     options = dict(options, input_shapes=declared, threads=check_threads(options.get("threads")),
-                   deployment_target=None if target.cpu_only else target)
+                   deployment_target=None if target.cpu_only else target,
+                   # the written model runs beyond onnxruntime (scanopt.portable); not for the forms
+                   # scanopt.tune builds under target portable to time them for onnxruntime
+                   portable_output="openvino" in written_for(options))
     tune_on = options.get("tune")
     if tune_on is None:
         tune_on = tune_default()
@@ -435,6 +439,12 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         report.modified |= changed
         if not changed:
             break
+    if options.get("portable_output"):  # after the passes: how every Scan left is written
+        from scanopt.portable import make_portable
+
+        made = make_portable(graph, ctx, lambda: ShapeTable(export_model(graph, model)))
+        report.add_outcomes(made)
+        report.modified |= bool(made)
     report.input_ranges.update(ctx.input_ranges)
     if not report.modified:
         report.ops_after = report.ops_before

@@ -27,9 +27,9 @@ WIDTH = 100  # the longest line the text report prints
 TOP_REASONS = 3  # reasons shown per pass for the Scans left
 FEW_SCANS = 6  # up to this many Scans, each one's applied rewrites are listed by default too
 # passes that tidy a Scan and keep it a Scan; any other applied pass replaced the loop
-KEEPS_SCAN = ("loop_to_scan", "upgrade", "canonicalize", "hoist", "cleanup")
+KEEPS_SCAN = ("loop_to_scan", "upgrade", "canonicalize", "hoist", "cleanup", "portable")
 # passes whose skips say nothing about why a Scan stays a loop ("already canonical")
-TIDY = ("loop_to_scan", "canonicalize", "hoist", "cleanup")
+TIDY = ("loop_to_scan", "canonicalize", "hoist", "cleanup", "portable")
 WENT_WITH_ANOTHER = "replaced by another Scan's rewrite (its bidirectional partner, say)"
 NOISE_FLOOR = 0.95  # a speed-up above it is "about as fast" (scanopt.cost.NOISE)
 
@@ -299,7 +299,8 @@ def _scans(n: int) -> str:
 
 
 def _tidied(pass_name: str) -> str:
-    return {"loop_to_scan": "converted from a Loop", "upgrade": "upgraded", "canonicalize": "canonicalized", "hoist": "hoisted", "cleanup": "cleaned"}.get(
+    return {"loop_to_scan": "converted from a Loop", "upgrade": "upgraded", "canonicalize": "canonicalized", "hoist": "hoisted", "cleanup": "cleaned",
+            "portable": "written for portable runtimes"}.get(
         pass_name, pass_name)
 
 

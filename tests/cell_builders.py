@@ -385,8 +385,10 @@ def fuse(model, passes=("fuse", "cleanup")):
     """(optimized model, fuse outcomes) without the pipeline's own verification."""
     import scanopt
 
-    # target portable: these tests check the rewrite itself, not the cost policy's choice
-    out, report = scanopt.optimize(model, passes=list(passes), verify=False, options={"target": "portable"})
+    # target portable: these tests check the rewrite itself, not the cost policy's choice, nor
+    # what other runtimes run (portable_runtimes: none)
+    out, report = scanopt.optimize(model, passes=list(passes), verify=False,
+                                   options={"target": "portable", "portable_runtimes": []})
     return out, [o for o in report.outcomes if o.pass_name == "fuse"]
 
 

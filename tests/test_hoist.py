@@ -29,6 +29,7 @@ def hoist(model, **options):
     """The pass's own verdicts (target portable: whether onnxruntime runs the hoisted loop
     faster is the cost policy's question, tests/test_cost.py and test_tune.py)."""
     options.setdefault("target", "portable")
+    options.setdefault("portable_runtimes", [])  # the hoisted loop as written, not as OpenVINO needs it
     out, report = optimize(model, passes=["hoist"], verify=False, options=options)
     return out, [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "hoist"]
 

@@ -68,6 +68,10 @@ class FusePlan(Match):
     sequence_lens: gs.Tensor | None
     dirs: list[Direction]  # one, or forward then reverse
 
+    def native_ops(self):
+        """The native op each direction's cell is written as (scanopt.pass_api.Match.native_ops)."""
+        return tuple((d.cell.kind, d.cell.attrs(), ("P",) if d.cell.P is not None else ()) for d in self.dirs)
+
 
 
 

@@ -140,7 +140,11 @@ class Fuse(ScanPass):
         outs = [b.variable(f"{kind}_{name}", np.float32) if w else gs.Variable.empty()
                 for name, w in zip(("Y", "Y_h", "Y_c"), want)]
         attrs = _attrs(plan, n_dirs)
-        emit.native(kind, inputs, outs, attrs, layout=plan.layout, static_nonempty=_static_nonempty(x))
+        # --target portable: the empty branch ends in the initial states, no select after it (glue.native)
+        initial = bool(ctx.options.get("portable_output")) and all(
+            d.guard in ("empty", None) and not d.broadcast for d in plan.dirs)
+        emit.native(kind, inputs, outs, attrs, layout=plan.layout, static_nonempty=_static_nonempty(x),
+                    initial_states=initial)
 
         per_dir = [self._direction_outputs(d, index, n_dirs, plan, outs, want, emit, x, top, item, lens, inputs)
                    for index, d in enumerate(plan.dirs)]
@@ -213,7 +217,7 @@ class Fuse(ScanPass):
             v = emit.pick(outs[slot], index, n_dirs, plan.layout if plan.batched else 0)
             if not plan.batched:
                 v = emit.squeeze(v, [0])
-            if d.guard == "empty":
+            if d.guard == "empty" and not getattr(emit, "initial_in_guard", False):
                 start = item[kind_] if d.batch_of_one else node.inputs[d.first + i]
                 v = emit.keep_initial_if_empty(v, start, x, plan.in_axis)
                 if d.broadcast:

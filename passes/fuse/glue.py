@@ -165,14 +165,19 @@ class FuseEmitter(Emitter):
             return self.op("ConstantOfShape", [shape], value=value, dtype=np.float32)
         return self.op("Expand", [self._const("zero_value", np.float32(0)), shape], dtype=np.float32)
 
-    def native(self, kind, inputs, outs, attrs, *, layout, static_nonempty):
+    def native(self, kind, inputs, outs, attrs, *, layout, static_nonempty, initial_states=False):
         """The native op, behind ``If(Size(X) == 0)`` unless X is statically non-empty:
         onnxruntime's GRU aborts the process (SIGABRT) on an empty batch or a zero-length
         sequence and its LSTM on an empty batch, where a Scan returns empty outputs (or
         errors cleanly). The empty branch gives zeros of the native op's output shapes
         (Y [T, D, B, H], Y_h/Y_c [D, B, H]; layout 1: [B, T, D, H], [B, D, H]); the glue
-        after it selects the initial states as for any zero-length sequence."""
+        after it selects the initial states as for any zero-length sequence. With
+        ``initial_states`` it gives the op's initial states as Y_h/Y_c instead (what an
+        empty X ends in), and ``self.initial_in_guard`` tells the glue no select is needed:
+        OpenVINO's CPU runtime returned garbage for the select of an If's output beside
+        other loops (scanopt.portable)."""
         wanted = [t for t in outs if t.name]
+        self.initial_in_guard = False
         if static_nonempty or not wanted:
             return self.b.op(kind, inputs, outputs=outs, **attrs)
         x, dirs = inputs[0], 2 if attrs.get("direction") == "bidirectional" else 1
@@ -191,6 +196,14 @@ class FuseEmitter(Emitter):
         shapes = ([dims(0, 1), d, hidden], [dims(0), d, hidden]) if layout else \
             ([dims(0), d, dims(1), hidden], [d, dims(1), hidden])
         shapes = [zero.op("Concat", parts, axis=0) for parts in shapes]
-        zeros = [zero.zeros(shapes[min(k, 1)]) for k, t in enumerate(outs) if t.name]
+        starts = inputs[5:7] if initial_states else []
+        self.initial_in_guard = bool(initial_states)
+
+        def empty_value(k):
+            if 1 <= k <= len(starts) and starts[k - 1].name:
+                return zero.op("Identity", [starts[k - 1]])
+            return zero.zeros(shapes[min(k, 1)])
+
+        zeros = [empty_value(k) for k, t in enumerate(outs) if t.name]
         guard.close(self.b, empty, wanted, zeros, [r for r in results if r.name], outer_weights=True)
         return wanted

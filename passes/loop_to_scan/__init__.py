@@ -40,6 +40,11 @@ class LoopToScan(LoopPass):
     summary = "Loops that index outer tensors at the iteration number and stack their results -> Scans"
 
     def match(self, node: gs.Node, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if node.name and node.name in ctx.chosen and ctx.options.get("portable_output"):
+            # --target portable: OpenVINO's CPU runtime computed some of these loops wrong once
+            # written as Scans (linrec's two-pass chunk loops) and runs them right as Loops
+            return Skip(f"a loop {ctx.chosen[node.name]} emitted as the form it chose: kept a Loop for "
+                        "--target portable (OpenVINO runs the Loop, not every Scan made of it)")
         folder = ctx.memo.setdefault(("loop_to_scan", "folder", ctx.edits), ConstantFolder(ctx.opset))
         found = analyse(node, level.graph, ctx.opset, ctx.shapes, folder)
         if isinstance(found, LoopMatch):

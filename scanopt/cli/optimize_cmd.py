@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
     parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
     parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
-    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): per Scan, the form measured (or, where it cannot be, modelled) fastest on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless")
+    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): per Scan, the form measured (or, where it cannot be, modelled) fastest on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless, written so that OpenVINO's CPU runtime also runs them (docs/execution-providers.md)")
     add_deploy_arguments(parser)
     parser.add_argument("--pass-option", action="append", default=[], metavar="KEY=VALUE",
                         help="set a pass's tunable (repeatable): " + "; ".join(f"{k}: {h}" for k, (_, h) in tunables().items()))
