@@ -3,29 +3,44 @@
 Passes are of two kinds (``Pass.kind``). A *normalizer* (loop_to_scan, upgrade, canonicalize,
 cleanup) changes how a Scan is written, not its work, and never asks. A *form* (fuse, linattn,
 linrec, distances, vectorize, hoist, unroll, and any pass registered later) proposes with its
-``match`` (pure: the graph is not touched) and builds with its ``rewrite``; the chooser says
-whether a proposal applies, from, in order:
+``match`` (pure: the graph and the names are not touched) and builds with its ``rewrite``.
+
+In a pipeline run the forms do not run one after another: :meth:`Chooser.walk` visits the
+Scans once, deepest first, and per Scan collects every form's proposal once, then takes the
+first proposal, in the preference order, whose verdict applies it. The verdict comes from:
 
 - a measurement (:mod:`scanopt.tune`): the form timed fastest at the deployment shapes;
-- else the cost policy's model (:mod:`scanopt.cost`), which ranks the proposal against the other
-  modelled forms that match the same Scan (collected here, once per decision);
+- else the cost policy's model (:mod:`scanopt.cost`), which ranks the modelled forms that
+  propose (their proposals taken from the collection, not asked again) against the loop;
 - else the preference: forms the model has no numbers for apply, a form defers to those named in
-  its ``defers_to`` that match and apply (unroll to fuse), and the pipeline order settles the rest.
+  its ``defers_to`` that propose and apply (unroll to fuse), and the pipeline order (each pass's
+  ``order``) settles the rest.
 
-Only this module calls a pass's ``match`` or ``rewrite`` on another pass's behalf (the cost
-policy's alternatives, canonicalize's trial split) and only it calls the cost policy.
+The winner is applied; every other proposal gets a "not chosen" line in the report, with its
+time against the winner's where there are numbers. A winner that rewrites the Scan in place
+(hoist) leaves a Scan the later forms propose on again. On failed verification the pipeline
+runs again with the failed (form, Scan) denied, and the next proposal wins.
+
+Only this module calls a pass's ``match`` or ``rewrite`` on another pass's behalf (the walk,
+the cost policy's alternatives, canonicalize's trial split) and only it calls the cost policy.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx_graphsurgeon as gs
 
 from scanopt.cost import MODEL_MARGIN, CostPolicy, Estimate
-from scanopt.graph import GraphLevel, node_label
-from scanopt.pass_api import Match, PassContext, Skip, form_name, pass_order, registered_passes
+from scanopt.graph import GraphLevel, editing, has_node, is_removed, node_label
+from scanopt.pass_api import (
+    Match, NodeOutcome, PassContext, ScanPass, Skip, apply, declined, form_name, pass_order, refusal,
+    registered_passes, scan_nodes,
+)
 from scanopt.portable import match_refusal
 from scanopt.scan_view import ScanView
 
@@ -55,9 +70,11 @@ class Chooser:
         return self.policy is None or self.policy.target == "portable"
 
     def verdict(self, scan_pass, node: gs.Node, view: ScanView, match: Match, level: GraphLevel | None,
-                ctx: PassContext) -> Estimate | None:
+                ctx: PassContext, offers: dict | None = None) -> Estimate | None:
         """Whether ``scan_pass``'s proposal ``match`` for ``node`` applies, with the numbers behind
-        it; None for a normalizer (it does not ask)."""
+        it; None for a normalizer (it does not ask). ``offers``: the other forms' proposals for
+        ``node`` as it stands ({pass: Match, or why not}), collected once by :meth:`walk`;
+        without them (or for a form they lack) the other forms are asked here."""
         if scan_pass.kind != "form":
             return None
         if self.portable_output:
@@ -65,7 +82,7 @@ class Chooser:
             if refused is not None:
                 return Estimate(False, None, f"not applied for --target portable: {refused}")
         label = node_label(node)
-        ahead = self._deferred_to(scan_pass, node, view, level, ctx)
+        ahead = self._deferred_to(scan_pass, node, view, level, ctx, offers)
         if ahead is not None:
             return Estimate(False, None, f"left to {ahead}: it becomes {_article(ahead)}", kept=_form(ahead))
         if self.policy is None:
@@ -73,7 +90,7 @@ class Chooser:
         alternatives = {}
         if scan_pass.name in MODEL_MARGIN and level is not None:
             modelled = [name for name in self.forms(ctx) if name != scan_pass.name and name in MODEL_MARGIN]
-            alternatives = dict(proposals(modelled, node, view, level, ctx))
+            alternatives = dict(_offered(modelled, node, view, level, ctx, offers))
         return self.policy.decide(scan_pass, label, node, view, match, ctx, level, alternatives)
 
     def forms(self, ctx: PassContext, loop_free: bool = False) -> list[str]:
@@ -93,6 +110,102 @@ class Chooser:
             if estimate is None or estimate.apply:
                 found.append((name, estimate))
         return found
+
+    def walk(self, graph: gs.Graph, forms: list[ScanPass], ctx: PassContext) -> "Walk":
+        """One pass of the forms ``forms`` (in pipeline order) over every Scan of ``graph``,
+        deepest first: per Scan, every form's proposal collected once, the first that the
+        verdicts apply (see the module docstring) rewritten, the rest reported "not chosen"."""
+        done = Walk({p.name: [] for p in forms}, dict.fromkeys((p.name for p in forms), 0.0), set())
+        with ExitStack() as stack:
+            for form in forms:
+                stack.enter_context(form.running(ctx))
+            session = stack.enter_context(editing(graph))
+            # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
+            # everything nested in it is settled before.
+            found = sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth)
+            for count, (level, node) in enumerate(found):
+                if ctx.progress is not None:
+                    ctx.progress(count, len(found))
+                if not is_removed(node):  # else by an earlier rewrite in this walk
+                    self._choose(node, level, forms, ctx, done)
+            session.changed = bool(done.modified)
+        if ctx.progress is not None and found:
+            ctx.progress(len(found), len(found))
+        return done
+
+    def _choose(self, node: gs.Node, level: GraphLevel, forms: list[ScanPass], ctx: PassContext, done: "Walk") -> None:
+        """Decide one Scan: collect, take the first applying proposal, apply it, report the rest."""
+        pending = list(forms)
+        while pending:
+            label = node_label(node)
+            view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
+            offers = {form.name: self._offer(form, node, view, label, level, ctx, done) for form in pending}
+            winner = None
+            for k, form in enumerate(pending):
+                offer = offers[form.name]
+                if not isinstance(offer, Match):
+                    if offer:  # "": a rewrite's own fallback, said nothing about
+                        done.outcomes[form.name].append(NodeOutcome(form.name, label, level.path, False, offer))
+                    continue
+                start = time.perf_counter()
+                estimate = self.verdict(form, node, view, offer, level, ctx, offers)
+                if estimate is not None and not estimate.apply:
+                    done.outcomes[form.name].append(declined(form.name, label, level, estimate))
+                    done.seconds[form.name] += time.perf_counter() - start
+                    continue
+                done.outcomes[form.name].append(apply(form, node, offer, estimate, level, ctx))
+                done.seconds[form.name] += time.perf_counter() - start
+                done.modified.add(form.name)
+                winner = (k, form, estimate)
+                break
+            if winner is None:
+                return
+            k, form, estimate = winner
+            later = pending[k + 1:]
+            if not is_removed(node) and has_node(level.graph, node):
+                pending = later  # rewritten in place (hoist): the later forms propose on what it became
+                continue
+            for other in later:  # the Scan is gone: every later proposal lost to the winner
+                offer = offers[other.name]
+                if isinstance(offer, Match):
+                    why = self._not_chosen(other, offer, form, estimate, node, view, level, ctx, offers, label)
+                    done.outcomes[other.name].append(NodeOutcome(other.name, label, level.path, False, why,
+                                                                 kept=_form(form.name)))
+            return
+
+    @staticmethod
+    def _offer(form: ScanPass, node: gs.Node, view: ScanView, label: str, level: GraphLevel, ctx: PassContext,
+               done: "Walk"):
+        """``form``'s proposal for ``node``: a Match, else the report's reason ("" for none)."""
+        refused = refusal(form.name, node, label, ctx)
+        if refused is not None:
+            return refused
+        start = time.perf_counter()
+        try:
+            found = form.match(node, view, level, ctx)
+        except Exception as exc:  # noqa: BLE001 - a pass never crashes on a Scan it does not understand
+            found = Skip(f"cannot judge this Scan ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})")
+        done.seconds[form.name] += time.perf_counter() - start
+        return found.reason if isinstance(found, Skip) else found
+
+    def _not_chosen(self, other: ScanPass, offer: Match, winner: ScanPass, won: Estimate | None, node: gs.Node,
+                    view: ScanView, level: GraphLevel, ctx: PassContext, offers: dict, label: str) -> str:
+        """The report's line for ``other``'s proposal, which lost to ``winner`` (verdict ``won``):
+        both times where measured or modelled, else why the winner goes first."""
+        mine, theirs = _form(other.name), _form(winner.name)
+        choice = self.policy.measured_for(label, level, ctx) if self.policy is not None else None
+        times = (choice or {}).get("times") or {}
+        best = (choice or {}).get("form")
+        if mine in times and best in times:
+            return f"not chosen: {mine} ({times[mine] * 1e3:.3g} ms vs {best}'s {times[best] * 1e3:.3g} ms, measured)"
+        estimate = self.verdict(other, node, view, offer, level, ctx, offers) if self.policy is not None else None
+        if estimate is not None and won is not None and estimate.speedup and won.speedup and not won.measured:
+            return (f"not chosen: {mine} ({1 / estimate.speedup:.2f}x the loop's time vs {theirs}'s "
+                    f"{1 / won.speedup:.2f}x, modelled)")
+        if estimate is not None and not estimate.apply:
+            return f"not chosen: {mine} ({estimate.note})"
+        return (f"not chosen: {mine} ({theirs} goes first: without numbers for both, the preference order of the "
+                "forms decides, native ops and loop-free forms first)")
 
     def measured_choice(self, node: gs.Node, level: GraphLevel) -> dict | None:
         """The measured choice for a top-level ``node`` (scanopt.tune), or None."""
@@ -120,15 +233,15 @@ class Chooser:
         return True
 
     def _deferred_to(self, scan_pass, node: gs.Node, view: ScanView, level: GraphLevel | None,
-                     ctx: PassContext) -> str | None:
+                     ctx: PassContext, offers: dict | None = None) -> str | None:
         """The first form of ``scan_pass.defers_to`` in this run that matches ``node`` and would
         be applied, or None."""
         if level is None or not view.trip_count:
             return None
         registry = registered_passes()
         wanted = [name for name in scan_pass.defers_to if name in self.forms(ctx)]
-        for name, match in proposals(wanted, node, view, level, ctx):
-            estimate = self.verdict(registry[name], node, view, match, level, ctx)
+        for name, match in _offered(wanted, node, view, level, ctx, offers):
+            estimate = self.verdict(registry[name], node, view, match, level, ctx, offers)
             if estimate is None or estimate.apply:
                 return name
         return None
@@ -168,6 +281,27 @@ def proposals(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: Pass
             continue
         if not isinstance(found, Skip):
             yield name, found
+
+
+@dataclass
+class Walk:
+    """What one :meth:`Chooser.walk` did: per form, its outcomes (in the order of the Scans) and
+    the seconds spent matching and rewriting; the forms that rewrote something."""
+
+    outcomes: dict[str, list[NodeOutcome]]
+    seconds: dict[str, float]
+    modified: set[str] = field(default_factory=set)
+
+
+def _offered(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext, offers: dict | None):
+    """(pass name, its Match) for each of ``names`` that proposes a rewrite of ``node``: from
+    ``offers`` (a walk's collection) where it holds the pass, else asked (:func:`proposals`)."""
+    for name in names:
+        if offers is not None and name in offers:
+            if isinstance(offers[name], Match) and (name, node_label(node)) not in ctx.denied:
+                yield name, offers[name]
+        else:
+            yield from proposals([name], node, view, level, ctx)
 
 
 def _form(name: str) -> str:

@@ -128,13 +128,8 @@ class CostPolicy:
         """The verdict on ``form``'s (a form pass's) proposal ``match``; ``alternatives``: {pass:
         its match} of the other modelled forms proposing a rewrite of the same Scan."""
         pass_name = form.name
-        path = getattr(level, "path", "") if level is not None else ""
-        from scanopt.graph import guard_branch
-
-        top = not path or guard_branch(path)  # a Scan behind an empty-input guard is measured as a top-level one
-        origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
-        if top and origin in self.measured:
-            choice = self.measured[origin]
+        choice = self.measured_for(label, level, ctx)
+        if choice is not None:
             if choice.get("form") is not None:
                 return _measured_verdict(pass_name, choice)
             from scanopt.tune import undecided_text
@@ -142,6 +137,15 @@ class CostPolicy:
             modelled = self._unmeasured(form, node, view, match, ctx, alternatives or {})
             return replace(modelled, note=f"{undecided_text(choice)}; {modelled.note}")
         return self._unmeasured(form, node, view, match, ctx, alternatives or {})
+
+    def measured_for(self, label: str, level: Any, ctx: Any) -> dict | None:
+        """The measured choice (scanopt.tune) that covers the Scan ``label`` at ``level``, or None."""
+        path = getattr(level, "path", "") if level is not None else ""
+        from scanopt.graph import guard_branch
+
+        top = not path or guard_branch(path)  # a Scan behind an empty-input guard is measured as a top-level one
+        origin = getattr(ctx, "derived", {}).get(label, label)  # a Scan a rewrite emitted: its origin's choice
+        return self.measured.get(origin) if top else None
 
     def _unmeasured(self, form: Any, node: Any, view: Any, match: Any, ctx: Any, alternatives: dict) -> Estimate:
         """The decision without a measurement: the target, the form's own bounds, the model."""

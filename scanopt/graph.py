@@ -199,6 +199,35 @@ class NameAllocator:
     def __contains__(self, name: str) -> bool:
         return name in self._taken
 
+    def draft(self) -> "NameAllocator":
+        """An allocator for something built only to be looked at and thrown away (a match
+        trying a variant of a Scan): its names avoid every name taken here, yet taking them
+        reserves nothing here, so a proposal leaves the names a rewrite gets unchanged."""
+        return _DraftAllocator(self)
+
+
+class _DraftAllocator(NameAllocator):
+    """See :meth:`NameAllocator.draft`: own names on top of the parent's, read-only there."""
+
+    def __init__(self, parent: NameAllocator):  # noqa: super().__init__ would walk a graph
+        self._parent = parent
+        self._next = {}
+        self._taken = set()
+
+    def fresh(self, hint: str) -> str:
+        hint = hint or "v"
+        i = max(self._next.get(hint, 0), self._parent._next.get(hint, 0))
+        name = hint if i == 0 else f"{hint}_{i}"
+        while name in self._taken or name in self._parent:
+            i += 1
+            name = f"{hint}_{i}"
+        self._next[hint] = i + 1
+        self._taken.add(name)
+        return name
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._taken or name in self._parent
+
 
 def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
     """The value of a tensor known at optimization time, else None.

@@ -10,6 +10,7 @@ match therefore leaves the graph exactly as it was.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -175,6 +176,12 @@ class Pass:
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
         raise NotImplementedError
 
+    def running(self, ctx: PassContext):
+        """A context around one run of the pass over the model (alone, or with the other forms
+        in the chooser's walk): where a pass keeps what its Scans share (fuse: emitted
+        weights, partner look-ups). None by default."""
+        return nullcontext()
+
 
 class ScanPass(Pass):
     """A pass that considers each Scan node on its own, at every nesting level."""
@@ -187,7 +194,9 @@ class ScanPass(Pass):
         raise NotImplementedError
 
     def __call__(self, graph: gs.Graph, ctx: PassContext) -> ScanPassResult:
-        with editing(graph) as session:
+        """The pass alone over every Scan (a pipeline run asks every form at once instead:
+        :meth:`scanopt.chooser.Chooser.walk`)."""
+        with self.running(ctx), editing(graph) as session:
             result = self._run(graph, ctx)
             session.changed = result.modified  # a declined match leaves the graph as it was
         return result
@@ -203,18 +212,10 @@ class ScanPass(Pass):
             if is_removed(node):  # by an earlier rewrite in this run
                 continue
             label = node_label(node)
-            if (self.name, label) in ctx.denied:
-                result.outcomes.append(
-                    NodeOutcome(self.name, label, level.path, False, "rolled back: failed verification")
-                )
-                continue
-            if is_fallback(node):  # its rewrite's own report line says so
-                continue
-            owner = ctx.chosen.get(node.name) if node.name else None
-            if owner is not None:
-                result.outcomes.append(NodeOutcome(
-                    self.name, label, level.path, False,
-                    f"a loop {owner} emitted as the form it chose: not rewritten again"))
+            refused = refusal(self.name, node, label, ctx)
+            if refused is not None:
+                if refused:
+                    result.outcomes.append(NodeOutcome(self.name, label, level.path, False, refused))
                 continue
             view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
             found = self.match(node, view, level, ctx)
@@ -222,24 +223,51 @@ class ScanPass(Pass):
                 result.outcomes.append(NodeOutcome(self.name, label, level.path, False, found.reason))
                 continue
             estimate = decide(self, node, view, found, level, ctx)
-            speed = {} if estimate is None else {
-                "speedup": estimate.speedup, "measured": estimate.measured}
             if estimate is not None and not estimate.apply:
-                result.outcomes.append(NodeOutcome(self.name, label, level.path, False, estimate.note, **speed,
-                                                   declined_for_speed=True, kept=estimate.kept))
+                result.outcomes.append(declined(self.name, label, level, estimate))
                 continue
-            if estimate is not None and estimate.dispatch:
-                found.dispatch = True
-                if estimate.dispatch_below is not None:
-                    found.dispatch_below = estimate.dispatch_below
-            detail = self.rewrite(node, found, level, ctx)
-            ctx.edits += 1
+            result.outcomes.append(apply(self, node, found, estimate, level, ctx))
             result.modified = True
-            expected = estimate.note if estimate is not None else ""
-            result.outcomes.append(NodeOutcome(self.name, label, level.path, True, detail, expected, **speed))
         if ctx.progress is not None and found_scans:
             ctx.progress(len(found_scans), len(found_scans))
         return result
+
+
+def refusal(pass_name: str, node: gs.Node, label: str, ctx: PassContext) -> str | None:
+    """Why ``pass_name`` does not consider ``node`` at all, before any match: "" to say
+    nothing (a rewrite's own fallback, whose rewrite's line says so), else the report's
+    reason; None: it is considered."""
+    if (pass_name, label) in ctx.denied:
+        return "rolled back: failed verification"
+    if is_fallback(node):
+        return ""
+    owner = ctx.chosen.get(node.name) if node.name else None
+    if owner is not None:
+        return f"a loop {owner} emitted as the form it chose: not rewritten again"
+    return None
+
+
+def declined(pass_name: str, label: str, level: GraphLevel, estimate) -> NodeOutcome:
+    """The outcome of a proposal the chooser declined (``estimate``: its scanopt.cost.Estimate)."""
+    return NodeOutcome(pass_name, label, level.path, False, estimate.note, speedup=estimate.speedup,
+                       measured=estimate.measured, declined_for_speed=True, kept=estimate.kept)
+
+
+def apply(scan_pass: "ScanPass", node: gs.Node, found: Match, estimate, level: GraphLevel,
+          ctx: PassContext) -> NodeOutcome:
+    """Rewrite ``node`` as ``found`` proposes, in the form ``estimate`` (the chooser's verdict,
+    or None) chose; count the edit and return the outcome."""
+    label = node_label(node)
+    if estimate is not None and estimate.dispatch:
+        found.dispatch = True
+        if estimate.dispatch_below is not None:
+            found.dispatch_below = estimate.dispatch_below
+    detail = scan_pass.rewrite(node, found, level, ctx)
+    ctx.edits += 1
+    if estimate is None:
+        return NodeOutcome(scan_pass.name, label, level.path, True, detail)
+    return NodeOutcome(scan_pass.name, label, level.path, True, detail, estimate.note,
+                       speedup=estimate.speedup, measured=estimate.measured)
 
 
 class LoopPass(Pass):

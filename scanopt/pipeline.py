@@ -1,10 +1,10 @@
 """The pipeline: runs passes in order over every graph level, to a fixed point, then
 verifies the result numerically and rolls back rewrites that fail.
 
-Order (each pass's ``order``, PIPELINE_ORDER): the normalizers loop_to_scan -> upgrade ->
-canonicalize, the forms fuse -> linattn -> linrec -> distances -> vectorize -> hoist -> unroll,
-then cleanup. Which form a Scan gets is the chooser's (scanopt.chooser); the order only says
-which pass proposes first.
+A round (each pass's ``order``, PIPELINE_ORDER): the normalizers loop_to_scan -> upgrade ->
+canonicalize, then one walk of the chooser (scanopt.chooser) over the Scans, which per Scan asks
+every form (fuse, linattn, linrec, distances, vectorize, hoist, unroll) at once and applies the
+one it chooses, then cleanup. Among forms without numbers the order is the preference.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from scanopt.errors import ScanoptError
 from scanopt.graph import NameAllocator, node_label
 from scanopt.inspect import describe_scans
 from scanopt.ir import export_model, import_model
-from scanopt.pass_api import Pass, PassContext, op_nodes, pass_order, registered_passes, scan_nodes
+from scanopt.pass_api import Pass, PassContext, ScanPass, op_nodes, pass_order, registered_passes, scan_nodes
 from scanopt.protos import fed_inputs
 from scanopt.report import PassTiming, Report, count_ops
 from scanopt.shapes import ShapeTable, shared_inference
@@ -426,15 +426,24 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
     for round_number in range(1, MAX_ROUNDS + 1):
         report.rounds = round_number
         changed = False
-        for scan_pass in chosen:
+        for stage in stages(chosen):
+            if isinstance(stage, list):  # the forms: one walk of the chooser over the Scans
+                if progress:
+                    progress(f"round {round_number}: forms")
+                walked = ctx.chooser.walk(graph, stage, ctx)
+                for form in stage:
+                    report.timings.append(PassTiming(form.name, walked.seconds[form.name], form.name in walked.modified))
+                    report.add_outcomes(walked.outcomes[form.name])
+                changed |= bool(walked.modified)
+                continue
             if progress:
-                progress(f"round {round_number}: {scan_pass.name}")
+                progress(f"round {round_number}: {stage.name}")
             start = time.perf_counter()
-            result = scan_pass(graph, ctx)
-            report.timings.append(PassTiming(scan_pass.name, time.perf_counter() - start, result.modified))
+            result = stage(graph, ctx)
+            report.timings.append(PassTiming(stage.name, time.perf_counter() - start, result.modified))
             report.add_outcomes(result.outcomes)
             changed |= result.modified
-            if result.modified and scan_pass.name == "loop_to_scan":
+            if result.modified and stage.name == "loop_to_scan":
                 _describe_converted(graph, ctx, report)
         report.modified |= changed
         if not changed:
@@ -455,6 +464,22 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
     optimized = export_model(graph, model)
     report.ops_after = count_ops(optimized)
     return optimized, report
+
+
+def stages(chosen: list[Pass]) -> list:
+    """``chosen`` (in pipeline order) as a round runs it: each normalizer alone, and each run of
+    consecutive form passes that propose per Scan (ScanPass) as one list, which the chooser
+    walks together (scanopt.chooser). A form without ``match`` runs alone in its place."""
+    found: list = []
+    for scan_pass in chosen:
+        if scan_pass.kind == "form" and isinstance(scan_pass, ScanPass):
+            if found and isinstance(found[-1], list):
+                found[-1].append(scan_pass)
+            else:
+                found.append([scan_pass])
+        else:
+            found.append(scan_pass)
+    return found
 
 
 def _describe_converted(graph, ctx: PassContext, report: Report) -> None:

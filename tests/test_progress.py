@@ -69,9 +69,9 @@ def test_progress_flag_prints_every_phase_with_scan_counts(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("scanopt: ")]
     phases = [line.split("  ")[0] for line in lines]
     assert phases[0] == f"scanopt: loading {src}"
-    assert "scanopt: round 1: fuse" in phases and "scanopt: verifying" in phases
+    assert "scanopt: round 1: forms" in phases and "scanopt: verifying" in phases  # the chooser walks all forms at once
     assert phases[-1] == f"scanopt: writing {out}"
-    assert "12/12 Scans" in next(line for line in lines if line.startswith("scanopt: round 1: fuse"))
+    assert "12/12 Scans" in next(line for line in lines if line.startswith("scanopt: round 1: forms"))
     assert all(" s (total " in line for line in lines)
 
 

@@ -3,6 +3,8 @@ the Scan's outputs to it. See the package docstring for what is fused and how.""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -19,11 +21,23 @@ class _RunState:
     """What one run of the pass shares across Scans, so its cost stays linear in the model:
     evaluated constants, each level's node ids (for partner lookup), emitted weights."""
 
-    def __init__(self, opset: int):
+    def __init__(self, opset: int, edits: int = 0):
         self.folder = ConstantFolder(opset)
         self.members: dict[int, tuple[gs.Graph, set[int]]] = {}
         self.weights: dict = {}  # (id(graph), dtype, shape, digest) -> gs.Constant
         self.readers: dict | None = {}  # X's Scan readers by direction (directions._partner); None: a dry run
+        # ctx.edits not made by fuse's own rewrites: the look-ups above assume only fuse edits
+        # (it adds no Scan); another form's rewrite in the same walk (scanopt.chooser) voids them
+        self.others = edits
+        self.own = 0
+
+    def refresh(self, edits: int) -> None:
+        """Forget the graph look-ups when another pass rewrote something since they were made."""
+        if edits - self.own != self.others:
+            self.others = edits - self.own
+            self.members.clear()
+            if self.readers is not None:
+                self.readers.clear()
 
     def nodes_of(self, graph: gs.Graph) -> set[int]:
         found = self.members.get(id(graph))
@@ -42,18 +56,19 @@ class Fuse(ScanPass):
     loop_free = True
     summary = "RNN/GRU/LSTM-cell Scan bodies become native RNN/GRU/LSTM ops"
 
-    def __call__(self, graph, ctx):
-        self._run_state = _RunState(ctx.opset)
-        ctx.memo["fuse.readers"] = self._run_state.readers  # dry runs during this pass share it
+    @contextmanager
+    def running(self, ctx):
+        self._run_state = _RunState(ctx.opset, ctx.edits)
+        ctx.memo["fuse.readers"] = self._run_state.readers  # dry runs during this run share it
         try:
-            return super().__call__(graph, ctx)
+            yield
         finally:
             self._run_state = None
             ctx.memo.pop("fuse.readers", None)
 
     def _state(self, ctx) -> _RunState:
         if getattr(self, "_run_state", None) is None:  # a dry run (inspect) calls match alone
-            self._run_state = _RunState(ctx.opset)
+            self._run_state = _RunState(ctx.opset, ctx.edits)
             self._run_state.readers = ctx.memo.get("fuse.readers")  # None: outside a fuse pass
         return self._run_state
 
@@ -61,6 +76,7 @@ class Fuse(ScanPass):
         if node.name and ctx.loop_branches.get(node.name) == self.name:
             return Skip("the loop branch of fuse's run-time dispatch on the batch: not fused again")
         run = self._state(ctx)
+        run.refresh(ctx.edits)
         found = _direction(node, view, level, ctx, run.folder)
         if isinstance(found, Skip):
             return found
@@ -82,6 +98,11 @@ class Fuse(ScanPass):
         return plan
 
     def rewrite(self, node, plan: FusePlan, level, ctx):
+        detail = self._rewrite(node, plan, level, ctx)
+        self._state(ctx).own += 1  # the caller counts it in ctx.edits: not another pass's edit
+        return detail
+
+    def _rewrite(self, node, plan: FusePlan, level, ctx):
         graph = level.graph
         top = level.parents[0] if level.parents else graph
         start = len(graph.nodes)

@@ -148,8 +148,11 @@ class Linrec(ScanPass):
 
     def _with_absorbed(self, node, view, found: absorb.Absorption, level, ctx, keep: bool = False):
         """The match of the Scan ``found``'s producers make; the Scan is built apart from the
-        graph and unhooked again unless ``keep`` (then it is returned with its match)."""
-        scan = absorb.build(node, view, found, ctx.shapes, ctx.names, ctx.opset)
+        graph and unhooked again unless ``keep`` (then it is returned with its match). Only a
+        kept Scan takes names: one built to be matched and dropped draws them from a draft, so
+        a proposal consumes none (the names a rewrite gets do not depend on what was asked)."""
+        names = ctx.names if keep else ctx.names.draft()
+        scan = absorb.build(node, view, found, ctx.shapes, names, ctx.opset)
         try:
             wider = self._match(scan, ScanView.from_gs(scan, ctx.opset, ctx.shapes), level, ctx)
         except Exception:
