@@ -143,3 +143,143 @@ def test_after_a_rollback_the_pipeline_writes_the_next_measured_form():
     assert fates["distances"] == (False, "rolled back: failed verification"), fates
     assert fates["vectorize"][0], fates
     assert not any(n.op_type == "Scan" for n in out.graph.node)
+
+
+# -- the walk: per Scan, every proposal collected once ------------------------------------------
+
+_PURE_SAMPLES = ("linrec/torch_mamba_minimal_wide.onnx", "scan_lstm.onnx", "scan_nested.onnx", "scan_rnn.onnx",
+                 "skl_knn_regressor.onnx", "scan8_sum_seqlens.onnx")
+
+
+def test_a_proposal_touches_neither_the_graph_nor_the_names():
+    """Every form's ``match`` on every Scan of samples where the forms propose (mamba-minimal's,
+    where linrec tries the Scan with its input producers taken in, a cell, a nested Scan, a
+    distance map): the model exports to the same bytes and no fresh name is taken (before,
+    linrec's trial Scan took names that the rewrites after it then could not have)."""
+    import onnx
+
+    from scanopt.graph import NameAllocator
+    from scanopt.ir import export_model, import_model
+    from scanopt.pass_api import PassContext, scan_nodes
+    from scanopt.scan_view import ScanView
+    from scanopt.shapes import ShapeTable
+    from scanopt.validate import default_opset
+
+    registry = registered_passes()
+    forms = [name for name in pass_order() if registry[name].kind == "form"]
+    proposed = set()
+    for sample in _PURE_SAMPLES:
+        model = onnx.load(os.path.join(ROOT, "models", sample))
+        graph = import_model(model)
+        ctx = PassContext(opset=default_opset(model), names=NameAllocator(graph), shapes=ShapeTable(model),
+                          selected=tuple(registry))
+        taken = []
+        real_fresh = ctx.names.fresh
+        ctx.names.fresh = lambda hint, taken=taken, real_fresh=real_fresh: taken.append(hint) or real_fresh(hint)
+        before = export_model(graph, model).SerializeToString(deterministic=True)
+        for level, node in list(scan_nodes(graph)):
+            view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
+            for name in forms:
+                found = registry[name]().match(node, view, level, ctx)
+                assert not taken, (sample, name, taken)
+                if not hasattr(found, "reason"):
+                    proposed.add(name)
+        assert export_model(graph, model).SerializeToString(deterministic=True) == before, sample
+    assert {"fuse", "linrec", "hoist", "unroll", "distances"} <= proposed  # the samples exercise them
+
+
+def _asked_in_walks(monkeypatch, model, **kwargs):
+    """{(pass, Scan): how often its match was called by the chooser's walks} over one optimize."""
+    from scanopt.pass_api import node_label
+
+    registry = registered_passes()
+    walking = []
+    asked: dict = {}
+    real_walk = chooser_module.Chooser.walk
+
+    def walk(self, graph, forms, ctx):
+        walking.append(True)
+        try:
+            return real_walk(self, graph, forms, ctx)
+        finally:
+            walking.pop()
+
+    monkeypatch.setattr(chooser_module.Chooser, "walk", walk)
+    for name, cls in registry.items():
+        if cls.kind != "form":
+            continue
+
+        def match(self, node, view, level, ctx, _real=cls.match, _name=name):
+            if walking:
+                key = (_name, node_label(node))
+                asked[key] = asked.get(key, 0) + 1
+            return _real(self, node, view, level, ctx)
+
+        monkeypatch.setattr(cls, "match", match)
+    out, report = optimize(model, verify=False, **kwargs)
+    return asked, report
+
+
+def test_the_walk_asks_every_form_once_per_scan(monkeypatch):
+    """A short RNN Scan: fuse wins, and yet every other form was asked, once (before, the forms
+    ran one after another: those after fuse were never asked, the modelled ones were asked
+    again for each verdict)."""
+    asked, report = _asked_in_walks(monkeypatch, _short_rnn())
+    registry = registered_passes()
+    label = next(o.node for o in report.outcomes if o.pass_name == "fuse")
+    assert [o.pass_name for o in report.outcomes if o.applied] == ["fuse"]
+    forms = {name for name, cls in registry.items() if cls.kind == "form"}
+    assert asked == {(name, label): 1 for name in forms}
+
+
+def _outcome(report, pass_name):
+    found = [o for o in report.outcomes if o.pass_name == pass_name]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_proposal_that_lost_says_its_measured_time_against_the_winners():
+    import onnx
+
+    model = onnx.load(os.path.join(ROOT, "models", "scan_rnn.onnx"))
+    times = {"loop": 1e-3, "native": 2e-4, "hoisted": 5e-4}
+    measured = {"scan_rnn": _choice("native", ["fuse"], times)}
+    out, report = optimize(model, verify=False, options={"measured": measured, "tune": False})
+    assert _outcome(report, "fuse").applied
+    hoist = _outcome(report, "hoist")
+    assert not hoist.applied and hoist.kept == "native"
+    assert hoist.detail == "not chosen: hoisted (0.5 ms vs native's 0.2 ms, measured)"
+
+
+def test_a_proposal_that_lost_says_its_modelled_time_against_the_winners():
+    """No shapes: the model ranks native against hoisted; the hoisted proposal's line gives both
+    modelled times, the loser's the larger."""
+    import re
+
+    import onnx
+
+    model = onnx.load(os.path.join(ROOT, "models", "scan_lstm.onnx"))
+    out, report = optimize(model, verify=False, options={"tune": False})
+    assert _outcome(report, "fuse").applied
+    hoist = _outcome(report, "hoist")
+    found = re.fullmatch(r"not chosen: hoisted \(([\d.]+)x the loop's time vs native's ([\d.]+)x, modelled\)", hoist.detail)
+    assert found, hoist.detail
+    assert float(found.group(1)) > float(found.group(2))
+    assert "not chosen: hoisted" in report.format(verbose=True)
+
+
+def test_without_numbers_the_preference_order_decides_and_says_so():
+    """--target portable: every form applies, so neither has numbers; on skl2onnx's k-NN distance
+    map both distances and vectorize propose, distances (earlier in the preference order) is
+    written, and vectorize's line says why it lost."""
+    import onnx
+
+    model = onnx.load(os.path.join(ROOT, "models", "skl_knn_regressor.onnx"))
+    out, report = optimize(model, verify=False, options={"target": "portable", "tune": False})
+    assert _outcome(report, "distances").applied
+    vectorize = _outcome(report, "vectorize")
+    assert not vectorize.applied and vectorize.kept == "distances"
+    assert vectorize.detail.startswith("not chosen: vectorized (distances goes first: without numbers for both")
+    # a deferral is the reason it gives where it has one: unroll leaves a short cell to fuse
+    out, report = optimize(_short_rnn(), verify=False, options={"target": "portable", "tune": False})
+    assert _outcome(report, "unroll").detail == "not chosen: unrolled (left to fuse: it becomes a native op)"
