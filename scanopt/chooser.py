@@ -134,44 +134,50 @@ class Chooser:
         return done
 
     def _choose(self, node: gs.Node, level: GraphLevel, forms: list[ScanPass], ctx: PassContext, done: "Walk") -> None:
-        """Decide one Scan: collect, take the first applying proposal, apply it, report the rest."""
+        """Decide one Scan: collect every proposal, rank them once, apply the winner, report the rest."""
         pending = list(forms)
         while pending:
             label = node_label(node)
             view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
             offers = {form.name: self._offer(form, node, view, label, level, ctx, done) for form in pending}
-            winner = None
-            for k, form in enumerate(pending):
+            ranked = self._rank(pending, offers, node, view, level, ctx, done)
+            winner = next((form for form, estimate in ranked.items() if estimate is None or estimate.apply), None)
+            for form in pending:  # what each form said, up to the winner
+                if form is winner:
+                    break
                 offer = offers[form.name]
-                if not isinstance(offer, Match):
-                    if offer:  # "": a rewrite's own fallback, said nothing about
-                        done.outcomes[form.name].append(NodeOutcome(form.name, label, level.path, False, offer))
-                    continue
-                start = time.perf_counter()
-                estimate = self.verdict(form, node, view, offer, level, ctx, offers)
-                if estimate is not None and not estimate.apply:
-                    done.outcomes[form.name].append(declined(form.name, label, level, estimate))
-                    done.seconds[form.name] += time.perf_counter() - start
-                    continue
-                done.outcomes[form.name].append(apply(form, node, offer, estimate, level, ctx))
-                done.seconds[form.name] += time.perf_counter() - start
-                done.modified.add(form.name)
-                winner = (k, form, estimate)
-                break
+                if isinstance(offer, Match):
+                    done.outcomes[form.name].append(declined(form.name, label, level, ranked[form]))
+                elif offer:  # "": a rewrite's own fallback, said nothing about
+                    done.outcomes[form.name].append(NodeOutcome(form.name, label, level.path, False, offer))
             if winner is None:
                 return
-            k, form, estimate = winner
-            later = pending[k + 1:]
+            start = time.perf_counter()
+            done.outcomes[winner.name].append(apply(winner, node, offers[winner.name], ranked[winner], level, ctx))
+            done.seconds[winner.name] += time.perf_counter() - start
+            done.modified.add(winner.name)
+            later = pending[pending.index(winner) + 1:]
             if not is_removed(node) and has_node(level.graph, node):
                 pending = later  # rewritten in place (hoist): the later forms propose on what it became
                 continue
             for other in later:  # the Scan is gone: every later proposal lost to the winner
-                offer = offers[other.name]
-                if isinstance(offer, Match):
-                    why = self._not_chosen(other, offer, form, estimate, node, view, level, ctx, offers, label)
+                if isinstance(offers[other.name], Match):
+                    why = self._not_chosen(other, ranked[other], winner, ranked[winner], label, level, ctx)
                     done.outcomes[other.name].append(NodeOutcome(other.name, label, level.path, False, why,
-                                                                 kept=_form(form.name)))
+                                                                 kept=_form(winner.name)))
             return
+
+    def _rank(self, pending: list[ScanPass], offers: dict, node: gs.Node, view: ScanView, level: GraphLevel,
+              ctx: PassContext, done: "Walk") -> "Ranking":
+        """Every proposal's verdict, once, in the preference order (the forms' pipeline order):
+        the winner is the first one that applies."""
+        ranked = Ranking()
+        for form in pending:
+            if isinstance(offers[form.name], Match):
+                start = time.perf_counter()
+                ranked[form] = self.verdict(form, node, view, offers[form.name], level, ctx, offers)
+                done.seconds[form.name] += time.perf_counter() - start
+        return ranked
 
     @staticmethod
     def _offer(form: ScanPass, node: gs.Node, view: ScanView, label: str, level: GraphLevel, ctx: PassContext,
@@ -188,17 +194,16 @@ class Chooser:
         done.seconds[form.name] += time.perf_counter() - start
         return found.reason if isinstance(found, Skip) else found
 
-    def _not_chosen(self, other: ScanPass, offer: Match, winner: ScanPass, won: Estimate | None, node: gs.Node,
-                    view: ScanView, level: GraphLevel, ctx: PassContext, offers: dict, label: str) -> str:
-        """The report's line for ``other``'s proposal, which lost to ``winner`` (verdict ``won``):
-        both times where measured or modelled, else why the winner goes first."""
+    def _not_chosen(self, other: ScanPass, estimate: Estimate | None, winner: ScanPass, won: Estimate | None,
+                    label: str, level: GraphLevel, ctx: PassContext) -> str:
+        """The report's line for ``other``'s proposal (its verdict ``estimate``), which lost to
+        ``winner`` (verdict ``won``): both times where measured or modelled, else why not."""
         mine, theirs = _form(other.name), _form(winner.name)
         choice = self.policy.measured_for(label, level, ctx) if self.policy is not None else None
         times = (choice or {}).get("times") or {}
         best = (choice or {}).get("form")
         if mine in times and best in times:
             return f"not chosen: {mine} ({times[mine] * 1e3:.3g} ms vs {best}'s {times[best] * 1e3:.3g} ms, measured)"
-        estimate = self.verdict(other, node, view, offer, level, ctx, offers) if self.policy is not None else None
         if estimate is not None and won is not None and estimate.speedup and won.speedup and not won.measured:
             return (f"not chosen: {mine} ({1 / estimate.speedup:.2f}x the loop's time vs {theirs}'s "
                     f"{1 / won.speedup:.2f}x, modelled)")
@@ -281,6 +286,11 @@ def proposals(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: Pass
             continue
         if not isinstance(found, Skip):
             yield name, found
+
+
+class Ranking(dict):
+    """{form pass: its verdict (an Estimate, or None: apply)} for one Scan's proposals, in the
+    preference order (:meth:`Chooser._rank`)."""
 
 
 @dataclass
