@@ -36,7 +36,7 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from scanopt.cost import MODEL_MARGIN, CostPolicy, Estimate
-from scanopt.graph import GraphLevel, editing, has_node, is_removed, node_label
+from scanopt.graph import GraphLevel, editing, has_node, is_removed, node_label, subgraphs_of
 from scanopt.pass_api import (
     Match, NodeOutcome, PassContext, ScanPass, Skip, apply, declined, form_name, pass_order, refusal,
     registered_passes, scan_nodes,
@@ -134,7 +134,9 @@ class Chooser:
         return done
 
     def _choose(self, node: gs.Node, level: GraphLevel, forms: list[ScanPass], ctx: PassContext, done: "Walk") -> None:
-        """Decide one Scan: collect every proposal, rank them once, apply the winner, report the rest."""
+        """Decide one Scan: collect every proposal, rank them once, apply the winner, report the
+        rest. A Scan the winner leaves (the same one rewritten in place or moved into a run-time
+        dispatch's branch, or one it emits) is decided by the forms after the winner."""
         pending = list(forms)
         while pending:
             label = node_label(node)
@@ -153,6 +155,7 @@ class Chooser:
             if winner is None:
                 return
             start = time.perf_counter()
+            outputs = [t for t in node.outputs if t.name]
             done.outcomes[winner.name].append(apply(winner, node, offers[winner.name], ranked[winner], level, ctx))
             done.seconds[winner.name] += time.perf_counter() - start
             done.modified.add(winner.name)
@@ -160,11 +163,16 @@ class Chooser:
             if not is_removed(node) and has_node(level.graph, node):
                 pending = later  # rewritten in place (hoist): the later forms propose on what it became
                 continue
-            for other in later:  # the Scan is gone: every later proposal lost to the winner
-                if isinstance(offers[other.name], Match):
-                    why = self._not_chosen(other, ranked[other], winner, ranked[winner], label, level, ctx)
-                    done.outcomes[other.name].append(NodeOutcome(other.name, label, level.path, False, why,
-                                                                 kept=_form(winner.name)))
+            left = _left_by(node, level, outputs) if later else []
+            if not any(scan is node for scan, _ in left):
+                for other in later:  # the Scan is gone: every later proposal lost to the winner
+                    if isinstance(offers[other.name], Match):
+                        why = self._not_chosen(other, ranked[other], winner, ranked[winner], label, level, ctx)
+                        done.outcomes[other.name].append(NodeOutcome(other.name, label, level.path, False, why,
+                                                                     kept=_form(winner.name)))
+            for scan, where in left:
+                if not is_removed(scan):
+                    self._choose(scan, where, later, ctx, done)
             return
 
     def _rank(self, pending: list[ScanPass], offers: dict, node: gs.Node, view: ScanView, level: GraphLevel,
@@ -301,6 +309,39 @@ class Walk:
     outcomes: dict[str, list[NodeOutcome]]
     seconds: dict[str, float]
     modified: set[str] = field(default_factory=set)
+
+
+# How far back from a rewritten Scan's former outputs :func:`_left_by` looks for the Scans it left
+REACH = 6
+
+
+def _left_by(node: gs.Node, level: GraphLevel, outputs: list) -> list[tuple[gs.Node, GraphLevel]]:
+    """The Scans a rewrite of ``node`` left near its former ``outputs`` (within REACH producers
+    of them in ``level``'s graph, or directly in a branch of an If among those: ``node`` moved
+    whole into a run-time dispatch, scanopt.rewrite.loop_where, or a Scan emitted in its place),
+    deepest first. Bounded, so O(1) per rewrite; one it misses is decided in the next round."""
+    found: dict[int, tuple[gs.Node, GraphLevel]] = {}
+    seen: set[int] = set()
+    frontier = list(outputs)
+    for _ in range(REACH):
+        producers = []
+        for tensor in frontier:
+            for holder in tensor.inputs:
+                if id(holder) not in seen:
+                    seen.add(id(holder))
+                    producers.append(holder)
+        for holder in producers:
+            if holder.op == "Scan" and holder is not node:
+                found.setdefault(id(holder), (holder, level))
+            elif holder.op == "If":
+                for key, sub in subgraphs_of(holder):
+                    step = f"{node_label(holder)}/{key}"
+                    inner = GraphLevel(sub, level.parents + (level.graph,), f"{level.path} > {step}" if level.path else step)
+                    for scan in sub.nodes:
+                        if scan.op == "Scan":
+                            found.setdefault(id(scan), (scan, inner))
+        frontier = [t for holder in producers for t in holder.inputs]
+    return sorted(found.values(), key=lambda pair: -pair[1].depth)
 
 
 def _offered(names, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext, offers: dict | None):
