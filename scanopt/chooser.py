@@ -36,7 +36,7 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from scanopt.cost import MODEL_MARGIN, CostPolicy, Estimate
-from scanopt.graph import GraphLevel, editing, has_node, is_removed, node_label, subgraphs_of
+from scanopt.graph import GraphLevel, editing, has_node, is_removed, node_label, sort_level, subgraphs_of
 from scanopt.pass_api import (
     Match, NodeOutcome, PassContext, ScanPass, Skip, apply, declined, form_name, pass_order, refusal,
     registered_passes, scan_nodes,
@@ -156,6 +156,7 @@ class Chooser:
                 return
             start = time.perf_counter()
             outputs = [t for t in node.outputs if t.name]
+            done.settle(level.graph, winner.name)
             done.outcomes[winner.name].append(apply(winner, node, offers[winner.name], ranked[winner], level, ctx))
             done.seconds[winner.name] += time.perf_counter() - start
             done.modified.add(winner.name)
@@ -309,6 +310,21 @@ class Walk:
     outcomes: dict[str, list[NodeOutcome]]
     seconds: dict[str, float]
     modified: set[str] = field(default_factory=set)
+    # id(graph) -> (the graph, the places in ``outcomes``' order of the forms that rewrote a
+    # Scan in it since it was last sorted, how often it was sorted in this walk)
+    dirty: dict[int, tuple[gs.Graph, set[int], int]] = field(default_factory=dict)
+
+    def settle(self, graph: gs.Graph, form: str) -> None:
+        """Before ``form`` rewrites a Scan of ``graph``: sort the level if a form earlier in the
+        pipeline order rewrote there since, as the end of that form's own pass over the model
+        did when forms ran one after another (the written node order stays theirs). At most
+        once per form and level per walk, so the walk stays linear."""
+        place = list(self.outcomes).index(form)
+        held, earlier, sorts = self.dirty.get(id(graph), (graph, set(), 0))
+        if earlier and min(earlier) < place and sorts < len(self.outcomes):
+            sort_level(graph)
+            earlier, sorts = set(), sorts + 1
+        self.dirty[id(graph)] = (graph, earlier | {place}, sorts)
 
 
 # How far back from a rewritten Scan's former outputs :func:`_left_by` looks for the Scans it left

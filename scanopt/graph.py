@@ -526,6 +526,14 @@ def note_output(tensor: gs.Tensor, graph: gs.Graph, positions: list[int] = (0,))
         index.add(id(tensor), [(graph, p) for p in positions])
 
 
+def sort_level(graph: gs.Graph) -> None:
+    """Restore topological order at one level (its bodies untouched) if it lost it: what a
+    pass's end of :func:`editing` does for every level, done for one level in between."""
+    captures = _captures_by_graph(graph)
+    if not _is_sorted(graph, captures):
+        toposort(graph, captures)
+
+
 def sort_all(graph: gs.Graph) -> None:
     """Restore topological order at every level that lost it (untouched levels keep
     their bytes). One walk: what each body reads from outside is computed bottom-up once."""
