@@ -17,9 +17,12 @@ first proposal, in the preference order, whose verdict applies it. The verdict c
   ``order``) settles the rest.
 
 The winner is applied; every other proposal gets a "not chosen" line in the report, with its
-time against the winner's where there are numbers. A winner that rewrites the Scan in place
-(hoist) leaves a Scan the later forms propose on again. On failed verification the pipeline
-runs again with the failed (form, Scan) denied, and the next proposal wins.
+time against the winner's where there are numbers. A Scan the winner leaves (the same one
+rewritten in place by hoist or moved into a run-time dispatch's branch, or one emitted near its
+outputs) is proposed on by the forms after the winner, in the same walk; the written model is
+then what running the forms one after another in that order wrote (a level is sorted where a
+form's own pass over the model would have ended, :meth:`Walk.settle`). On failed verification
+the pipeline runs again with the failed (form, Scan) denied, and the next proposal wins.
 
 Only this module calls a pass's ``match`` or ``rewrite`` on another pass's behalf (the walk,
 the cost policy's alternatives, canonicalize's trial split) and only it calls the cost policy.

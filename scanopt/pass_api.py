@@ -4,8 +4,10 @@ A pass takes the model's top gs.Graph, rewrites what it can prove equivalent at 
 nesting level, and returns a ScanPassResult saying per Scan node (per Loop node for a
 LoopPass) what it did or why not.
 Most passes are ScanPasses: ``match`` inspects one Scan and returns a Match or a
-Skip(reason) without touching the graph; ``rewrite`` runs only on a Match. A declined
-match therefore leaves the graph exactly as it was.
+Skip(reason) without touching the graph or taking a fresh name (a trial build draws from
+``NameAllocator.draft``); ``rewrite`` runs only on a Match. A declined match therefore leaves
+the graph exactly as it was, and a pipeline run can ask every form about every Scan
+(scanopt.chooser) without changing what the rewrites write.
 """
 
 from __future__ import annotations
