@@ -126,6 +126,7 @@ class Chooser:
             # Deepest first: a rewrite of an outer Scan may copy or drop its body, so
             # everything nested in it is settled before.
             found = sorted(scan_nodes(graph), key=lambda pair: -pair[0].depth)
+            done.known.update(id(node) for _, node in found)
             for count, (level, node) in enumerate(found):
                 if ctx.progress is not None:
                     ctx.progress(count, len(found))
@@ -175,7 +176,8 @@ class Chooser:
                         done.outcomes[other.name].append(NodeOutcome(other.name, label, level.path, False, why,
                                                                      kept=_form(winner.name)))
             for scan, where in left:
-                if not is_removed(scan):
+                if not is_removed(scan) and (scan is node or id(scan) not in done.known):
+                    done.known.add(id(scan))  # one the walk visits, or one a rewrite left: decided once
                     self._choose(scan, where, later, ctx, done)
             return
 
@@ -316,6 +318,7 @@ class Walk:
     # id(graph) -> (the graph, the places in ``outcomes``' order of the forms that rewrote a
     # Scan in it since it was last sorted, how often it was sorted in this walk)
     dirty: dict[int, tuple[gs.Graph, set[int], int]] = field(default_factory=dict)
+    known: set[int] = field(default_factory=set)  # ids of the Scans this walk decides or decided
 
     def settle(self, graph: gs.Graph, form: str) -> None:
         """Before ``form`` rewrites a Scan of ``graph``: sort the level if a form earlier in the
@@ -330,15 +333,18 @@ class Walk:
         self.dirty[id(graph)] = (graph, earlier | {place}, sorts)
 
 
-# How far back from a rewritten Scan's former outputs :func:`_left_by` looks for the Scans it left
+# How far back from a rewritten Scan's former outputs :func:`_left_by` looks for the Scans it left:
+# producers (hops, and nodes in all)
 REACH = 6
+REACH_NODES = 64
 
 
 def _left_by(node: gs.Node, level: GraphLevel, outputs: list) -> list[tuple[gs.Node, GraphLevel]]:
-    """The Scans a rewrite of ``node`` left near its former ``outputs`` (within REACH producers
-    of them in ``level``'s graph, or directly in a branch of an If among those: ``node`` moved
-    whole into a run-time dispatch, scanopt.rewrite.loop_where, or a Scan emitted in its place),
-    deepest first. Bounded, so O(1) per rewrite; one it misses is decided in the next round."""
+    """The Scans near ``node``'s former ``outputs`` after its rewrite (within REACH producers of
+    them in ``level``'s graph, or directly in a branch of an If among those: ``node`` moved whole
+    into a run-time dispatch, scanopt.rewrite.loop_where, or a Scan emitted in its place; the
+    caller keeps those the walk already knew out), deepest first. Bounded (REACH_NODES), so
+    O(1) per rewrite; a Scan it misses is decided in the next round."""
     found: dict[int, tuple[gs.Node, GraphLevel]] = {}
     seen: set[int] = set()
     frontier = list(outputs)
@@ -346,7 +352,7 @@ def _left_by(node: gs.Node, level: GraphLevel, outputs: list) -> list[tuple[gs.N
         producers = []
         for tensor in frontier:
             for holder in tensor.inputs:
-                if id(holder) not in seen:
+                if id(holder) not in seen and len(seen) < REACH_NODES:
                     seen.add(id(holder))
                     producers.append(holder)
         for holder in producers:

@@ -283,3 +283,20 @@ def test_without_numbers_the_preference_order_decides_and_says_so():
     # a deferral is the reason it gives where it has one: unroll leaves a short cell to fuse
     out, report = optimize(_short_rnn(), verify=False, options={"target": "portable", "tune": False})
     assert _outcome(report, "unroll").detail == "not chosen: unrolled (left to fuse: it becomes a native op)"
+
+
+def test_a_scan_the_winner_moves_is_decided_by_the_later_forms_in_the_same_walk():
+    """minGRU on a symbolic length: linrec writes its chunked form behind If(T < 128), the Scan
+    moved whole into the then branch; hoist (after linrec in the order) hoists that Scan in the
+    same walk, as when the passes ran one after another, not a round later (which would let
+    canonicalize rewrite it first and write another model)."""
+    import onnx
+
+    model = onnx.load(os.path.join(ROOT, "models", "linrec", "torch_mingru_dyn.onnx"))
+    out, report = optimize(model, verify=False, options={"tune": False})
+    applied = [(o.pass_name, o.path) for o in report.outcomes if o.applied]
+    assert ("linrec", "") in applied
+    hoisted = [path for name, path in applied if name == "hoist"]
+    assert hoisted and hoisted[0].endswith("/then_branch"), applied
+    first_round = report.timings[:len(report.passes)]
+    assert {t.name: t.modified for t in first_round}["hoist"], first_round
