@@ -300,3 +300,26 @@ def test_a_scan_the_winner_moves_is_decided_by_the_later_forms_in_the_same_walk(
     assert hoisted and hoisted[0].endswith("/then_branch"), applied
     first_round = report.timings[:len(report.passes)]
     assert {t.name: t.modified for t in first_round}["hoist"], first_round
+
+
+_SEQUENTIAL_SAMPLES = ("fission/dyn_scan_lstm_ema.onnx", "linrec/torch_mingru_dyn.onnx", "heldout_mamba/mambapy_seq_dyn.onnx",
+                       "scan_lstm.onnx", "scan_nested.onnx", "skl_knn_regressor.onnx", "heldout/scan8_tf_lstm_b3_fwd.onnx")
+
+
+def test_the_walk_writes_what_the_forms_one_after_another_wrote(monkeypatch):
+    """The same bytes as each form's own pass over the model in pipeline order (what the pipeline
+    did before the walk), on samples where the walk must take care: a fused piece and a linrec
+    piece on one level (the level sorted where fuse's pass ended), a Scan moved into linrec's
+    dispatch, a Scan linrec's absorption emitted, a nested Scan, a distance map, a Scan-8 cell."""
+    import onnx
+
+    from scanopt import pipeline
+
+    for sample in _SEQUENTIAL_SAMPLES:
+        model = onnx.load(os.path.join(ROOT, "models", sample))
+        walked, _ = optimize(model, verify=False, options={"tune": False})
+        with monkeypatch.context() as patch:
+            patch.setattr(pipeline, "stages", lambda chosen: list(chosen))  # every pass alone, in order
+            alone, _ = optimize(model, verify=False, options={"tune": False})
+        assert walked is not model, sample
+        assert walked.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True), sample
