@@ -303,14 +303,16 @@ def test_a_scan_the_winner_moves_is_decided_by_the_later_forms_in_the_same_walk(
 
 
 _SEQUENTIAL_SAMPLES = ("fission/dyn_scan_lstm_ema.onnx", "linrec/torch_mingru_dyn.onnx", "heldout_mamba/mambapy_seq_dyn.onnx",
-                       "scan_lstm.onnx", "scan_nested.onnx", "skl_knn_regressor.onnx", "heldout/scan8_tf_lstm_b3_fwd.onnx")
+                       "cells/torch_scan_lstm_hc.onnx", "scan_lstm.onnx", "scan_nested.onnx", "skl_knn_regressor.onnx",
+                       "heldout/scan8_tf_lstm_b3_fwd.onnx")
 
 
 def test_the_walk_writes_what_the_forms_one_after_another_wrote(monkeypatch):
     """The same bytes as each form's own pass over the model in pipeline order (what the pipeline
     did before the walk), on samples where the walk must take care: a fused piece and a linrec
     piece on one level (the level sorted where fuse's pass ended), a Scan moved into linrec's
-    dispatch, a Scan linrec's absorption emitted, a nested Scan, a distance map, a Scan-8 cell."""
+    dispatch, a Scan linrec's absorption emitted, the cell-state loop fuse emits for an LSTM
+    returning c per step (linrec takes it), a nested Scan, a distance map, a Scan-8 cell."""
     import onnx
 
     from scanopt import pipeline
