@@ -204,7 +204,8 @@ class Chooser:
         try:
             found = form.match(node, view, level, ctx)
         except Exception as exc:  # noqa: BLE001 - a pass never crashes on a Scan it does not understand
-            found = Skip(f"cannot judge this Scan ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})")
+            said = (str(exc).splitlines() or [""])[0][:120]
+            found = Skip(f"cannot judge this Scan ({type(exc).__name__}: {said})")
         done.seconds[form.name] += time.perf_counter() - start
         return found.reason if isinstance(found, Skip) else found
 
