@@ -325,3 +325,20 @@ def test_the_walk_writes_what_the_forms_one_after_another_wrote(monkeypatch):
             alone, _ = optimize(model, verify=False, options={"tune": False})
         assert walked is not model, sample
         assert walked.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True), sample
+
+
+def test_a_form_whose_match_raises_proposes_nothing_and_says_why(monkeypatch):
+    """Asking every form about every Scan must not let one form's bug stop the run: its
+    proposal is a skip with the error's first line; the other forms still decide."""
+    import onnx
+
+    from scanopt.passes.loopfree.vectorize import Vectorize
+
+    def broken(self, node, view, level, ctx):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(Vectorize, "match", broken)
+    model = onnx.load(os.path.join(ROOT, "models", "scan_rnn.onnx"))
+    out, report = optimize(model, verify=False, options={"tune": False})
+    assert _outcome(report, "fuse").applied
+    assert _outcome(report, "vectorize").detail == "cannot judge this Scan (RuntimeError: boom)"
