@@ -142,6 +142,7 @@ class Chooser:
         rest. A Scan the winner leaves (the same one rewritten in place or moved into a run-time
         dispatch's branch, or one it emits) is decided by the forms after the winner."""
         pending = list(forms)
+        done.sort_inside(node)
         while pending:
             label = node_label(node)
             view = ScanView.from_gs(node, ctx.opset, ctx.shapes)
@@ -160,7 +161,7 @@ class Chooser:
                 return
             start = time.perf_counter()
             outputs = [t for t in node.outputs if t.name]
-            done.settle(level.graph, winner.name)
+            done.settle(level, winner.name)
             done.outcomes[winner.name].append(apply(winner, node, offers[winner.name], ranked[winner], level, ctx))
             done.seconds[winner.name] += time.perf_counter() - start
             done.modified.add(winner.name)
@@ -319,19 +320,34 @@ class Walk:
     # id(graph) -> (the graph, the places in ``outcomes``' order of the forms that rewrote a
     # Scan in it since it was last sorted, how often it was sorted in this walk)
     dirty: dict[int, tuple[gs.Graph, set[int], int]] = field(default_factory=dict)
+    # id(graph) -> the levels under it (itself included) a rewrite left unsorted in this walk
+    under: dict[int, dict[int, gs.Graph]] = field(default_factory=dict)
     known: set[int] = field(default_factory=set)  # ids of the Scans this walk decides or decided
 
-    def settle(self, graph: gs.Graph, form: str) -> None:
-        """Before ``form`` rewrites a Scan of ``graph``: sort the level if a form earlier in the
+    def settle(self, level: GraphLevel, form: str) -> None:
+        """Before ``form`` rewrites a Scan of ``level``: sort the level if a form earlier in the
         pipeline order rewrote there since, as the end of that form's own pass over the model
         did when forms ran one after another (the written node order stays theirs). At most
         once per form and level per walk, so the walk stays linear."""
+        graph = level.graph
         place = list(self.outcomes).index(form)
         held, earlier, sorts = self.dirty.get(id(graph), (graph, set(), 0))
         if earlier and min(earlier) < place and sorts < len(self.outcomes):
             sort_level(graph)
             earlier, sorts = set(), sorts + 1
         self.dirty[id(graph)] = (graph, earlier | {place}, sorts)
+        for holder in level.parents + (graph,):  # the Scans whose bodies hold it: sorted before they are read
+            self.under.setdefault(id(holder), {})[id(graph)] = graph
+
+    def sort_inside(self, node: gs.Node) -> None:
+        """Before ``node``'s bodies are read (every form's match walks a body's nodes in order):
+        sort the levels in them that a rewrite of this walk left unsorted, as the end of that
+        rewrite's pass did."""
+        for _, body in subgraphs_of(node):
+            for graph in self.under.pop(id(body), {}).values():
+                sort_level(graph)
+                held, earlier, sorts = self.dirty.get(id(graph), (graph, set(), 0))
+                self.dirty[id(graph)] = (graph, set(), sorts)
 
 
 # How far back from a rewritten Scan's former outputs :func:`_left_by` looks for the Scans it left:

@@ -315,16 +315,34 @@ def test_the_walk_writes_what_the_forms_one_after_another_wrote(monkeypatch):
     returning c per step (linrec takes it), a nested Scan, a distance map, a Scan-8 cell."""
     import onnx
 
+    for sample in _SEQUENTIAL_SAMPLES:
+        _same_as_one_after_another(monkeypatch, onnx.load(os.path.join(ROOT, "models", sample)), {}, sample)
+
+
+def _same_as_one_after_another(monkeypatch, model, options: dict, what: str) -> None:
     from scanopt import pipeline
 
-    for sample in _SEQUENTIAL_SAMPLES:
-        model = onnx.load(os.path.join(ROOT, "models", sample))
-        walked, _ = optimize(model, verify=False, options={"tune": False})
-        with monkeypatch.context() as patch:
-            patch.setattr(pipeline, "stages", lambda chosen: list(chosen))  # every pass alone, in order
-            alone, _ = optimize(model, verify=False, options={"tune": False})
-        assert walked is not model, sample
-        assert walked.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True), sample
+    walked, _ = optimize(model, verify=False, options=dict(options, tune=False))
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "stages", lambda chosen: list(chosen))  # every pass alone, in order
+        alone, _ = optimize(model, verify=False, options=dict(options, tune=False))
+    assert walked is not model, what
+    assert walked.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True), what
+
+
+def test_a_body_a_rewrite_left_unsorted_is_sorted_before_its_scan_is_read(monkeypatch):
+    """A Scan-8 GRU with sequence_lens moved to opset 11 (strategy c: a Scan over the batch items
+    around one Scan per item): fuse rewrites the inner Scan, leaving the outer body out of
+    topological order; hoist's match reads that body in order and, unsorted, proposed a lift the
+    validator then refused (every rewrite rolled back). Sorted first, as fuse's own pass did at
+    its end, the outer Scan is declined and the inner GRU stays."""
+    body = cb.Body(batch=False, opset=8)
+    states, h_new = cb.cell("GRU", body)
+    model = cb.scan8_model(body, states, ys=[h_new], reverse=True)
+    options = {"target_opset": 11, "upgrade_strategy": "c"}
+    _same_as_one_after_another(monkeypatch, model, options, "scan8 GRU per item")
+    out, report = optimize(model, verify=False, options=dict(options, tune=False))
+    assert not any("failed validation" in o.detail for o in report.outcomes), report.outcomes
 
 
 def test_a_form_whose_match_raises_proposes_nothing_and_says_why(monkeypatch):
