@@ -20,8 +20,10 @@ The winner is applied; every other proposal gets a "not chosen" line in the repo
 time against the winner's where there are numbers. A Scan the winner leaves (the same one
 rewritten in place by hoist or moved into a run-time dispatch's branch, or one emitted near its
 outputs) is proposed on by the forms after the winner, in the same walk; the written model is
-then what running the forms one after another in that order wrote (a level is sorted where a
-form's own pass over the model would have ended, :meth:`Walk.settle`). On failed verification
+then what running the forms one after another in that order wrote (a level a rewrite left
+unsorted is sorted where that form's own pass over the model would have ended: before a later
+form rewrites there, :meth:`Walk.settle`, and before a Scan holding it is read,
+:meth:`Walk.sort_inside`). On failed verification
 the pipeline runs again with the failed (form, Scan) denied, and the next proposal wins.
 
 Only this module calls a pass's ``match`` or ``rewrite`` on another pass's behalf (the walk,
