@@ -200,12 +200,8 @@ def _apply(model: onnx.ModelProto, edits: list, drops: dict) -> None:
     for k, kind, i, axis, size in edits:
         getattr(bodies[k], kind)[i].type.tensor_type.shape.dim[axis].dim_value = size
     for k, orphans in drops.items():
-        kept = [v for i, v in enumerate(bodies[k].value_info) if i not in set(orphans)]
-        copies = [onnx.ValueInfoProto() for _ in kept]
-        for copy, v in zip(copies, kept):
-            copy.CopyFrom(v)
-        del bodies[k].value_info[:]
-        bodies[k].value_info.extend(copies)
+        for i in sorted(orphans, reverse=True):
+            del bodies[k].value_info[i]
 
 
 def for_cuda(original: onnx.ModelProto, result: tuple, *, verify: bool = True, inputs=None, engine: str = "auto",

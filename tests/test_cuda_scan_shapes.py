@@ -123,6 +123,19 @@ def test_a_cpu_target_keeps_the_function_and_its_symbolic_body():
     assert "Scan bodies" not in report.target
 
 
+def test_a_function_called_once_is_inlined_for_every_target_with_its_body_value_info_renamed():
+    """scanopt.functions inlines a function called once on the CPU too: its body's value_info
+    follows the renamed product, as onnx's inliner alone does not."""
+    model = issue_model(calls=1)
+    optimized, report = scanopt.optimize(model)
+    assert not optimized.functions
+    body = next(scan_bodies(optimized))
+    mul = next(n for n in body.node if n.op_type == "Mul")
+    assert [(v.name, dims(v)) for v in body.value_info] == [(mul.output[0], ["B", "H", "d_k"])]
+    assert "Scan bodies" not in report.target
+    assert_same_outputs(model, optimized, feeds(1, 5))
+
+
 def test_dims_no_static_shape_fixes_stay_symbolic_and_every_size_still_runs():
     model = issue_model(b="N", t="T")
     optimized, report = scanopt.optimize(model, options=CUDA)
