@@ -327,3 +327,14 @@ def test_the_onnxscript_sample_runs_inlined_with_a_concrete_carry():
     assert "1 function holding a Scan inlined (layers.gated_state)" in report.target, report.target
     data = {"x": rng.uniform(-2, 2, (6, 2, 16)).astype(np.float32), "h0": rng.uniform(-1, 1, (2, 16)).astype(np.float32)}
     assert_same_outputs(model, optimized, data)
+
+
+def test_the_capture_note_counts_control_flow_inside_functions():
+    """onnxruntime inlines functions, so an If inside one is as uncapturable as one outside."""
+    from scanopt.providers import capture_note
+
+    model = _if_holding_a_scan()
+    assert capture_note(model) == "not capturable in a CUDA graph: 1 If, 1 Scan (an If: an empty-input guard or a " \
+                                  "run-time dispatch; inputs of static non-empty shape need no guard) (onnxruntime issue 9978)"
+    del model.functions[:]
+    assert capture_note(model) == "no If, Loop or Scan left: capturable in a CUDA graph"
