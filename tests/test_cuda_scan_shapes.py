@@ -338,3 +338,12 @@ def test_the_capture_note_counts_control_flow_inside_functions():
                                   "run-time dispatch; inputs of static non-empty shape need no guard) (onnxruntime issue 9978)"
     del model.functions[:]
     assert capture_note(model) == "no If, Loop or Scan left: capturable in a CUDA graph"
+
+
+def test_without_verification_the_bodies_are_still_written_and_the_report_says_unverified():
+    model = issue_model()
+    optimized, report = scanopt.optimize(model, verify=False, options=CUDA)
+    assert not optimized.functions
+    assert all(dims(v) == [1, H, D] for body in scan_bodies(optimized) for v in body.input)
+    assert report.verification["passed"] is None
+    assert_same_outputs(model, optimized, feeds(1, 5))
