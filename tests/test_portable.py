@@ -235,14 +235,14 @@ def test_portable_fused_op_guard_ends_in_the_initial_states(path):
     loops: under portable the empty branch gives the initial states and no select follows."""
     model = onnx.load(MODELS / path)
     out, _ = portable(model)
-    guarded = _guarded_natives(out)
-    assert guarded
-    for native, then in guarded:
-        made = {o: n for n in then.node for o in n.output}
-        final_h = made[then.output[1].name]
-        assert final_h.op_type == "Identity" and final_h.input[0] == native.input[5]
     written, _ = optimize(model, options={"target": "portable", "portable_runtimes": []})
-    assert ops_count(out, "Where") < ops_count(written, "Where")
+    for result in (out, written):  # every target writes it so since: three ops fewer per call
+        guarded = _guarded_natives(result)
+        assert guarded
+        for native, then in guarded:
+            made = {o: n for n in then.node for o in n.output}
+            final_h = made[then.output[1].name]
+            assert final_h.op_type == "Identity" and final_h.input[0] == native.input[5]
     assert_equivalent(model, out, engine="ort", seeds=1)
 
 
