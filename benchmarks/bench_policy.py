@@ -186,7 +186,8 @@ def run_grid(args) -> dict:
     os.environ.pop("SCANOPT_TUNE", None)
     rows = {}
     print(f"scanopt from {os.path.dirname(scanopt.__file__)}")
-    print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}, thread CPU time; "
+    clock = "thread CPU time" if args.threads == 1 else "wall time"  # scanopt.timing's clock for that count
+    print(f"onnxruntime {ort.__version__}, intra-op threads {args.threads}, {clock}; "
           "ms = median per run; xN = time / fastest of loop, native, hoisted, hoisted+native")
     print(f"{'cell':5} {'T':>4} {'B':>3} {'I':>4} {'H':>4} | {'loop':>8} {'native':>8} {'hoisted':>8} {'h+native':>8} "
           f"{'A/A':>5} | {'static: form':>22} {'x':>5} | {'declared: form':>22} {'x':>5} | "
