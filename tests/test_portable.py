@@ -21,7 +21,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import linrec_builders as lb
-from equivalence import assert_equivalent
+from equivalence import assert_equivalent, ops
 from scanopt.pipeline import optimize
 from scanopt.portable import OPENVINO_ACTIVATIONS, native_refusal
 from scanopt.protos import walk_proto_graphs
@@ -267,6 +267,56 @@ def test_portable_does_not_fuse_what_openvino_misruns(path, words):
     assert native_ops(fused)  # onnxruntime's target keeps the fused op
 
 
+# -- LinearAttention: OpenVINO 2026.4 has no conversion for it ----------------------------------
+
+LINATTN = MODELS / "heldout_linattn_onnxscript"
+
+
+def _linear_attentions(model: onnx.ModelProto) -> int:
+    return ops(model)["LinearAttention"] + sum(n.op_type == "LinearAttention" for f in model.functions for n in f.node)
+
+
+@pytest.mark.parametrize("name", ["delta_mm", "gated_delta_es"])
+def test_portable_writes_no_linear_attention_unless_onnxruntime_is_the_only_runtime(name):
+    model = onnx.load(LINATTN / f"{name}.onnx")
+    out, report = portable(model)
+    declined = [o.detail for o in report.outcomes if o.pass_name == "linattn" and not o.applied]
+    assert any(d.startswith("not applied for --target portable: ") and "no conversion for LinearAttention-27" in d
+               and "--portable-runtime onnxruntime" in d for d in declined), declined
+    assert _linear_attentions(out) == 0
+    assert report.verification["passed"] is True
+    assert_equivalent(model, out, engine="ort", seeds=1)
+    written, report = portable(model, portable_runtimes=["onnxruntime"])
+    assert _linear_attentions(written) == 1 and ops(written)["Scan"] == 0
+    assert not portable_outcomes(report)  # onnxruntime alone: none of OpenVINO's edits either
+
+
+def test_unknown_portable_runtime_is_refused():
+    from scanopt.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="unknown portable runtime 'tvm'"):
+        optimize(_scan_reading_input(), options={"target": "portable", "portable_runtimes": ["tvm"]})
+
+
+def test_cli_portable_runtime_flag(cli, tmp_path):
+    src = LINATTN / "delta_mm.onnx"
+    both, alone = tmp_path / "both.onnx", tmp_path / "alone.onnx"
+    assert cli("optimize", src, both, "--target", "portable").code == 0
+    result = cli("optimize", src, alone, "--target", "portable", "--portable-runtime", "onnxruntime")
+    assert result.code == 0, result.err
+    assert _linear_attentions(onnx.load(both)) == 0 and _linear_attentions(onnx.load(alone)) == 1
+    named = tmp_path / "named.onnx"
+    result = cli("optimize", src, named, "--target", "portable", "--portable-runtime", "onnxruntime",
+                 "--portable-runtime", "openvino")
+    assert result.code == 0 and _linear_attentions(onnx.load(named)) == 0
+    refused = tmp_path / "refused.onnx"
+    result = cli("optimize", src, refused, "--portable-runtime", "onnxruntime")
+    assert result.code == 2 and "--portable-runtime needs --target portable" in result.err
+    assert cli("optimize", src, refused, "--target", "portable", "--portable-runtime", "tvm").code == 2
+    assert not refused.exists()
+    assert "--portable-runtime" in cli("inspect", "--help").out
+
+
 # -- in OpenVINO itself --------------------------------------------------------------------------
 
 OV_CASES = [
@@ -277,6 +327,7 @@ OV_CASES = [
     ("ema_beside_cell", lambda: onnx.load(MODELS / "heldout_producers_3" / "dyn_scan_ema_beside_cell.onnx")),
     ("lstmcell_hc", lambda: onnx.load(MODELS / "cells" / "torch_script_lstmcell_hc.onnx")),
     ("coupled_lstm", lambda: onnx.load(MODELS / "cells" / "coupled_lstm.onnx")),
+    ("linear_attention", lambda: onnx.load(LINATTN / "gated_delta_es.onnx")),
 ]
 
 
@@ -358,6 +409,17 @@ def test_openvino_still_misruns_what_portable_refuses(op, attrs, peepholes):
     except Exception:  # noqa: BLE001 - refused to load: what the table says
         return
     assert not np.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_openvino_still_has_no_linear_attention():
+    """What native_refusal says of LinearAttention-27, against OpenVINO itself: when a release
+    converts it, the refusal can go."""
+    ov = pytest.importorskip("openvino", reason="OpenVINO is not installed here (pip install openvino)")
+    assert native_refusal("LinearAttention", {}) is not None
+    written, _ = portable(onnx.load(LINATTN / "delta_mm.onnx"), portable_runtimes=["onnxruntime"])
+    assert _linear_attentions(written) == 1
+    with pytest.raises(Exception, match="LinearAttention"):
+        ov.Core().read_model(written.SerializeToString())
 
 
 @pytest.mark.parametrize("activation", OPENVINO_ACTIVATIONS)
