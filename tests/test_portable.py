@@ -250,6 +250,41 @@ def ops_count(model: onnx.ModelProto, op: str) -> int:
     return sum(n.op_type == op for g in walk_proto_graphs(model.graph) for n in g.node)
 
 
+def _if_rank_mismatches(model: onnx.ModelProto) -> list:
+    """(If, output index, then rank, else rank) where an If's branches declare outputs of
+    different ranks: OpenVINO's CPU plugin refuses such an If."""
+    found = []
+    for graph in walk_proto_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type != "If":
+                continue
+            branches = {a.name: a.g for a in node.attribute}
+            for k, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
+                ra, rb = (len(t.type.tensor_type.shape.dim) if t.type.tensor_type.HasField("shape") else None
+                          for t in (a, b))
+                if None not in (ra, rb) and ra != rb:
+                    found.append((node.name, k, ra, rb))
+    return found
+
+
+def test_portable_zero_step_guard_of_a_nested_map_agrees_in_rank():
+    """loop_to_scan's guard for a Loop that may run zero steps: the outer Loop of the nested
+    map stacks per-step values of a shape not known when it is converted; its original fails on
+    zero steps (ConcatFromSequence of an empty sequence), so any value serves there, and the
+    guard gives zeros of the stacked result's rank (it gave [0], and OpenVINO refused the If)."""
+    model = onnx.load(MODELS / "loops" / "ts_nested_map.onnx")
+    out, report = portable(model)
+    assert sum(o.pass_name == "loop_to_scan" and o.applied for o in report.outcomes) == 2
+    assert ops_count(out, "If") >= 1 and not _if_rank_mismatches(out)
+    assert_equivalent(model, out, engine="ort", seeds=2)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    (empty,) = session.run(None, {"x": np.zeros((0, 2, 3), np.float32)})
+    assert empty.shape == (0, 0, 0)
+    with pytest.raises(Exception, match="ConcatFromSequence"):  # what the original does at zero steps
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": np.zeros((0, 2, 3), np.float32)})
+
+
 # -- native ops OpenVINO does not run as onnxruntime does: not fused under portable ---------------
 
 @pytest.mark.parametrize("path, words", [
@@ -328,6 +363,7 @@ OV_CASES = [
     ("lstmcell_hc", lambda: onnx.load(MODELS / "cells" / "torch_script_lstmcell_hc.onnx")),
     ("coupled_lstm", lambda: onnx.load(MODELS / "cells" / "coupled_lstm.onnx")),
     ("linear_attention", lambda: onnx.load(LINATTN / "gated_delta_es.onnx")),
+    ("nested_map", lambda: onnx.load(MODELS / "loops" / "ts_nested_map.onnx")),
 ]
 
 
