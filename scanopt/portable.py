@@ -18,6 +18,12 @@ Scans (its ONNX frontend makes each a TensorIterator):
 - A select of a final state read off fuse's empty-input If (``Where(T > 0, Squeeze(Y_h), h0)``)
   beside other loops came back as garbage; fuse writes that If's empty branch as the initial
   states instead, with no select after it (``options["portable_output"]``, passes/fuse/glue.py).
+- fuse's per-step LSTM cell state read its gates off one product of that If's Y over all
+  gates, sliced: wrong on every run whose shapes grew OpenVINO's memory (a product of an If's
+  output wider than it, added to another); under portable one product pair per gate
+  (passes/fuse/cell_states.py).
+- An If whose branches give outputs of different ranks does not load; loop_to_scan's zero-step
+  guard gives its empty branch the result's rank for every target (passes/loop_to_scan/zero_steps.py).
 Native ops (:func:`native_refusal`):
 - LinearAttention (opset 27): no conversion ("No conversion rule found for operations:
   LinearAttention-27"), so linattn is not applied; the Scan is left to the other forms.
@@ -26,8 +32,9 @@ Native ops (:func:`native_refusal`):
 - LSTM's ``input_forget=1`` and its peepholes (input P) are ignored: the outputs are wrong.
 
 Under ``--target portable`` (the pipeline sets ``options["portable_output"]`` from :func:`written_for`;
-the option ``portable_runtimes=[]`` turns this off and leaves target portable's other meaning, every
-proven form applied, which tests of a form's rewrite use):
+the option ``portable_runtimes=["onnxruntime"]`` (the CLI's ``--portable-runtime onnxruntime``)
+or ``[]`` turns this off and leaves target portable's other meaning, every proven form applied,
+which tests of a form's rewrite use):
 :func:`make_portable` runs after the passes and writes every Scan so (each non-constant value
 its body reads from outside becomes an initializer where constants compute it, else a state
 the body passes through unchanged, one Identity copy per step; each untyped body input gets the

@@ -397,7 +397,9 @@ def test_cli_portable_runtime_flag(cli, tmp_path):
     assert result.code == 2 and "--portable-runtime needs --target portable" in result.err
     assert cli("optimize", src, refused, "--target", "portable", "--portable-runtime", "tvm").code == 2
     assert not refused.exists()
-    assert "--portable-runtime" in cli("inspect", "--help").out
+    assert "no conversion for LinearAttention-27" in cli("inspect", src, "--target", "portable").out
+    assert "linattn       would apply" in cli("inspect", src, "--target", "portable", "--portable-runtime",
+                                               "onnxruntime").out
 
 
 # -- in OpenVINO itself --------------------------------------------------------------------------
