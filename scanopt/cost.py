@@ -217,17 +217,18 @@ class CostPolicy:
                                 for f in forms) + f" vs loop {loop * 1e3:.3g} ms"
         listing += f"; {calibrated}"
         speedup = MODEL_MARGIN[pass_name] / geo[pass_name]
-        if best == pass_name:
-            return Estimate(True, speedup, f"expected {speedup:.2f}x faster (modelled: {listing}; {where})")
-        if best == "loop" and "B" in unknown and getattr(match, "dispatch_on", "T") == "B" and cpu:
+        below, small = None, 1.0
+        if best in (pass_name, "loop") and "B" in unknown and getattr(match, "dispatch_on", "T") == "B" and cpu:
             below, small = batch_dispatch([(p["B"], MODEL_MARGIN[pass_name] * scale[pass_name]
                                             * seconds(pass_name, kind, p, body_nodes, lifted) / seconds("loop", kind, p, body_nodes))
                                            for p in _over_batches(points)])
-            if below is not None:
-                return Estimate(True, 1 / small, f"the batch is unknown: {form_name((pass_name,))} expected {1 / small:.2f}x "
-                                                 f"faster below B={below} and slower from it (modelled: {listing}; {where}); "
-                                                 f"written behind a run-time If on the batch (the loop from B={below})",
-                                dispatch=True, dispatch_below=below)
+        if below is not None:  # faster at small batches, slower than the loop (by the bound) from B=below
+            return Estimate(True, 1 / small, f"the batch is unknown: {form_name((pass_name,))} expected {1 / small:.2f}x "
+                                             f"faster below B={below} and slower from it (modelled: {listing}; {where}); "
+                                             f"written behind a run-time If on the batch (the loop from B={below})",
+                            dispatch=True, dispatch_below=below)
+        if best == pass_name:
+            return Estimate(True, speedup, f"expected {speedup:.2f}x faster (modelled: {listing}; {where})")
         if best != "loop":
             why = f"predicted slower than {form_name((best,))} ({best})"
         elif max(ratios[pass_name]) > bound and geo[pass_name] < 1:

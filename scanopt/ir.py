@@ -17,11 +17,13 @@ from typing import Iterator
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+
 from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnx_graphsurgeon.logger import G_LOGGER
 from onnx_graphsurgeon.util import misc as gs_misc
 
 from scanopt.external_data import as_array, source
+from scanopt.placement import sink_branch_initializers
 from scanopt.protos import walk_proto_graphs
 
 G_LOGGER.severity = G_LOGGER.ERROR
@@ -200,6 +202,7 @@ def export_model(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     _restore_initializer_inputs(model.graph, original.graph)
     _restore_non_tensor_types(model.graph, original.graph)
     _copy_model_fields(original, model)
+    sink_branch_initializers(model.graph)  # where onnxruntime prepacks them (scanopt.placement)
     _raise_ir_for_free_initializers(model)
     return model
 

@@ -331,14 +331,16 @@ def test_a_producer_read_elsewhere_is_not_taken_along():
 
 def test_a_scan_too_slow_to_time_whole_is_timed_shortened_and_extrapolated(monkeypatch, tmp_path):
     """The real timer with a budget one run of the full length exceeds: the same Scan (same
-    widths and batch) is timed at 16 and 32 steps and extrapolated per step to its length."""
+    widths and batch) is timed at 16 and 32 steps (8 and 16 where a round of those is over the
+    budget: a loaded machine) and extrapolated per step to its length."""
     import linrec_builders as lb
 
     monkeypatch.setenv("SCANOPT_CACHE_DIR", str(tmp_path / "cache"))
     model = lb.mingru(T=2048, I=64, H=64, B=2)
     out, report = run(model, tune_scan_seconds=0.02)
     line = report.tuning[0]
-    assert "measured at T=16 and T=32, extrapolated per step to T=2048" in line and "not measured" not in line, line
+    shortened = re.search(r"measured at T=(\d+) and T=(\d+), extrapolated per step to T=2048", line)
+    assert shortened and shortened.groups() in {("16", "32"), ("8", "16")} and "not measured" not in line, line
     applied = any(o.pass_name == "linrec" and o.applied for o in report.outcomes)
     won = re.search(r" -> (\S+) \(", line)  # what the extrapolated timings chose (load may blur a 0.02 s budget)
     if won:
