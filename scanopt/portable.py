@@ -17,7 +17,7 @@ Scans (its ONNX frontend makes each a TensorIterator):
   stay Loops (passes/loop_to_scan; the Loop form is 10-20% slower on onnxruntime there).
 - A select of a final state read off fuse's empty-input If (``Where(T > 0, Squeeze(Y_h), h0)``)
   beside other loops came back as garbage; fuse writes that If's empty branch as the initial
-  states instead, with no select after it (``options["portable_output"]``, passes/fuse/glue.py).
+  states instead, with no select after it (passes/fuse/glue.py; for every target now).
 - fuse's per-step LSTM cell state read its gates off one product of that If's Y over all
   gates, sliced: wrong on every run whose shapes grew OpenVINO's memory (a product of an If's
   output wider than it, added to another); under portable one product pair per gate
