@@ -34,30 +34,26 @@ def sink_branch_initializers(graph: onnx.GraphProto) -> int:
                 branch_of[key] = sub
                 for name in _reads(sub):
                     readers.setdefault(name, set()).add(key)
-    moved, kept = 0, []
     info = {v.name: v for v in graph.value_info}
-    for tensor in graph.initializer:
-        where = readers.get(tensor.name, {0})
-        if len(where) != 1 or 0 in where or tensor.name in fed or _external(tensor):
-            kept.append(tensor)
-            continue
-        branch = branch_of[next(iter(where))]
+    leaving = [t for t in graph.initializer if _only_in_one_branch(t, readers, fed)]
+    for tensor in leaving:  # removed one by one: rebuilding the list would copy every big weight kept
+        branch = branch_of[next(iter(readers[tensor.name]))]
         branch.initializer.append(tensor)
+        graph.initializer.remove(tensor)
         if tensor.name in info:
-            branch.value_info.append(info.pop(tensor.name))
-        moved += 1
-    if moved:
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-        remaining = [v for v in graph.value_info if v.name in info]
-        del graph.value_info[:]
-        graph.value_info.extend(remaining)
+            branch.value_info.append(info[tensor.name])
+            graph.value_info.remove(info[tensor.name])
     for node in graph.node:
         if node.op_type == "If":
             for attr in node.attribute:
                 if attr.name in BRANCHES:
                     sink_branch_initializers(attr.g)
-    return moved
+    return len(leaving)
+
+
+def _only_in_one_branch(tensor: onnx.TensorProto, readers: dict[str, set[int]], fed: set[str]) -> bool:
+    where = readers.get(tensor.name, {0})
+    return len(where) == 1 and 0 not in where and tensor.name not in fed and not _external(tensor)
 
 
 def _reads(graph: onnx.GraphProto) -> set[str]:

@@ -52,6 +52,22 @@ def top_ops(model: onnx.ModelProto) -> Counter:
     return found
 
 
+def outer_initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """The initializers of the main graph and of the If branches in it, at any depth (a weight
+    only a guarded op reads sits in that branch: scanopt.placement); loop bodies are not entered."""
+    found = {}
+
+    def visit(graph):
+        found.update((t.name, t) for t in graph.initializer)
+        for node in graph.node:
+            if node.op_type == "If":
+                for attribute in node.attribute:
+                    visit(attribute.g)
+
+    visit(model.graph)
+    return found
+
+
 def work_ops(model: onnx.ModelProto) -> Counter:
     """Op-type counts over every graph level except the then branches of Ifs (the empty-input
     cases of the guards, which may run a copy of a Scan once): the ops that do the work."""

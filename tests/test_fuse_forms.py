@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cell_builders as cb
-from equivalence import ops
+from equivalence import ops, outer_initializers
 
 H, I = cb.H, cb.I
 R_ = cb.rand
@@ -65,7 +65,7 @@ def test_weights_behind_nodes_become_new_initializers(wrap, kind, where):
     W, R, B = _rnn_weights(f16) if kind == "RNN" else _gated_weights(3 if kind == "GRU" else 4, f16)
     attrs = {"linear_before_reset": 0} if kind == "GRU" else {}
     out, node = _check(model, kind, cb.native_model(kind, W, R, B, **attrs), **attrs)
-    inits = {i.name for i in out.graph.initializer}
+    inits = set(outer_initializers(out))
     assert set(node.input[1:4]) <= inits, node.input
     left = Counter(n.op_type for n in cb.guarded_nodes(out.graph))  # the empty-X guard's branch aside
     assert not any(left[op] for op in ("Cast", "Reshape", "Slice", "Split", "Concat", "Identity", "Constant")), left
@@ -273,7 +273,7 @@ def test_scan8_cells_with_weights_behind_transposes(kind):
     states, h_new = cb.cell(kind, body, **({"form": "matvec"} if kind == "RNN" else {}))
     out = cb.check_fused(cb.scan8_model(body, states, ys=[h_new]), kind)
     node, _ = cb.native(out)
-    assert set(node.input[1:4]) <= {i.name for i in out.graph.initializer}
+    assert set(node.input[1:4]) <= set(outer_initializers(out))
     assert ops(out)["Transpose"] == 2  # X to [T, B, I] and Y back: glue, no weight chain
 
 

@@ -100,4 +100,8 @@ def test_optimize_with_the_default_policy(name, tmp_path):
         assert written["verification"]["rolled_back"] == [DRIFT[name]], written["verification"]
         assert "'T' = 1024 steps (a Scan's length)" in written["verification"]["details"]["summary"]
         return
-    assert outcomes and all(o["applied"] or "not applied: predicted" in o["detail"] for o in outcomes), outcomes
+    # a native op behind the run-time dispatch on the batch keeps the Scan as its loop branch
+    kept_as_loop = "the loop branch of fuse's run-time dispatch on the batch: not fused again"
+    assert outcomes and all(o["applied"] or "not applied: predicted" in o["detail"] or o["detail"] == kept_as_loop
+                            for o in outcomes), outcomes
+    assert any(o["applied"] for o in outcomes) or not any(o["detail"] == kept_as_loop for o in outcomes), outcomes
