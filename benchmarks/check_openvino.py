@@ -112,7 +112,7 @@ def feeds_for(path: str, scale: float = 0.5) -> list[dict]:
         for name, value in one.items():
             value = np.asarray(value)
             if value.dtype.kind == "f":
-                value = (scale * rng.standard_normal(value.shape)).astype(value.dtype)
+                value = np.asarray(scale * rng.standard_normal(value.shape), value.dtype)  # a scalar stays an array
             feeds[name] = value
         out.append(feeds)
     return sorted(out, key=lambda f: sum(np.asarray(v).nbytes for v in f.values()))
