@@ -74,3 +74,22 @@ def fn_loop_twice(x: FLOAT["T", "B", 3], h0: FLOAT["B", 4], w: FLOAT[3, 4], r: F
 
 
 MODELS["fn_loop_twice"] = fn_loop_twice
+
+
+@script(layers, default_opset=op)
+def gated_state(xs: FLOAT["T", "B", 16], h0: FLOAT["B", 16]) -> FLOAT["T", "B", 16]:
+    @graph()
+    def step(h: FLOAT["B", 16], x: FLOAT["B", 16]):
+        h2 = op.Tanh(op.Mul(h, x))
+        return h2, op.Identity(h2)
+
+    hn, ys = op.Scan(h0, xs, body=step, num_scan_inputs=1)
+    return ys
+
+
+@script(default_opset=op)
+def fn_scan_symbolic_carry(x: FLOAT[6, 2, 16], h0: FLOAT[2, 16]) -> FLOAT[6, 2, 16]:
+    return op.Add(gated_state(x, h0), gated_state(op.Neg(x), h0))
+
+
+MODELS["fn_scan_symbolic_carry"] = fn_scan_symbolic_carry

@@ -7,6 +7,9 @@ in functions_onnxscript.py; needs ``pip install onnxscript``):
 - fn_map_twice:       a map Scan (relu(x W)) in function layers.relu_map, called twice
 - fn_loop_twice:      a tanh RNN written ``for i in range(Shape(xs)[0])`` over ``Gather(xs, i)``
                       (a Loop) in function layers.rnn_loop_layer, called twice
+- fn_scan_symbolic_carry: a Scan no form takes (h = tanh(h * x)) in function layers.gated_state,
+                      its body's state typed [B, 16], called twice with static [2, 16]: onnxruntime
+                      issue 27887's shape (scanopt inlines it and writes B = 2 for the CUDA EP)
 
     python models/generate_functions.py
 """

@@ -84,35 +84,31 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify, shapes=None) -
     current = model
     if inline:
         try:
-            current = onnx.inliner.inline_selected_functions(model, inline)
+            current = inline_functions(model, inline)
         except (RuntimeError, ValueError) as exc:  # a call that does not fit its function, mixed opsets
             why = " ".join(str(exc).split())[:200]
             for domain, name in inline:
-                prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", False,
+                prepared.outcomes.append(NodeOutcome("functions", function_label(domain, name), "", False,
                                                      f"not inlined: onnx's inliner refused the model ({why})"))
             inline = []
     if inline:
-        used = call_sites(current)
-        kept = [f for f in current.functions if function_key(f) not in inline or used.get(function_key(f))]
-        del current.functions[:]
-        current.functions.extend(kept)
         verdict = verify(current)  # inlining is exact by construction; verified all the same
         if verdict is not None and not verdict[0]:
             current = model
             for domain, name in inline:
-                prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", False,
+                prepared.outcomes.append(NodeOutcome("functions", function_label(domain, name), "", False,
                                                      f"not inlined: the inlined model failed verification ({verdict[1]})"))
             inline = []
         elif verdict is not None:
-            prepared.summaries.append(f"inlined {', '.join(_label(*key) for key in inline)}: {verdict[1]}")
+            prepared.summaries.append(f"inlined {', '.join(function_label(*key) for key in inline)}: {verdict[1]}")
         for domain, name in inline:
-            prepared.outcomes.append(NodeOutcome("functions", _label(domain, name), "", True,
+            prepared.outcomes.append(NodeOutcome("functions", function_label(domain, name), "", True,
                                                  "inlined at its single call site: its loops are optimized there"))
     for f in loopy:
         key = function_key(f)
         if key in inline:
             continue
-        label = _label(*key)
+        label = function_label(*key)
         body = _standalone(current, f)
         if isinstance(body, str):
             prepared.outcomes.append(NodeOutcome("functions", label, "", False, body))
@@ -144,7 +140,84 @@ def prepare_functions(model: onnx.ModelProto, run_passes, verify, shapes=None) -
     return prepared if prepared.outcomes else None
 
 
-def _label(domain: str, name: str) -> str:
+INLINE_MARK = "\x00scanopt-inline:"  # a temporary doc_string naming a function's subgraph across inlining
+
+
+def inline_functions(model: onnx.ModelProto, keys) -> onnx.ModelProto:
+    """A new model with the functions ``keys`` ((domain, name)) inlined at every call site
+    (onnx's inliner), the functions left without a call dropped, and the value_info of each
+    inlined subgraph (a Scan's body) kept on the renamed values. onnx's inliner, like
+    onnxruntime's (onnxruntime issue 27887), renames a body's values but not its value_info,
+    leaving entries that name nothing; onnxruntime's CUDA EP then plans the body's buffers
+    without shapes. Raises what the inliner raises. ``model`` is marked while the inliner
+    runs and restored after."""
+    keys = {tuple(k) for k in keys}
+    plans: dict[str, tuple] = {}  # mark -> (the graph's doc_string, its op types, its value_info by position)
+    marked: list[onnx.GraphProto] = []
+    try:
+        for f in model.functions:
+            if function_key(f) not in keys:
+                continue
+            for top in f.node:
+                for sub in (s for a in top.attribute for g in attribute_graphs(a) for s in walk_proto_graphs(g)):
+                    if sub.doc_string.startswith(INLINE_MARK):
+                        raise ValueError("a subgraph's doc_string is scanopt's own inlining mark")
+                    mark = f"{INLINE_MARK}{len(plans)}"
+                    plans[mark] = (sub.doc_string, [n.op_type for n in sub.node], _value_info_positions(sub))
+                    sub.doc_string = mark
+                    marked.append(sub)
+        inlined = onnx.inliner.inline_selected_functions(model, sorted(keys))
+    finally:
+        for sub in marked:
+            sub.doc_string = plans[sub.doc_string][0]
+    graphs = list(walk_proto_graphs(inlined.graph))
+    graphs += [s for f in inlined.functions for top in f.node for a in top.attribute for g in attribute_graphs(a)
+               for s in walk_proto_graphs(g)]
+    for g in graphs:
+        if g.doc_string in plans:
+            doc, ops, positions = plans[g.doc_string]
+            g.doc_string = doc
+            same = [n.op_type for n in g.node] == ops  # else a call inside it was inlined too: nodes moved
+            renamed = _renamed_value_info(g, positions) if same else []
+            del g.value_info[:]
+            g.value_info.extend(renamed)
+    used = call_sites(inlined)
+    kept = [f for f in inlined.functions if function_key(f) not in keys or used.get(function_key(f))]
+    del inlined.functions[:]
+    inlined.functions.extend(kept)
+    return inlined
+
+
+def _value_info_positions(graph: onnx.GraphProto) -> list:
+    """``graph``'s value_info as (("input", i) or ("node", k, j), entry): where each value is
+    made in the graph, which renaming keeps. An entry naming nothing made there is left out."""
+    made = {v.name: ("input", i) for i, v in enumerate(graph.input)}
+    for k, node in enumerate(graph.node):
+        for j, out in enumerate(node.output):
+            if out:
+                made.setdefault(out, ("node", k, j))
+    return [(made[v.name], v) for v in graph.value_info if v.name in made]
+
+
+def _renamed_value_info(graph: onnx.GraphProto, positions: list) -> list:
+    """The entries of :func:`_value_info_positions` named as ``graph``, the inlined copy of
+    the same nodes, names the same values."""
+    renamed = []
+    for where, entry in positions:
+        if where[0] == "input":
+            name = graph.input[where[1]].name if where[1] < len(graph.input) else ""
+        else:
+            node = graph.node[where[1]]
+            name = node.output[where[2]] if where[2] < len(node.output) else ""
+        if name:
+            copy = onnx.ValueInfoProto()
+            copy.CopyFrom(entry)
+            copy.name = name
+            renamed.append(copy)
+    return renamed
+
+
+def function_label(domain: str, name: str) -> str:
     return f"{domain}.{name}" if domain else name
 
 
@@ -206,7 +279,7 @@ def positive_inputs(model: onnx.ModelProto, f: onnx.FunctionProto) -> list[str]:
         if id(call) in main_nodes:
             graphs = main
         else:
-            caller = next((g for g in model.functions if any(n is call for top in g.node for n in _nodes_within(top))),
+            caller = next((g for g in model.functions if any(n is call for top in g.node for n in nodes_within(top))),
                           None)
             if caller is None:
                 return []
@@ -250,17 +323,17 @@ def _value_types(model: onnx.ModelProto, f: onnx.FunctionProto, calls: list, dep
             tables.append(main)
             continue
         caller = next((g for g in model.functions
-                       if any(n is call for top in g.node for n in _nodes_within(top))), None)
+                       if any(n is call for top in g.node for n in nodes_within(top))), None)
         if caller is None or depth > len(model.functions):
             return "its call sites give input types that cannot be read"
         body = _standalone(model, caller, depth + 1)
         if isinstance(body, str):
-            return f"its caller {_label(*function_key(caller))} cannot be typed alone: {body}"
+            return f"its caller {function_label(*function_key(caller))} cannot be typed alone: {body}"
         tables.append(ShapeTable(body))
     return tables
 
 
-def _nodes_within(node: onnx.NodeProto):
+def nodes_within(node: onnx.NodeProto):
     """``node`` and every node of the graphs nested in it."""
     yield node
     for attr in node.attribute:

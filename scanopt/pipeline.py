@@ -176,7 +176,11 @@ def _optimize_graphs(model, passes, skip, verify, inputs, engine, seeds, options
         result[1].ops_after = count_ops(result[0])
     target = options.get("deployment_target")
     if target is not None and target.model == "cuda":  # what CUDA graphs can capture of the output
+        from scanopt.cuda_shapes import for_cuda  # Scan bodies the CUDA EP can plan (onnxruntime issue 27887)
         from scanopt.providers import capture_note
+
+        result = for_cuda(model, result, verify=verify, inputs=inputs, engine=engine, seeds=seeds,
+                          input_shapes=options.get("input_shapes"))
 
         result[1].target = f"{result[1].target}; {capture_note(result[0])}"
     return result

@@ -354,13 +354,17 @@ CONTROL_FLOW = ("If", "Loop", "Scan")
 
 def capture_note(model) -> str:
     """Whether onnxruntime can capture ``model`` in a CUDA graph (``enable_cuda_graph``): it
-    cannot capture If, Loop or Scan (onnxruntime issue 9978), at any depth."""
+    cannot capture If, Loop or Scan (onnxruntime issue 9978), at any depth, model-local
+    functions included (onnxruntime inlines them)."""
     from collections import Counter
 
-    from scanopt.protos import walk_proto_graphs
+    from scanopt.protos import attribute_graphs, walk_proto_graphs
 
-    found = Counter(n.op_type for g in walk_proto_graphs(model.graph) for n in g.node
-                    if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx"))
+    graphs = list(walk_proto_graphs(model.graph))
+    nodes = [n for g in graphs for n in g.node] + [n for f in model.functions for n in f.node]
+    nodes += [n for f in model.functions for top in f.node for a in top.attribute for g in attribute_graphs(a)
+              for sub in walk_proto_graphs(g) for n in sub.node]
+    found = Counter(n.op_type for n in nodes if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx"))
     if not found:
         return "no If, Loop or Scan left: capturable in a CUDA graph"
     listed = ", ".join(f"{found[op]} {op}" for op in CONTROL_FLOW if found[op])
