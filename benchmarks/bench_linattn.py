@@ -31,7 +31,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for rule in ("linear", "gated", "delta", "gated_delta"):
         model = lab.attention(rule, B=a.B, H=a.H, DK=a.D, DV=a.D, T=a.T)
-        out, _ = optimize(model, passes=["linattn"], verify=False, options={"target": "portable"})
+        out, _ = optimize(model, passes=["linattn"], verify=False, options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
         feeds = {v.name: (rng.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim]) * 0.1)
                  .astype(np.float32) for v in model.graph.input}
         timings = measure({"loop": model, "LinearAttention": out}, feeds, threads=1, seconds=a.seconds,

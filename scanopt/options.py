@@ -34,9 +34,9 @@ RUN_OPTIONS = (
            "OpenVINO's CPU runtime also runs them (portable_runtimes)",
            choices=("onnxruntime", "portable"), owner="cost"),
     Option("portable_runtimes", (list, tuple), None,
-           "with target portable: the runtimes besides onnxruntime the output must load and run equal in "
-           "(None: ['openvino'], OpenVINO's CPU runtime, scanopt.portable; []: none, every proven form "
-           "applies as onnxruntime runs it)", owner="cost"),
+           "with target portable: the runtimes the output must load and run equal in, of 'onnxruntime' and "
+           "'openvino' (the CLI's --portable-runtime; None: both, OpenVINO's CPU runtime as scanopt.portable "
+           "says; ['onnxruntime'] or []: every proven form applies as onnxruntime runs it)", owner="cost"),
     Option("target_opset", (int,), None,
            "move the whole model to this opset first (verified); lets upgrade rewrite Scan-8",
            minimum=1, owner="upgrade"),

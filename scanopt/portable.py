@@ -17,15 +17,24 @@ Scans (its ONNX frontend makes each a TensorIterator):
   stay Loops (passes/loop_to_scan; the Loop form is 10-20% slower on onnxruntime there).
 - A select of a final state read off fuse's empty-input If (``Where(T > 0, Squeeze(Y_h), h0)``)
   beside other loops came back as garbage; fuse writes that If's empty branch as the initial
-  states instead, with no select after it (``options["portable_output"]``, passes/fuse/glue.py).
-Native recurrent ops (:func:`native_refusal`):
+  states instead, with no select after it (passes/fuse/glue.py; for every target now).
+- fuse's per-step LSTM cell state read its gates off one product of that If's Y over all
+  gates, sliced: wrong on every run whose shapes grew OpenVINO's memory (a product of an If's
+  output wider than it, added to another); under portable one product pair per gate
+  (passes/fuse/cell_states.py).
+- An If whose branches give outputs of different ranks does not load; loop_to_scan's zero-step
+  guard gives its empty branch the result's rank for every target (passes/loop_to_scan/zero_steps.py).
+Native ops (:func:`native_refusal`):
+- LinearAttention (opset 27): no conversion ("No conversion rule found for operations:
+  LinearAttention-27"), so linattn is not applied; the Scan is left to the other forms.
 - RNN, GRU and LSTM run with the activations Sigmoid, Tanh and Relu only; any other
   (LeakyRelu, Softsign, HardSigmoid, Affine, ...) and the model does not load.
 - LSTM's ``input_forget=1`` and its peepholes (input P) are ignored: the outputs are wrong.
 
 Under ``--target portable`` (the pipeline sets ``options["portable_output"]`` from :func:`written_for`;
-the option ``portable_runtimes=[]`` turns this off and leaves target portable's other meaning, every
-proven form applied, which tests of a form's rewrite use):
+the option ``portable_runtimes=["onnxruntime"]`` (the CLI's ``--portable-runtime onnxruntime``)
+or ``[]`` turns this off and leaves target portable's other meaning, every proven form applied,
+which tests of a form's rewrite use):
 :func:`make_portable` runs after the passes and writes every Scan so (each non-constant value
 its body reads from outside becomes an initializer where constants compute it, else a state
 the body passes through unchanged, one Identity copy per step; each untyped body input gets the
@@ -49,32 +58,40 @@ from scanopt.rewrite import stored_in
 NAME = "portable"  # the report's name for these edits (a tidy step, like cleanup)
 RUNTIME = "OpenVINO's CPU runtime"
 OPENVINO_ACTIVATIONS = ("Sigmoid", "Tanh", "Relu")
-RUNTIMES = ("openvino",)  # what options["portable_runtimes"] may name
+RUNTIMES = ("onnxruntime", "openvino")  # what options["portable_runtimes"] may name (the CLI's --portable-runtime)
+# ops OpenVINO's ONNX frontend has no conversion for ("No conversion rule found for operations"):
+# op -> the opset that defines it
+OPENVINO_UNCONVERTED = {"LinearAttention": 27}
+OPENVINO_CHECKED = "OpenVINO 2026.4"
 FOLD_MAX_ELEMENTS = 1 << 22  # a captured constant expression up to this size becomes an initializer
 
 
 def written_for(options: dict) -> tuple[str, ...]:
-    """The runtimes besides onnxruntime a run's output must run in: with target portable,
-    ``options["portable_runtimes"]`` (None: every one in RUNTIMES; []: none, which keeps target
-    portable's other meaning, every proven form applied), else none."""
+    """The runtimes a run's output must run in besides the default target's onnxruntime: with
+    target portable, ``options["portable_runtimes"]`` (None: every one in RUNTIMES; [] or
+    onnxruntime alone: none beyond it, which keeps target portable's other meaning, every
+    proven form applied), else none."""
     if options.get("target") != "portable":
         return ()
     given = options.get("portable_runtimes")
     if given is None:
-        return RUNTIMES
+        given = RUNTIMES
     unknown = [r for r in given if r not in RUNTIMES]
     if unknown:
         from scanopt.errors import InvalidArgumentError
 
         raise InvalidArgumentError(f"unknown portable runtime {unknown[0]!r} (option 'portable_runtimes': "
                                    f"choose from {', '.join(RUNTIMES)})")
-    return tuple(given)
+    return tuple(r for r in dict.fromkeys(given) if r != "onnxruntime")
 
 
 def native_refusal(op: str, attrs: dict, optional_inputs: tuple[str, ...] = ()) -> str | None:
-    """Why a portable runtime does not run the native recurrent op ``op`` with ``attrs`` (and
+    """Why a portable runtime does not run the native op ``op`` (a recurrent op, LinearAttention) with ``attrs`` (and
     the optional inputs named in ``optional_inputs``, e.g. ``("P",)``) as onnxruntime does, or
     None where it does."""
+    if op in OPENVINO_UNCONVERTED:
+        return (f"{OPENVINO_CHECKED} has no conversion for {op}-{OPENVINO_UNCONVERTED[op]} "
+                f"(--portable-runtime onnxruntime writes it)")
     others = [a for a in attrs.get("activations", ()) if a not in OPENVINO_ACTIVATIONS]
     if others:
         return (f"{RUNTIME} does not load {op} with the {others[0]} activation (it runs "

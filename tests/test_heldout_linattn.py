@@ -1,7 +1,7 @@
 """Issue 32's real exports (models/heldout_linattn, written by generate_heldout_linattn.py with
 PyTorch 2.13): linear, RetNet, gated, DeltaNet and Gated DeltaNet recurrences as their reference
 code writes them, each by TorchScript (a Loop, opset 17) and by dynamo with torch's scan. At
-``--target-opset 27 --target portable`` each becomes one LinearAttention (through loop_to_scan
+``--target-opset 27 --target portable --portable-runtime onnxruntime`` each becomes one LinearAttention (through loop_to_scan
 for the Loops), passes verification and reproduces PyTorch's stored outputs."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _equal_to_torch(name, out):
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_portable_writes_one_linear_attention_equal_to_torch(name):
     model = onnx.load(str(MODELS / f"{name}.onnx"))
-    out, report = scanopt.optimize(model, options={"target": "portable", "target_opset": 27})
+    out, report = scanopt.optimize(model, options={"target": "portable", "target_opset": 27, "portable_runtimes": ["onnxruntime"]})
     counts = count_ops(out)
     assert {op: counts[op] for op in LOOP_OPS if counts.get(op)} == {"LinearAttention": 1}, \
         [o.detail for o in report.outcomes]
@@ -80,10 +80,10 @@ def test_the_hoisted_loop_is_read_as_linear_attention(name):
     reason is the measurement, not 'not linear attention')."""
     passes = ["loop_to_scan", "upgrade", "canonicalize", "hoist", "cleanup"]
     hoisted, _ = scanopt.optimize(onnx.load(str(MODELS / f"{name}.onnx")), passes=passes,
-                                  options={"target": "portable", "target_opset": 27})
+                                  options={"target": "portable", "target_opset": 27, "portable_runtimes": ["onnxruntime"]})
     assert count_ops(hoisted).get("Scan") == 1
     out, report = scanopt.optimize(hoisted, passes=["upgrade", "canonicalize", "linattn"],
-                                   options={"target": "portable"})
+                                   options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     applied = [o.detail for o in report.outcomes if o.pass_name == "linattn" and o.applied]
     assert len(applied) == 1 and applied[0].startswith(RULES[name] + " "), [o.detail for o in report.outcomes]
     assert report.verification["passed"] is True, report.verification

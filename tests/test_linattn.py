@@ -2,7 +2,8 @@
 
 Every rewrite: structure (one LinearAttention, no Scan) and numbers (onnxruntime, the loop against
 the op, synthesized inputs incl. symbolic B and T: empty batch and zero steps). Every decline: its
-reason. The cost policy: unmeasured on onnxruntime the loop stays; --target portable applies.
+reason. The cost policy: unmeasured on onnxruntime the loop stays; --target portable applies where
+onnxruntime is its only runtime (OpenVINO has no LinearAttention-27: tests/test_portable.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from scanopt.pipeline import optimize
 
 def linattn(model, **options):
     options.setdefault("target", "portable")
+    options.setdefault("portable_runtimes", ["onnxruntime"])  # OpenVINO has no LinearAttention-27
     out, report = optimize(model, passes=["linattn"], verify=False, options=options)
     return out, [(o.applied, o.detail) for o in report.outcomes if o.pass_name == "linattn"]
 
@@ -174,7 +176,7 @@ def test_a_fed_log_decay_is_drawn_nonpositive_in_verification():
     from scanopt.inputs import InputSynthesizer
 
     model = lab.attention("gated_delta", dims=["B", "T"])
-    out, report = optimize(model, options={"target": "portable"})
+    out, report = optimize(model, options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     assert ops(out)["LinearAttention"] == 1
     assert set(report.input_ranges) == {"G"} and report.input_ranges["G"][:2] == (None, 0.0)
     assert report.verification["passed"] is True
@@ -194,7 +196,7 @@ def test_a_decay_hoist_moved_out_of_the_loop_is_still_a_log_decay(decay):
     then a scan input. linattn follows it to the outer Exp and takes its Log (issue 32: it
     declined "not exp(g)" on the hoisted loop)."""
     model = lab.attention("gated_delta", decay=decay)
-    hoisted, report = optimize(model, passes=["hoist"], verify=False, options={"target": "portable"})
+    hoisted, report = optimize(model, passes=["hoist"], verify=False, options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     assert any(o.applied for o in report.outcomes if o.pass_name == "hoist")
     assert any(n.op_type in ("Exp", "Sigmoid") for n in hoisted.graph.node)  # the decay's op left the body
     out = rewritten(hoisted, "gated_delta")

@@ -177,7 +177,7 @@ ROUND_TRIP = [("linear", {}), ("gated", {}), ("delta", {}), ("gated_delta", {}),
 @pytest.mark.parametrize("rule,kw", ROUND_TRIP, ids=[f"{r}-{'-'.join(k) or 'plain'}" for r, k in ROUND_TRIP])
 def test_down_and_back_gives_linear_attention_again(rule, kw):
     model = lab.linear_attention_node(rule, **kw)
-    back, report = optimize(lowered(model), options={"target_opset": 27, "target": "portable"})
+    back, report = optimize(lowered(model), options={"target_opset": 27, "target": "portable", "portable_runtimes": ["onnxruntime"]})
     assert default_opset(back) == 27 and ops(back)["LinearAttention"] == 1 and "Scan" not in ops(back)
     applied = [o.detail for o in report.outcomes if o.pass_name == "linattn" and o.applied]
     assert applied and applied[0].startswith(f"{rule} "), report.outcomes
@@ -187,7 +187,7 @@ def test_down_and_back_gives_linear_attention_again(rule, kw):
 def test_grouped_heads_come_back_as_a_scan_with_the_reason():
     """The linattn pass reads one query per KV head; grouped heads stay the (equal) Scan."""
     model = lab.linear_attention_node("gated_delta", q_heads=4, kv_heads=2)
-    back, report = optimize(lowered(model), options={"target_opset": 27, "target": "portable"})
+    back, report = optimize(lowered(model), options={"target_opset": 27, "target": "portable", "portable_runtimes": ["onnxruntime"]})
     assert "LinearAttention" not in ops(back) and ops(back)["Scan"] == 1
     reasons = [o.detail for o in report.outcomes if o.pass_name == "linattn"]
     assert reasons and all("not linear attention" in r for r in reasons)

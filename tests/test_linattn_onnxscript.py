@@ -4,7 +4,7 @@ scalar decay (GLA-like exp(logsigmoid), RetNet's fixed gamma, a sigmoid gate), D
 Gated DeltaNet, each in three styles (batch-first packed heads with MatMul, heads folded into the
 batch with Einsum, a per-head model-local function called per head with Mul/ReduceSum).
 
-``--target portable`` writes one LinearAttention per Scan (in the function, for the per-head
+``--target portable --portable-runtime onnxruntime`` writes one LinearAttention per Scan (in the function, for the per-head
 style), verified, equal to the stored outputs and to the original at T=1024 on three input sets
 (max abs error within 1e-4 of the output's scale). The default writes what the chooser keeps,
 equal to the original, and its report says which form and why."""
@@ -80,7 +80,7 @@ def test_stored_outputs_are_the_float64_recurrence(name):
 @pytest.mark.parametrize("name", gen.NAMES)
 def test_portable_writes_one_linear_attention_per_scan_equal_at_t1024(name):
     model = onnx.load(str(MODELS / f"{name}.onnx"))
-    out, report = scanopt.optimize(model, options={"target": "portable"})
+    out, report = scanopt.optimize(model, options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     before, after = _ops(model), _ops(out)
     assert before["Scan"] >= 1 and after["Scan"] == after["Loop"] == 0, [o.detail for o in report.outcomes]
     assert after["LinearAttention"] == before["Scan"], after
@@ -142,7 +142,7 @@ def test_a_decay_the_callers_compute_is_taken_only_where_every_call_passes_posit
     (sigmoid,) = [n for n in model.graph.node if n.op_type == "Sigmoid"]
     sigmoid.op_type = "Tanh"
     assert positive_inputs(model, head) == []
-    out, report = scanopt.optimize(model, options={"target": "portable"}, passes=["canonicalize", "linattn"])
+    out, report = scanopt.optimize(model, options={"target": "portable", "portable_runtimes": ["onnxruntime"]}, passes=["canonicalize", "linattn"])
     reasons = [o.detail for o in report.outcomes if o.pass_name == "linattn"]
     assert _ops(out)["LinearAttention"] == 0 and any("its log is not known to exist" in r for r in reasons), reasons
 
@@ -152,7 +152,7 @@ def _hoisted(name: str) -> onnx.ModelProto:
     body reading k as a column and as a row, and q, from scan inputs Unsqueeze(K, axis) over all
     steps (or k vᵀ itself, where no state is involved)."""
     out, _ = scanopt.optimize(onnx.load(str(MODELS / f"{name}.onnx")), passes=["canonicalize", "hoist", "cleanup"],
-                              options={"target": "portable"})
+                              options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     return out
 
 
@@ -163,7 +163,7 @@ def test_the_hoisted_loop_is_read_as_linear_attention_too(name):
     report's reason for a loop kept is the cost, not 'not linear attention'."""
     hoisted = _hoisted(name)
     assert _ops(hoisted)["Scan"] >= 1
-    out, report = scanopt.optimize(hoisted, passes=["canonicalize", "linattn"], options={"target": "portable"})
+    out, report = scanopt.optimize(hoisted, passes=["canonicalize", "linattn"], options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     applied = [o.detail for o in report.outcomes if o.pass_name == "linattn" and o.applied]
     assert applied and all(d.startswith(RULE[gen.split(name)[0]] + " ") for d in applied), \
         [o.detail for o in report.outcomes]
@@ -186,6 +186,6 @@ def test_a_hoisted_erase_read_by_another_vector_is_not_the_delta_rule():
     (k_row,) = [n for n in unsq if axes.get(n.input[1]) == [3] and any(
         m.input[0] == n.input[0] and axes.get(m.input[1]) == [4] for m in unsq)]
     k_row.input[0] = next(n.output[0] for n in graph.node if n.op_type == "Transpose" and n.input[0] == "q")
-    out, report = scanopt.optimize(model, passes=["canonicalize", "linattn"], options={"target": "portable"})
+    out, report = scanopt.optimize(model, passes=["canonicalize", "linattn"], options={"target": "portable", "portable_runtimes": ["onnxruntime"]})
     reasons = [o.detail for o in report.outcomes if o.pass_name == "linattn"]
     assert _ops(out)["LinearAttention"] == 0 and any("another key" in r for r in reasons), reasons

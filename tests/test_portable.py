@@ -21,7 +21,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import linrec_builders as lb
-from equivalence import assert_equivalent
+from equivalence import assert_equivalent, ops
 from scanopt.pipeline import optimize
 from scanopt.portable import OPENVINO_ACTIVATIONS, native_refusal
 from scanopt.protos import walk_proto_graphs
@@ -232,7 +232,8 @@ def _guarded_natives(model: onnx.ModelProto):
                                   "cells/torch_script_lstmcell_hc.onnx"])
 def test_portable_fused_op_guard_ends_in_the_initial_states(path):
     """OpenVINO returned garbage for Where(T > 0, Y_h, h0) read off the guard's If beside other
-    loops: under portable the empty branch gives the initial states and no select follows."""
+    loops: the empty branch gives the initial states and no select follows (under portable
+    first; for every target since, main cf8ca78)."""
     model = onnx.load(MODELS / path)
     out, _ = portable(model)
     written, _ = optimize(model, options={"target": "portable", "portable_runtimes": []})
@@ -248,6 +249,89 @@ def test_portable_fused_op_guard_ends_in_the_initial_states(path):
 
 def ops_count(model: onnx.ModelProto, op: str) -> int:
     return sum(n.op_type == op for g in walk_proto_graphs(model.graph) for n in g.node)
+
+
+def _if_rank_mismatches(model: onnx.ModelProto) -> list:
+    """(If, output index, then rank, else rank) where an If's branches declare outputs of
+    different ranks: OpenVINO's CPU plugin refuses such an If."""
+    found = []
+    for graph in walk_proto_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type != "If":
+                continue
+            branches = {a.name: a.g for a in node.attribute}
+            for k, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
+                ra, rb = (len(t.type.tensor_type.shape.dim) if t.type.tensor_type.HasField("shape") else None
+                          for t in (a, b))
+                if None not in (ra, rb) and ra != rb:
+                    found.append((node.name, k, ra, rb))
+    return found
+
+
+def test_portable_zero_step_guard_of_a_nested_map_agrees_in_rank():
+    """loop_to_scan's guard for a Loop that may run zero steps: the outer Loop of the nested
+    map stacks per-step values of a shape not known when it is converted; its original fails on
+    zero steps (ConcatFromSequence of an empty sequence), so any value serves there, and the
+    guard gives zeros of the stacked result's rank (it gave [0], and OpenVINO refused the If)."""
+    model = onnx.load(MODELS / "loops" / "ts_nested_map.onnx")
+    out, report = portable(model)
+    assert sum(o.pass_name == "loop_to_scan" and o.applied for o in report.outcomes) == 2
+    assert ops_count(out, "If") >= 1 and not _if_rank_mismatches(out)
+    assert_equivalent(model, out, engine="ort", seeds=2)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    (empty,) = session.run(None, {"x": np.zeros((0, 2, 3), np.float32)})
+    assert empty.shape == (0, 0, 0)
+    with pytest.raises(Exception, match="ConcatFromSequence"):  # what the original does at zero steps
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": np.zeros((0, 2, 3), np.float32)})
+
+
+def _widening_products_of_if_outputs(model: onnx.ModelProto) -> list:
+    """(MatMul, K, N) for each main-graph MatMul reading a value computed from an If's output
+    by a weight [K, N] with N > K: what OpenVINO 2026.4 misran beside another product."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    dims = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+            for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    dims.update({t.name: list(t.dims) for t in model.graph.initializer})
+    derived, found = set(), []
+    for node in inferred.graph.node:
+        if node.op_type == "If" or derived & set(node.input):
+            if node.op_type == "MatMul" and node.input[0] in derived:
+                k, n = (dims.get(node.input[1]) or [None, None])[-2:]
+                if k is None or n is None or n > k:
+                    found.append((node.name, k, n))
+            derived |= set(node.output)
+    return found
+
+
+CELL_STATE_SCANS = [{}, {"in_dir": 1}, {"in_axis": 1, "out_axes": [1, 1]}]
+
+
+@pytest.mark.parametrize("scan", CELL_STATE_SCANS, ids=["forward", "reverse", "batch_major"])
+@pytest.mark.parametrize("runtime_weights", [False, True], ids=["constants", "inputs"])
+def test_portable_recomputes_the_cell_states_a_gate_at_a_time(scan, runtime_weights):
+    """fuse's per-step cell state beside the guarded LSTM: the gates it reads come from one
+    pair of [T, B, H] products per gate, not one [T, B, 3H] pair sliced, which OpenVINO ran
+    wrong (a product of the If's Y wider than Y, added to another: garbage on every run whose
+    shapes grew its memory)."""
+    import cell_builders as cb
+    from test_fuse_cell_states import model as cell_state_model
+
+    model = cell_state_model(**scan)
+    model = cb.weights_as_inputs(model) if runtime_weights else model
+    out, report = portable(model)
+    assert ops(out)["LSTM"] == 1 and _guarded_natives(out)
+    assert not _widening_products_of_if_outputs(out), _widening_products_of_if_outputs(out)
+    assert_equivalent(model, out, engine="ort", seeds=2)
+    written, _ = portable(model, portable_runtimes=["onnxruntime"])
+    assert _widening_products_of_if_outputs(written)  # onnxruntime alone: one product over the gates
+
+
+def test_portable_flipped_lstm_cell_states_a_gate_at_a_time():
+    model = onnx.load(MODELS / "cells" / "torch_scan_lstm_hc_flip.onnx")
+    out, _ = portable(model)
+    assert ops(out)["LSTM"] == 1 and not _widening_products_of_if_outputs(out)
+    assert_equivalent(model, out, engine="ort", seeds=2)
 
 
 # -- native ops OpenVINO does not run as onnxruntime does: not fused under portable ---------------
@@ -267,6 +351,58 @@ def test_portable_does_not_fuse_what_openvino_misruns(path, words):
     assert native_ops(fused)  # onnxruntime's target keeps the fused op
 
 
+# -- LinearAttention: OpenVINO 2026.4 has no conversion for it ----------------------------------
+
+LINATTN = MODELS / "heldout_linattn_onnxscript"
+
+
+def _linear_attentions(model: onnx.ModelProto) -> int:
+    return ops(model)["LinearAttention"] + sum(n.op_type == "LinearAttention" for f in model.functions for n in f.node)
+
+
+@pytest.mark.parametrize("name", ["delta_mm", "gated_delta_es"])
+def test_portable_writes_no_linear_attention_unless_onnxruntime_is_the_only_runtime(name):
+    model = onnx.load(LINATTN / f"{name}.onnx")
+    out, report = portable(model)
+    declined = [o.detail for o in report.outcomes if o.pass_name == "linattn" and not o.applied]
+    assert any(d.startswith("not applied for --target portable: ") and "no conversion for LinearAttention-27" in d
+               and "--portable-runtime onnxruntime" in d for d in declined), declined
+    assert _linear_attentions(out) == 0
+    assert report.verification["passed"] is True
+    assert_equivalent(model, out, engine="ort", seeds=1)
+    written, report = portable(model, portable_runtimes=["onnxruntime"])
+    assert _linear_attentions(written) == 1 and ops(written)["Scan"] == 0
+    assert not portable_outcomes(report)  # onnxruntime alone: none of OpenVINO's edits either
+
+
+def test_unknown_portable_runtime_is_refused():
+    from scanopt.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="unknown portable runtime 'tvm'"):
+        optimize(_scan_reading_input(), options={"target": "portable", "portable_runtimes": ["tvm"]})
+
+
+def test_cli_portable_runtime_flag(cli, tmp_path):
+    src = LINATTN / "delta_mm.onnx"
+    both, alone = tmp_path / "both.onnx", tmp_path / "alone.onnx"
+    assert cli("optimize", src, both, "--target", "portable").code == 0
+    result = cli("optimize", src, alone, "--target", "portable", "--portable-runtime", "onnxruntime")
+    assert result.code == 0, result.err
+    assert _linear_attentions(onnx.load(both)) == 0 and _linear_attentions(onnx.load(alone)) == 1
+    named = tmp_path / "named.onnx"
+    result = cli("optimize", src, named, "--target", "portable", "--portable-runtime", "onnxruntime",
+                 "--portable-runtime", "openvino")
+    assert result.code == 0 and _linear_attentions(onnx.load(named)) == 0
+    refused = tmp_path / "refused.onnx"
+    result = cli("optimize", src, refused, "--portable-runtime", "onnxruntime")
+    assert result.code == 2 and "--portable-runtime needs --target portable" in result.err
+    assert cli("optimize", src, refused, "--target", "portable", "--portable-runtime", "tvm").code == 2
+    assert not refused.exists()
+    assert "no conversion for LinearAttention-27" in cli("inspect", src, "--target", "portable").out
+    assert "linattn       would apply" in cli("inspect", src, "--target", "portable", "--portable-runtime",
+                                               "onnxruntime").out
+
+
 # -- in OpenVINO itself --------------------------------------------------------------------------
 
 OV_CASES = [
@@ -277,6 +413,9 @@ OV_CASES = [
     ("ema_beside_cell", lambda: onnx.load(MODELS / "heldout_producers_3" / "dyn_scan_ema_beside_cell.onnx")),
     ("lstmcell_hc", lambda: onnx.load(MODELS / "cells" / "torch_script_lstmcell_hc.onnx")),
     ("coupled_lstm", lambda: onnx.load(MODELS / "cells" / "coupled_lstm.onnx")),
+    ("linear_attention", lambda: onnx.load(LINATTN / "gated_delta_es.onnx")),
+    ("nested_map", lambda: onnx.load(MODELS / "loops" / "ts_nested_map.onnx")),
+    ("lstm_hc_flip", lambda: onnx.load(MODELS / "cells" / "torch_scan_lstm_hc_flip.onnx")),
 ]
 
 
@@ -358,6 +497,92 @@ def test_openvino_still_misruns_what_portable_refuses(op, attrs, peepholes):
     except Exception:  # noqa: BLE001 - refused to load: what the table says
         return
     assert not np.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_openvino_still_has_no_linear_attention():
+    """What native_refusal says of LinearAttention-27, against OpenVINO itself: when a release
+    converts it, the refusal can go."""
+    ov = pytest.importorskip("openvino", reason="OpenVINO is not installed here (pip install openvino)")
+    assert native_refusal("LinearAttention", {}) is not None
+    written, _ = portable(onnx.load(LINATTN / "delta_mm.onnx"), portable_runtimes=["onnxruntime"])
+    assert _linear_attentions(written) == 1
+    with pytest.raises(Exception, match="LinearAttention"):
+        ov.Core().read_model(written.SerializeToString())
+
+
+def _if_output_product(width: int) -> onnx.ModelProto:
+    """out = If(X empty: zeros [T, B, 4], else tanh(X·Wh)) · S + X·Wx, S [4, width]: the
+    shape of fuse's cell-state gates read off the guarded LSTM's Y, cut down."""
+    rng = np.random.default_rng(0)
+    I, H = 3, 4
+    weights = {"Wh": rng.uniform(-.5, .5, (I, H)), "Wx": rng.uniform(-.5, .5, (I, width)),
+               "S": rng.uniform(-.5, .5, (H, width))}
+    ints = {"zero": np.int64(0), "axis0": np.array([0]), "axis1": np.array([1]), "hidden": np.array([H])}
+    then = h.make_graph([h.make_node("Shape", ["X"], ["shape"]), h.make_node("Gather", ["shape", "axis0"], ["t"], axis=0),
+                         h.make_node("Gather", ["shape", "axis1"], ["b"], axis=0),
+                         h.make_node("Concat", ["t", "b", "hidden"], ["zeros_shape"], axis=0),
+                         h.make_node("ConstantOfShape", ["zeros_shape"], ["zeros"])], "then", [],
+                        [h.make_tensor_value_info("zeros", TP.FLOAT, None)])
+    other = h.make_graph([h.make_node("MatMul", ["X", "Wh"], ["xh"]), h.make_node("Tanh", ["xh"], ["y_else"])],
+                         "else", [], [h.make_tensor_value_info("y_else", TP.FLOAT, None)])
+    nodes = [h.make_node("Size", ["X"], ["n"]), h.make_node("Equal", ["n", "zero"], ["empty"]),
+             h.make_node("If", ["empty"], ["Y"], then_branch=then, else_branch=other),
+             h.make_node("MatMul", ["Y", "S"], ["ys"]), h.make_node("MatMul", ["X", "Wx"], ["xs"]),
+             h.make_node("Add", ["ys", "xs"], ["out"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("X", TP.FLOAT, ["T", "B", I])],
+                         [h.make_tensor_value_info("out", TP.FLOAT, None)],
+                         initializer=[onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+                         + [onnx.numpy_helper.from_array(np.asarray(v, np.int64), k) for k, v in ints.items()])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+GROWING = [(4, 2), (16, 2), (16, 8), (64, 8), (64, 8)]  # (T, B); the last repeats: memory already grown
+
+
+def _ov_growing_errors(model: onnx.ModelProto, feeds_at, original: onnx.ModelProto | None = None) -> list[float]:
+    """Max abs error of one OpenVINO request run at each of GROWING against onnxruntime's run
+    of ``original`` (default: ``model``)."""
+    ov = pytest.importorskip("openvino")
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString()), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    errors = []
+    for T, B in GROWING:
+        feeds = feeds_at(T, B)
+        want = _ort_run(original or model, feeds)
+        result = request.infer(feeds)
+        got = {name: np.asarray(result[port]) for port in compiled.outputs for name in port.get_names()}
+        errors.append(max(float(np.max(np.abs(got[k] - v))) if v.size else 0.0 for k, v in want.items()))
+    return errors
+
+
+def test_openvino_still_misruns_a_widening_product_of_an_if_output():
+    """What fuse's per-gate products under portable avoid, against OpenVINO itself: right with
+    S square, wrong with S [4, 8] on the runs whose shapes grow the memory. When a release runs
+    it right, the cell state's gates can be one product pair again."""
+    pytest.importorskip("openvino", reason="OpenVINO is not installed here (pip install openvino)")
+    rng = np.random.default_rng(3)
+
+    def feeds_at(T, B):
+        return {"X": rng.uniform(-1, 1, (T, B, 3)).astype(np.float32)}
+
+    assert max(_ov_growing_errors(_if_output_product(4), feeds_at)) < 1e-5
+    wrong = _ov_growing_errors(_if_output_product(8), feeds_at)
+    assert not wrong[0] < 1e-3 and wrong[-1] < 1e-5, wrong  # the first run wrong; the repeat right
+
+
+def test_openvino_runs_the_portable_cell_states_as_shapes_grow():
+    pytest.importorskip("openvino", reason="OpenVINO is not installed here (pip install openvino)")
+    model = onnx.load(MODELS / "cells" / "torch_scan_lstm_hc_flip.onnx")  # x [batch, seq, 3], h0, c0 [batch, 4]
+    out, _ = portable(model)
+    rng = np.random.default_rng(4)
+
+    def feeds_at(T, B):
+        return {"x": rng.uniform(-1, 1, (B, T, 3)).astype(np.float32),
+                "h0": rng.uniform(-1, 1, (B, 4)).astype(np.float32), "c0": rng.uniform(-1, 1, (B, 4)).astype(np.float32)}
+
+    errors = _ov_growing_errors(out, feeds_at, model)
+    assert max(errors) < 1e-4, errors
 
 
 @pytest.mark.parametrize("activation", OPENVINO_ACTIVATIONS)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from scanopt.timing import AA, decide, summarize
+from scanopt.timing import AA, HIGH_NOISE, decide, summarize
 
 
 def busy_rounds(means: dict, rounds: int, sigma: float, stalls: float = 0.0, seed: int = 0) -> dict:
@@ -69,3 +69,17 @@ def test_a_slower_form_keeps_the_loop():
     samples = busy_rounds({"loop": 1e-3, "native": 3e-3}, rounds=9, sigma=0.3, seed=4)
     verdict = decide(summarize(samples, "wall"))
     assert verdict.form == "loop" and verdict.outcome == "no gain"
+
+
+def test_a_2x_gain_under_a_noise_over_high_noise_is_undecided_not_the_loop():
+    """--threads 2 on a busy 2-core machine: the A/A pair read 123% apart, so a native op at
+    half the loop's time did not clear the noise, and "no form can be faster by more than the
+    noise" kept the loop. Above HIGH_NOISE that cannot be shown either: undecided (the model)."""
+    rng = np.random.default_rng(0)
+    loop = 1e-3 * np.exp(rng.normal(0, 0.01, 15))
+    samples = {"loop": list(loop), "native": list(0.5 * loop * np.exp(rng.normal(0, 0.01, 15))),
+               AA: list(2.2 * loop)}  # the second session of the original ran on a contended core
+    timings = summarize(samples, "wall")
+    assert timings.noise > HIGH_NOISE and 0.45 < timings.forms["native"].ratio < 0.55
+    verdict = decide(timings)
+    assert (verdict.form, verdict.outcome, verdict.final) == ("loop", "undecided", False)

@@ -56,13 +56,18 @@ def cell_output_problem(cell: Cell, batched: bool, lengths) -> str | None:
 GATE_BLOCKS = {"i": 0, "o": 1, "f": 2, "c": 3}  # ONNX LSTM's gate order in W, R and B
 
 
-def cell_sequence(emit, cell: Cell, native: list, y: gs.Tensor, index: int, count: int, reverse: bool):
+def cell_sequence(emit, cell: Cell, native: list, y: gs.Tensor, index: int, count: int, reverse: bool,
+                  per_gate: bool = False):
     """The cell state of every step [T, B, H], aligned with the native op's input time.
 
     ``native``: the LSTM's inputs (X [T, B, I], W, R, B, sequence_lens, initial_h, initial_c);
     ``y``: its Y for this direction [T, B, H]; ``index`` of ``count`` directions. Only the
     gates c's update reads are recomputed (i, f, g; i, g with input_forget): the output gate's
-    quarter of the products is left out where the weights are constants."""
+    quarter of the products is left out where the weights are constants. ``per_gate``
+    (--target portable): one pair of products per gate, each [T, B, H], instead of one pair
+    over all gates sliced after: OpenVINO 2026.4's CPU runtime wrote garbage for a product of
+    the guard If's Y wider than Y added to another product, on every run whose shapes grew its
+    memory (the first included; scanopt.portable)."""
     x, w, r, bias = native[:4]
     h0, c0 = emit.pick(native[5], index, count, 0), emit.pick(native[6], index, count, 0)  # [B, H]
     hidden = cell.hidden
@@ -72,12 +77,13 @@ def cell_sequence(emit, cell: Cell, native: list, y: gs.Tensor, index: int, coun
     else:
         before = emit.slice(emit.op("Concat", [first, y], axis=0), [0], [-1], [0])
     wanted = ["i", "c"] if cell.input_forget else ["i", "f", "c"]
-    constant = all(isinstance(t, gs.Constant) for t in (w, r, bias))
-    blocks = wanted if constant else list(GATE_BLOCKS)
-    gates = emit.op("Add", [emit.op("MatMul", [x, _transposed(emit, w, index, count, blocks, hidden)]),
-                            emit.op("MatMul", [before, _transposed(emit, r, index, count, blocks, hidden)])])
-    gates = emit.op("Add", [gates, _bias(emit, bias, index, count, blocks, hidden)])
-    pre = {g: emit.slice(gates, [k * hidden], [(k + 1) * hidden], [2]) for k, g in enumerate(blocks) if g in wanted}
+    if per_gate:
+        pre = {g: _products(emit, x, before, native, index, count, [g], hidden) for g in wanted}
+    else:
+        constant = all(isinstance(t, gs.Constant) for t in (w, r, bias))
+        blocks = wanted if constant else list(GATE_BLOCKS)
+        gates = _products(emit, x, before, native, index, count, blocks, hidden)
+        pre = {g: emit.slice(gates, [k * hidden], [(k + 1) * hidden], [2]) for k, g in enumerate(blocks) if g in wanted}
     act_f, act_g = cell.activations[0], cell.activations[1]
     i = activate(emit, act_f, _clipped(emit, pre["i"], cell.clip))
     g = activate(emit, act_g, _clipped(emit, pre["c"], cell.clip))
@@ -86,6 +92,14 @@ def cell_sequence(emit, cell: Cell, native: list, y: gs.Tensor, index: int, coun
     else:
         f = activate(emit, act_f, _clipped(emit, pre["f"], cell.clip))
     return _linear_scan(emit, c0, f, emit.op("Mul", [i, g]), reverse, [_batch_dim(emit, x), hidden])
+
+
+def _products(emit, x, before, native, index, count, blocks, hidden):
+    """``X·Wᵀ + before·Rᵀ + Wb + Rb`` for the gate ``blocks``, [T, B, len(blocks)·H]."""
+    w, r, bias = native[1:4]
+    products = emit.op("Add", [emit.op("MatMul", [x, _transposed(emit, w, index, count, blocks, hidden)]),
+                               emit.op("MatMul", [before, _transposed(emit, r, index, count, blocks, hidden)])])
+    return emit.op("Add", [products, _bias(emit, bias, index, count, blocks, hidden)])
 
 
 def activate(emit, act: Activation, x: gs.Tensor) -> gs.Tensor:
@@ -115,21 +129,35 @@ def _rows(value: np.ndarray, blocks, hidden: int) -> np.ndarray:
 
 def _transposed(emit, weight, index, count, blocks, hidden):
     """Direction ``index`` of a [D, 4H, K] weight as [K, len(blocks)·H]; a constant stays a
-    constant (cut to ``blocks``), a run-time weight is transposed whole (all four blocks)."""
+    constant (cut to ``blocks``), a run-time weight is transposed whole (all four blocks) and
+    cut to one block where ``blocks`` is one."""
     if isinstance(weight, gs.Constant):
         return emit.const("weight_t", np.ascontiguousarray(_rows(np.asarray(weight.values)[index], blocks, hidden).T))
-    return emit.op("Transpose", [emit.pick(weight, index, count, 0)], perm=[1, 0])
+    whole = emit.op("Transpose", [emit.pick(weight, index, count, 0)], perm=[1, 0])
+    return _block(emit, whole, blocks, hidden, axis=1)
 
 
 def _bias(emit, bias, index, count, blocks, hidden):
-    """Wb + Rb of direction ``index`` of B [D, 8H], as [len(blocks)·H] (run-time: [4H])."""
+    """Wb + Rb of direction ``index`` of B [D, 8H], as [len(blocks)·H] (run-time: [4H], or one
+    block where ``blocks`` is one)."""
     if isinstance(bias, gs.Constant):
         value = np.asarray(bias.values)[index]
         both = value[:4 * hidden] + value[4 * hidden:]
         return emit.const("gate_bias", _rows(both, blocks, hidden).astype(np.float32))
     picked = emit.pick(bias, index, count, 0)
-    return emit.op("Add", [emit.slice(picked, [0], [4 * hidden], [0]),
-                           emit.slice(picked, [4 * hidden], [8 * hidden], [0])])
+    whole = emit.op("Add", [emit.slice(picked, [0], [4 * hidden], [0]),
+                            emit.slice(picked, [4 * hidden], [8 * hidden], [0])])
+    return _block(emit, whole, blocks, hidden, axis=0)
+
+
+def _block(emit, whole, blocks, hidden, axis):
+    """``whole`` (all four gate blocks along ``axis``) cut to the one block in ``blocks``;
+    ``whole`` itself for all four."""
+    if len(blocks) == len(GATE_BLOCKS):
+        return whole
+    (gate,) = blocks
+    k = GATE_BLOCKS[gate]
+    return emit.slice(whole, [k * hidden], [(k + 1) * hidden], [axis])
 
 
 def _batch_dim(emit, x):

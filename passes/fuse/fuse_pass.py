@@ -108,6 +108,7 @@ class Fuse(ScanPass):
         start = len(graph.nodes)
         b = Builder(graph, ctx.names)
         emit = FuseEmitter(b, ctx.opset, self._state(ctx).weights)
+        emit.portable = bool(ctx.options.get("portable_output"))  # written for OpenVINO too (scanopt.portable)
         first = plan.dirs[0]
         cell, kind, n_dirs = first.cell, first.cell.kind, len(plan.dirs)
         x = first.x
@@ -258,7 +259,8 @@ class Fuse(ScanPass):
         cells = d.cell_outputs or {}
         sequences = {"h": y}
         if any(is_read(t, top) for k, t in enumerate(ys) if k in cells):  # layout 0 (Fuse.match)
-            sequences["c"] = cell_sequence(emit, d.cell, native, y, index, n_dirs, d.reverse)
+            sequences["c"] = cell_sequence(emit, d.cell, native, y, index, n_dirs, d.reverse,
+                                           per_gate=emit.portable)
         for key, seq in list(sequences.items()):
             sequences[key] = seq if plan.batched else emit.squeeze(seq, [1])
         time_axis, rank = plan.layout, 3 if plan.batched else 2

@@ -23,6 +23,7 @@ class FuseEmitter(Emitter):
         self._shared = {} if shared is None else shared  # weights already emitted, by content
         self._steps: dict = {}  # (id(X), axis) -> "X has steps" (opset 8: "X is empty" as 0/1)
         self._masks: dict = {}  # id(sequence_lens) -> [B, 1] float mask of length-0 items
+        self.portable = False  # --target portable's output: the forms OpenVINO's CPU runtime runs right too
 
     def _const(self, hint, value):
         return self.const(hint, np.asarray(value))

@@ -53,6 +53,10 @@ class LinattnMatch(Match):
     dv: int
     heads: int  # 1 unless the state has two batch axes [B, H]
 
+    def native_ops(self):
+        """LinearAttention, which a portable runtime must convert (scanopt.portable)."""
+        return (("LinearAttention", {}, ()),)
+
 
 @register_pass
 class Linattn(ScanPass):

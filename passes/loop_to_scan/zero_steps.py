@@ -15,7 +15,9 @@ branch gives what the Loop gives:
   own Loop writes 0 for every dim that is not static (verification judges against the spec
   where the two differ);
 - a stack from SequenceInsert: its ConcatFromSequence fails on the empty sequence in the
-  original, so any value serves; zeros with the step's shape and 0 at the stacking axis.
+  original, so any value serves; zeros with the step's shape and 0 at the stacking axis (the
+  step's shape unknown: zeros of the stacked result's rank, all dims 0, so that the If's
+  branches agree in rank as OpenVINO's CPU plugin requires).
 
 :func:`plan` (in match) says what each output is, or why the Loop cannot be guarded (an
 output whose rank or element type is unknown), or None for no guard; :func:`guard` (in
@@ -73,10 +75,19 @@ def plan(node: gs.Node, match, ctx: PassContext) -> list[ZeroStepOutput] | None:
             found.append(ZeroStepOutput(initial=node.inputs[2 + stack.slot]))
             continue
         zeros = _zeros(stack.value, stack.axis, ctx, [])  # any value: the original fails
-        found.append(zeros or ZeroStepOutput(dtype=_dtype(stack.value, ctx) or np.dtype(np.float32), shape=(0,)))
+        found.append(zeros or _empty_of_stack_rank(stack, ctx))
     if any(z.initial is None and not z.run_once and z.dtype.kind not in "biuf" for z in found):
         return None
     return found
+
+
+def _empty_of_stack_rank(stack, ctx: PassContext) -> ZeroStepOutput:
+    """Zeros for a SequenceInsert stack whose step shape is not known (the original fails on
+    zero steps, so any value serves): of the Scan output's rank where the stacked result's is
+    known (the If's branches then agree in rank, which OpenVINO's CPU plugin requires), else [0]."""
+    dtype = _dtype(stack.value, ctx) or np.dtype(np.float32)
+    rank = ctx.shapes.rank(stack.result)
+    return ZeroStepOutput(dtype=dtype, shape=(0,) * (rank + int(stack.merge)) if rank else (0,))
 
 
 def _dtype(t: gs.Tensor, ctx: PassContext) -> np.dtype | None:

@@ -1,5 +1,5 @@
 """The deployment flags optimize, inspect and upgrade share: --input-shape, --threads,
---execution-provider, --tune/--no-tune."""
+--execution-provider, --tune/--no-tune; and --portable-runtime where --target is taken."""
 
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def add_deploy_arguments(parser: argparse.ArgumentParser, *, tune: bool = True) 
                             help="time budget for measuring, per model (default 30; 2 per distinct Scan)")
 
 
+def add_portable_runtime_argument(parser: argparse.ArgumentParser) -> None:
+    """--portable-runtime NAME, beside a --target that offers portable."""
+    from scanopt.portable import RUNTIMES
+
+    parser.add_argument("--portable-runtime", action="append", choices=list(RUNTIMES), metavar="NAME",
+                        help="with --target portable: a runtime the output must load and run, equal, in (repeatable: "
+                             f"{', '.join(RUNTIMES)}; default all of them). Without openvino, forms OpenVINO's CPU "
+                             "runtime cannot run (LinearAttention-27, native ops it misruns) are written too "
+                             "(docs/execution-providers.md)")
+
+
 def provider_name(text: str) -> str:
     """An argparse type: onnxruntime's full name of a provider (unknown: exit 2, one line)."""
     from scanopt.errors import ScanoptError
@@ -71,8 +82,15 @@ def session_providers(names):
 
 
 def deploy_options(args, feeds: list[dict] | None) -> dict:
-    """options["input_shapes"], ["threads"], ["tune"], ["retune"], ["tune_seconds"] from the flags."""
+    """options["input_shapes"], ["threads"], ["tune"], ["retune"], ["tune_seconds"],
+    ["portable_runtimes"] from the flags."""
     options = {"input_shapes": merge_input_shapes(args.input_shape, feeds), "threads": args.threads}
+    if getattr(args, "portable_runtime", None):
+        if args.target != "portable":
+            from scanopt.errors import ScanoptError
+
+            raise ScanoptError("--portable-runtime needs --target portable")
+        options["portable_runtimes"] = list(dict.fromkeys(args.portable_runtime))
     if args.execution_provider:
         options["execution_providers"] = list(args.execution_provider)
     if getattr(args, "tune", None) is not None:

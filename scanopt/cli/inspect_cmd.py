@@ -6,7 +6,7 @@ import argparse
 import json
 
 from scanopt.cli.common import comma_list
-from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
+from scanopt.cli.deploy_args import add_deploy_arguments, add_portable_runtime_argument, deploy_options
 from scanopt.chooser import Chooser
 from scanopt.cost import TARGETS
 from scanopt.errors import printable
@@ -43,6 +43,7 @@ def register(subparsers) -> None:
     parser.add_argument("--passes", type=comma_list, metavar="A,B", help="passes to ask (default: all)")
     parser.add_argument("--target", choices=list(TARGETS), default="onnxruntime",
                         help="the cost policy that decides what would apply, as in optimize (default onnxruntime)")
+    add_portable_runtime_argument(parser)
     add_deploy_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -8,7 +8,7 @@ import time
 
 from scanopt import before_after
 from scanopt.cli.common import add_job_arguments, comma_list, job_progress, start_job, text_writer
-from scanopt.cli.deploy_args import add_deploy_arguments, deploy_options
+from scanopt.cli.deploy_args import add_deploy_arguments, add_portable_runtime_argument, deploy_options
 from scanopt.errors import ScanoptError, VerificationError, did_you_mean
 from scanopt.isolated import OnnxruntimeCrashError, crash_watch, warm_up
 from scanopt.model_io import bytes_writer, model_writer, read_regular_file, PROTOBUF_LIMIT
@@ -20,6 +20,7 @@ examples:
   scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 --threads 1
   scanopt optimize model.onnx out.onnx --input-shape X:100,8,64 h0:8,32   # onnxsim's form
   scanopt optimize model.onnx out.onnx --target portable   # every proven rewrite, for other backends
+  scanopt optimize model.onnx out.onnx --target portable --portable-runtime onnxruntime   # LinearAttention too
   scanopt optimize model.onnx model.opt.onnx   # no shapes: a form must win over a range of sizes
   scanopt optimize model.onnx out.onnx --no-tune     # same output on every machine
   scanopt optimize model.onnx out.onnx --passes upgrade,canonicalize --report report.json
@@ -47,7 +48,8 @@ def register(subparsers) -> None:
     parser.add_argument("--skip", type=comma_list, default=[], metavar="A,B", help="passes not to run")
     parser.add_argument("--target-opset", type=int, metavar="N", help="opset to move the model to (lets upgrade rewrite Scan-8); default: keep the model's opset")
     parser.add_argument("--unroll-max", type=int, metavar="N", help="unroll Scans of at most N static steps (default: the unroll pass's measured default)")
-    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): per Scan, the form measured (or, where it cannot be, modelled) fastest on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless, written so that OpenVINO's CPU runtime also runs them (docs/execution-providers.md)")
+    parser.add_argument("--target", choices=["onnxruntime", "portable"], default="onnxruntime", help="onnxruntime (default): per Scan, the form measured (or, where it cannot be, modelled) fastest on onnxruntime CPU; portable: prefer native ops and loop-free forms regardless, among those every --portable-runtime runs (default: onnxruntime and OpenVINO's CPU runtime; docs/execution-providers.md)")
+    add_portable_runtime_argument(parser)
     add_deploy_arguments(parser)
     parser.add_argument("--pass-option", action="append", default=[], metavar="KEY=VALUE",
                         help="set a pass's tunable (repeatable): " + "; ".join(f"{k}: {h}" for k, (_, h) in tunables().items()))
