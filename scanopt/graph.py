@@ -187,14 +187,17 @@ class NameAllocator:
         hint stopped: amortized O(1) per name instead of O(names with that hint).
         """
         hint = hint or "v"
-        i = self._next.get(hint, 0)
+        i = self._first_try(hint)
         name = hint if i == 0 else f"{hint}_{i}"
-        while name in self._taken:
+        while name in self:
             i += 1
             name = f"{hint}_{i}"
         self._next[hint] = i + 1
         self._taken.add(name)
         return name
+
+    def _first_try(self, hint: str) -> int:
+        return self._next.get(hint, 0)
 
     def __contains__(self, name: str) -> bool:
         return name in self._taken
@@ -214,16 +217,8 @@ class _DraftAllocator(NameAllocator):
         self._next = {}
         self._taken = set()
 
-    def fresh(self, hint: str) -> str:
-        hint = hint or "v"
-        i = max(self._next.get(hint, 0), self._parent._next.get(hint, 0))
-        name = hint if i == 0 else f"{hint}_{i}"
-        while name in self._taken or name in self._parent:
-            i += 1
-            name = f"{hint}_{i}"
-        self._next[hint] = i + 1
-        self._taken.add(name)
-        return name
+    def _first_try(self, hint: str) -> int:
+        return max(self._next.get(hint, 0), self._parent._first_try(hint))
 
     def __contains__(self, name: str) -> bool:
         return name in self._taken or name in self._parent

@@ -218,14 +218,18 @@ def test_portable_bodies_read_graph_outputs_through_a_copy():
 def _guarded_natives(model: onnx.ModelProto):
     """(native op, its If's then branch) for each native op behind fuse's empty-input If."""
     found = []
+    for _, branches in _ifs(model):
+        natives = [n for n in branches["else_branch"].node if n.op_type in ("RNN", "GRU", "LSTM")]
+        found += [(n, branches["then_branch"]) for n in natives]
+    return found
+
+
+def _ifs(model: onnx.ModelProto):
+    """(If node, {branch name: graph}) for every If at any depth."""
     for graph in walk_proto_graphs(model.graph):
         for node in graph.node:
-            if node.op_type != "If":
-                continue
-            branches = {a.name: a.g for a in node.attribute}
-            natives = [n for n in branches["else_branch"].node if n.op_type in ("RNN", "GRU", "LSTM")]
-            found += [(n, branches["then_branch"]) for n in natives]
-    return found
+            if node.op_type == "If":
+                yield node, {a.name: a.g for a in node.attribute}
 
 
 @pytest.mark.parametrize("path", ["heldout_producers_3/dyn_scan_ema_beside_cell.onnx",
@@ -255,16 +259,12 @@ def _if_rank_mismatches(model: onnx.ModelProto) -> list:
     """(If, output index, then rank, else rank) where an If's branches declare outputs of
     different ranks: OpenVINO's CPU plugin refuses such an If."""
     found = []
-    for graph in walk_proto_graphs(model.graph):
-        for node in graph.node:
-            if node.op_type != "If":
-                continue
-            branches = {a.name: a.g for a in node.attribute}
-            for k, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
-                ra, rb = (len(t.type.tensor_type.shape.dim) if t.type.tensor_type.HasField("shape") else None
-                          for t in (a, b))
-                if None not in (ra, rb) and ra != rb:
-                    found.append((node.name, k, ra, rb))
+    for node, branches in _ifs(model):
+        for k, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
+            ra, rb = (len(t.type.tensor_type.shape.dim) if t.type.tensor_type.HasField("shape") else None
+                      for t in (a, b))
+            if None not in (ra, rb) and ra != rb:
+                found.append((node.name, k, ra, rb))
     return found
 
 
