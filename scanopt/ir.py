@@ -17,7 +17,6 @@ from typing import Iterator
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-
 from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnx_graphsurgeon.logger import G_LOGGER
 from onnx_graphsurgeon.util import misc as gs_misc

@@ -14,59 +14,49 @@ from __future__ import annotations
 
 import onnx
 
-from scanopt.protos import attribute_graphs
+from scanopt.protos import attribute_graphs, outer_names_by_graph
 
 BRANCHES = ("then_branch", "else_branch")
 
 
-def sink_branch_initializers(graph: onnx.GraphProto) -> int:
+def sink_branch_initializers(graph: onnx.GraphProto, captures: dict | None = None) -> int:
     """Move each initializer of ``graph`` that only one If branch reads (at any depth inside
-    it) into that branch, then the same inside every branch; the number that left ``graph``."""
-    fed = {v.name for v in graph.input} | {v.name for v in graph.output}
-    readers: dict[str, set[int]] = {}  # initializer -> ids of the branches (or 0: elsewhere) reading it
-    branch_of: dict[int, onnx.GraphProto] = {}
+    it, a branch output naming it included) into that branch, then the same inside every
+    branch; the number that left ``graph``. ``captures``: protos.outer_names_by_graph, once."""
+    captures = outer_names_by_graph(graph) if captures is None else captures
+    kept = {v.name for v in graph.input} | {v.name for v in graph.output}
+    readers: dict[str, set[int]] = {}  # name -> ids of the branches (0: anything else) reading it
+    branches: dict[int, onnx.GraphProto] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, set()).add(0)
         for attr in node.attribute:
             for sub in attribute_graphs(attr):
                 key = id(sub) if node.op_type == "If" and attr.name in BRANCHES else 0
-                branch_of[key] = sub
-                for name in _reads(sub):
+                branches[id(sub)] = sub
+                for name in captures[id(sub)][1]:
                     readers.setdefault(name, set()).add(key)
-    info = {v.name: v for v in graph.value_info}
-    leaving = [t for t in graph.initializer if _only_in_one_branch(t, readers, fed)]
-    for tensor in leaving:  # removed one by one: rebuilding the list would copy every big weight kept
-        branch = branch_of[next(iter(readers[tensor.name]))]
+    info = {v.name: k for k, v in enumerate(graph.value_info)}
+    leaving = [k for k, t in enumerate(graph.initializer)
+               if len(where := readers.get(t.name, {0})) == 1 and 0 not in where
+               and t.name not in kept and not _external(t)]
+    moved_info = []
+    for k in reversed(leaving):  # deleted by index: rebuilding or remove() would copy or compare big weights
+        tensor = graph.initializer[k]
+        branch = branches[next(iter(readers[tensor.name]))]
         branch.initializer.append(tensor)
-        graph.initializer.remove(tensor)
         if tensor.name in info:
-            branch.value_info.append(info[tensor.name])
-            graph.value_info.remove(info[tensor.name])
+            branch.value_info.append(graph.value_info[info[tensor.name]])
+            moved_info.append(info[tensor.name])
+        del graph.initializer[k]
+    for k in sorted(moved_info, reverse=True):
+        del graph.value_info[k]
     for node in graph.node:
         if node.op_type == "If":
             for attr in node.attribute:
                 if attr.name in BRANCHES:
-                    sink_branch_initializers(attr.g)
+                    sink_branch_initializers(attr.g, captures)
     return len(leaving)
-
-
-def _only_in_one_branch(tensor: onnx.TensorProto, readers: dict[str, set[int]], fed: set[str]) -> bool:
-    where = readers.get(tensor.name, {0})
-    return len(where) == 1 and 0 not in where and tensor.name not in fed and not _external(tensor)
-
-
-def _reads(graph: onnx.GraphProto) -> set[str]:
-    """Every name the nodes of ``graph`` and of the graphs inside it read."""
-    names: set[str] = set()
-    stack = [graph]
-    while stack:
-        current = stack.pop()
-        for node in current.node:
-            names.update(node.input)
-            for attr in node.attribute:
-                stack.extend(attribute_graphs(attr))
-    return names
 
 
 def _external(tensor: onnx.TensorProto) -> bool:

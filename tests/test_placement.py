@@ -88,3 +88,21 @@ def test_a_fused_gru_behind_its_guard_holds_its_own_weights():
     own = {t.name for t in gru_graphs[0].initializer}
     assert {gru.input[1], gru.input[2]} <= own, (list(gru.input), own)
     assert not own & {t.name for t in out.graph.initializer}
+
+
+def test_a_weight_one_branch_reads_and_the_other_returns_stays_outside():
+    """A branch may name an outer value as its output with no node reading it: that is a read
+    too (an earlier version saw only node inputs and left the other branch's output undefined)."""
+    vi = h.make_tensor_value_info
+    then = h.make_graph([h.make_node("Add", ["x", "W"], ["t"])], "then", [], [vi("t", TP.FLOAT, [2])])
+    other = h.make_graph([], "else", [], [vi("W", TP.FLOAT, [2])])
+    graph = h.make_graph([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                         [vi("x", TP.FLOAT, [2]), vi("c", TP.BOOL, [])], [vi("y", TP.FLOAT, [2])],
+                         initializer=[_const("W", [1.0, 2.0])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    assert sink_branch_initializers(model.graph) == 0 and _names(model.graph) == ["W"]
+    from onnx.reference import ReferenceEvaluator  # onnxruntime refuses an outer value as a branch output
+
+    for c, want in ((True, [1.0, 3.0]), (False, [1.0, 2.0])):
+        got = ReferenceEvaluator(model).run(None, {"x": np.array([0.0, 1.0], np.float32), "c": np.array(c)})[0]
+        np.testing.assert_array_equal(got, want)
