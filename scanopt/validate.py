@@ -61,7 +61,8 @@ def _scans_in_functions(model: onnx.ModelProto) -> list[str]:
     if not names:
         return []
     return [f"Scan nodes inside model-local function(s) {', '.join(repr(n) for n in names)}: optimize inlines a "
-            "function called once and rewrites the body of one called more often in place"]
+            "function called once and rewrites the body of one called more often in place (for a CUDA or "
+            "TensorRT provider it inlines every one of them: scanopt.cuda_shapes)"]
 
 
 def _check_versions(model: onnx.ModelProto) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import scanopt
 from scanopt.pass_api import NodeOutcome
-from scanopt.report import WIDTH, Report
+from scanopt.report import WIDTH, Report, count_ops
 from test_scale import shared_x_model
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "models")
@@ -146,3 +146,18 @@ def test_a_scan_that_went_with_another_ones_rewrite_counts_as_replaced():
 
 def test_no_scans_says_so():
     assert _report([], []).format() == "no Scan nodes in the graph or its bodies; nothing to do"
+
+
+def test_count_ops_counts_function_bodies():
+    """A Scan inside a model-local function counts: the report's "ops before" of a model whose
+    recurrence lives in a function is not "no Scan". Called once, the definition's ops are what
+    onnx's own inliner puts in its place."""
+    from onnx import inliner
+
+    model = onnx.load(os.path.join(MODELS, "functions", "fn_rnn_once.onnx"))
+    calls = {f.name for f in model.functions}
+    counted = count_ops(model)
+    assert counted["Scan"] == 1
+    for name in calls:
+        del counted[name]
+    assert counted == count_ops(inliner.inline_local_functions(model))
