@@ -245,8 +245,16 @@ def refusal(pass_name: str, node: gs.Node, label: str, ctx: PassContext) -> str 
         return ""
     owner = ctx.chosen.get(node.name) if node.name else None
     if owner is not None:
-        return f"a loop {owner} emitted as the form it chose: not rewritten again"
+        return f"a loop {owner} {EMITTED}"
     return None
+
+
+EMITTED = "emitted as the form it chose: not rewritten again"
+
+
+def is_emitted(outcome: NodeOutcome) -> bool:
+    """A skip that only says the Scan is part of another rewrite's form (whose own line says so)."""
+    return not outcome.applied and outcome.detail.endswith(EMITTED)
 
 
 def declined(pass_name: str, label: str, level: GraphLevel, estimate) -> NodeOutcome:

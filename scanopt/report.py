@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from scanopt.errors import printable, printable_lines
-from scanopt.pass_api import NodeOutcome
+from scanopt.pass_api import NodeOutcome, is_emitted
 from scanopt.protos import attribute_graphs, walk_proto_graphs
 
 WIDTH = 100  # the longest line the text report prints
@@ -227,7 +227,8 @@ class Report:
         # why not for one nothing was done to (a Loop that stays a Loop)
         changed = {(o.node, o.path) for o in self.outcomes if o.applied}
         for o in self.outcomes:
-            if (o.node, o.path) not in known and (o.applied or skips or (o.node, o.path) not in changed):
+            if (o.node, o.path) not in known and (o.applied or skips or (o.node, o.path) not in changed
+                                                  and not is_emitted(o)):
                 lines += _wrapped(f"{o.node}: {o.pass_name} {'applied' if o.applied else 'skipped'}: {_detail(o)}", "  ")
         return lines
 

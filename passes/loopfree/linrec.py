@@ -136,6 +136,9 @@ class Linrec(ScanPass):
     }
 
     def match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
+        if node.name and ctx.loop_branches.get(node.name) == self.name:  # before absorption: its Scan is new
+            return Skip("the loop branch of linrec's run-time dispatch on the length (module dispatch): not "
+                        "rewritten again")
         plain = self._match(node, view, level, ctx)
         found = absorb.absorption(node, view, level, ctx.shapes)
         if found is None:
@@ -164,9 +167,6 @@ class Linrec(ScanPass):
         return scan, wider
 
     def _match(self, node: gs.Node, view: ScanView, level: GraphLevel, ctx: PassContext) -> Match | Skip:
-        if node.name and ctx.loop_branches.get(node.name) == self.name:
-            return Skip("the loop branch of linrec's run-time dispatch on the length (module dispatch): not "
-                        "rewritten again")
         if view.batched:
             return Skip("opset-8 batched Scan: linrec handles Scan-9+ (the upgrade pass converts it first)")
         if ctx.opset < 11:
