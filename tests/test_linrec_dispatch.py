@@ -136,3 +136,33 @@ def test_verification_reaches_both_branches(branch):
         assert any(label.startswith("seed") for label in failed), failed
     else:
         assert failed and all("1024" in label for label in failed), failed
+
+
+def _runs_loop(model: onnx.ModelProto, feeds: dict) -> bool:
+    """The dispatch If's condition on ``feeds`` (True: the loop branch runs)."""
+    (node,) = _dispatches(model)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(h.make_tensor_value_info(node.input[0], onnx.TensorProto.BOOL, []))
+    return bool(run(probe, feeds)[node.input[0]])
+
+
+def test_a_symbolic_state_width_is_tested_at_run_time():
+    """Mamba's state [B, D, N] with D and N symbolic: the crossover was measured on states up to
+    256 elements per batch row, so the chunked form runs only where T >= 128 and the state is
+    that narrow (at D=64, N=16 it measured 0.59x the loop at T=1024); before, a symbolic width
+    counted as 1 and the chunked form ran at every width."""
+    m = onnx.load(os.path.join(HELDOUT, "..", "heldout_mamba", "einsum_outside_os.onnx"))
+    out, report = _dispatched(m)
+    (done,) = [o for o in report.outcomes if o.pass_name == "linrec" and o.applied]
+    assert f"If(T < {THRESHOLD} or a state over 256 elements per batch row" in done.detail, report.format()
+    rng = np.random.default_rng(3)
+    for steps, d, n, loop in ((THRESHOLD + 2, 3, 5, False), (THRESHOLD + 2, 16, 16, False), (THRESHOLD + 2, 64, 16, True),
+                              (THRESHOLD - 1, 3, 5, True), (THRESHOLD + 2, 257, 1, True)):
+        sizes = {"B": 2, "L": steps, "D": d, "N": n}
+        feeds = {v.name: (rng.standard_normal([sizes[x.dim_param] for x in v.type.tensor_type.shape.dim]) * 0.3)
+                 .astype(np.float32) for v in m.graph.input}
+        assert _runs_loop(out, feeds) == loop, sizes
+        want, got = run(m, feeds), run(out, feeds)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=f"{key} at {sizes}")

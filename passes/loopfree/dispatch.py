@@ -10,6 +10,9 @@ every length, so both are written::
       then: the Scan as it was (later passes may hoist it; linrec does not rewrite it again)
       else: the chunked form
 
+States wider than the measurements had (MEASURED_STATE elements per batch row) stay with the
+loop: where a width is symbolic, the If tests it too, at run time.
+
 The threshold is the measured crossover (benchmarks/bench_symbolic_t.py --crossover): the
 smallest length at which the chunked form beat the loop (as the pipeline leaves it: hoisted)
 for EMA and minGRU at the widths measured. Both branches compute the same recurrence, so the
@@ -37,20 +40,36 @@ from scanopt.rewrite import Builder, loop_where
 # T=128 for minGRU I=H=64/128 (0.98x at 96, 1.18-1.25x at 128); at T=64 0.81-0.98x, at 16
 # 0.32-0.37x.
 THRESHOLD = 128
+# The widest state per batch row those measurements had (EMA H=256); a wider or symbolic one
+# is not dispatched blind: Mamba's [B, D=64, N=16] measured slower in the chunked form at T=1024
+# (models/heldout_mamba: einsum_outside_os 0.59x, hf_mixer_dyn 0.68x the loop, declared).
+MEASURED_STATE = 256
 
 
 def wrap(node: gs.Node, values: list, graph: gs.Graph, start: int, threshold: int, scanned: gs.Tensor, axis: int,
-         opset: int, names, dtype_of) -> None:
+         opset: int, names, dtype_of, widths: list[tuple[gs.Tensor, int]] = ()) -> None:
     """Put the nodes appended to ``graph`` from ``start`` on (the chunked form, computing
     ``values``, one per output of ``node``) into the else branch of ``If(length < threshold)``
     and ``node`` itself into the then branch; the If writes ``node``'s output tensors.
     ``scanned``: the first scan input, ``axis`` its scan axis (non-negative); ``dtype_of``:
-    a tensor's element type where known."""
+    a tensor's element type where known. ``widths``: (initial state, its rank) for states whose
+    width is symbolic: the loop also where one holds more than MEASURED_STATE elements per
+    batch row (its leading dim; a rank-1 state is one row)."""
 
     def short() -> gs.Tensor:
         e = Emitter(Builder(graph, names, prefix=f"{node.name}_" if node.name else ""), opset)
         length = e.op("Gather", [e.op("Shape", [scanned], dtype=np.int64), e.const("axis", np.int64(axis))], axis=0,
                       dtype=np.int64, shape=[])
-        return e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
+        loop = e.op("Less", [length, e.const("threshold", np.int64(threshold))], dtype=np.bool_, shape=[])
+        widest = e.const("widest", np.int64(MEASURED_STATE))
+        for state, rank in widths:
+            bound = widest
+            if rank > 1:
+                rows = e.op("Gather", [e.op("Shape", [state], dtype=np.int64), e.const("zero", np.int64(0))], axis=0,
+                            dtype=np.int64, shape=[])
+                bound = e.op("Mul", [rows, widest], dtype=np.int64, shape=[])
+            wide = e.op("Greater", [e.op("Size", [state], dtype=np.int64, shape=[]), bound], dtype=np.bool_, shape=[])
+            loop = e.op("Or", [loop, wide], dtype=np.bool_, shape=[])
+        return loop
 
     loop_where(node, values, graph, start, names, short, "chunked", dtype_of)

@@ -29,7 +29,7 @@ chunked form (measured: it loses to the loop on short sequences).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -105,6 +105,7 @@ class LinrecMatch(Match):
     form: str
     attention: AttentionForm | None = None  # the matmul form of decayed linear attention
     slower_below: int | None = None  # see Match; set for the chunked forms on a symbolic length
+    checked_widths: list[int] = field(default_factory=list)  # states the run-time dispatch tests the width of
     # widening producers of the scan inputs to take into the body first (module absorb); the
     # match then describes the Scan they make, and ``plain`` is the Scan's own
     absorb: absorb.Absorption | None = None
@@ -244,7 +245,10 @@ class Linrec(ScanPass):
         # the run-time dispatch: measured for the one-pass positions form (EMA, minGRU); the
         # two-pass form's crossover is not (it stays declined unmeasured on a symbolic length)
         if slower is not None and form == "positions" and _length_axis(view) is not None:
-            match.dispatch_below = int(ctx.options.get("linrec_dispatch_below", dispatch.THRESHOLD))
+            widths = {i: _row_width(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i])) for i in general}
+            if all(w is None or w <= dispatch.MEASURED_STATE for w in widths.values()):
+                match.dispatch_below = int(ctx.options.get("linrec_dispatch_below", dispatch.THRESHOLD))
+                match.checked_widths = [i for i, w in widths.items() if w is None]
         return match
 
     def _attention(self, node, view, body, changing, updates, ranks, dtypes, ctx):
@@ -448,10 +452,13 @@ class Linrec(ScanPass):
             ctx.derived[node.name] = label
         ctx.loop_branches[node.name] = self.name
         view = match.view
+        widths = [(node.inputs[i], match.ranks[i]) for i in match.checked_widths]
         dispatch.wrap(node, values, graph, start, match.dispatch_below, node.inputs[view.num_states], _length_axis(view),
-                      ctx.opset, ctx.names, ctx.shapes.dtype)
-        return (f"behind If(T < {match.dispatch_below}): the Scan below {match.dispatch_below} steps, this form from "
-                "there (the length is symbolic: a run-time dispatch)")
+                      ctx.opset, ctx.names, ctx.shapes.dtype, widths)
+        wide = (f" or a state over {dispatch.MEASURED_STATE} elements per batch row (its width is symbolic)"
+                if widths else "")
+        return (f"behind If(T < {match.dispatch_below}{wide}): the Scan below {match.dispatch_below} steps, this form "
+                "from there (the length is symbolic: a run-time dispatch)")
 
     def _rewrite_attention(self, node, match: LinrecMatch, e: LiftEmitter, mapping, graph, position, start, ctx) -> str:
         (i, update), = match.updates.items()
@@ -941,6 +948,17 @@ def _emit_aliasing_identities(steps, e: LiftEmitter, mapping) -> None:
             mapping[id(nd.outputs[0])] = mapping.get(id(nd.inputs[0]), nd.inputs[0])
         else:
             emit_nodes([step], e, mapping)
+
+
+def _row_width(shape) -> int | None:
+    """A state's elements per batch row (its leading dim; a rank-1 state is one row) where every
+    other dim is known, else None: then the run-time dispatch tests it (module dispatch). A
+    symbolic width counted as 1 let Mamba's [B, D, N] through as narrow (models/heldout_mamba at
+    T=1024, no shapes: mambapy_seq_ts 33x where the loop gives 46x, einsum_outside_os 0.93x)."""
+    rest = list(shape[1:]) if shape and len(shape) > 1 else list(shape or [])
+    if shape is None or any(not isinstance(d, (int, np.integer)) or d < 0 for d in rest):
+        return None
+    return int(np.prod(rest, dtype=np.int64))
 
 
 def _state_elements(shape) -> int | None:
