@@ -1,0 +1,55 @@
+"""Regression tests for the defects review-12 found in the newest modules (chooser, placement,
+cuda_shapes, functions, portable, timing, fuse's guards)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper as oh
+from onnx import numpy_helper as nh
+
+import scanopt
+from builders import vi
+from scanopt.cuda_shapes import scan_bodies, settle
+from test_cuda_scan_shapes import CUDA, D, H, assert_same_outputs, dims, feeds, gated_body, issue_model
+
+
+def with_default_input(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (issue_model) with a weight that is an initializer and a graph input too, as
+    keep_initializers_as_inputs and IR 3 write every weight: x0 is scaled by it."""
+    b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+    model.graph.initializer.append(nh.from_array(np.full((b, H, D), 0.5, np.float32), "w"))
+    model.graph.input.append(vi("w", [b, H, D]))
+    first = model.graph.node[0]
+    model.graph.node.insert(0, oh.make_node("Mul", [first.input[0], "w"], ["x0w"]))
+    first.input[0] = "x0w"
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_cuda_dims_are_written_when_an_initializer_is_also_a_graph_input():
+    # was: the name counted twice (input and initializer of one graph) read as "value names
+    # repeat across graphs", and no dim of any Scan body was written
+    model = with_default_input(issue_model(b=2, t=5))
+    done = settle(model)
+    assert done.dims == settle(issue_model(b=2, t=5)).dims > 0
+    assert "repeat" not in done.note()
+    optimized, report = scanopt.optimize(model, options=CUDA)
+    assert "repeat" not in report.target
+    for body in scan_bodies(optimized):
+        assert dims(body.input[0]) == [2, H, D]
+    assert_same_outputs(model, optimized, feeds(2, 5))
+
+
+def test_cuda_dims_are_not_proven_from_a_default_a_caller_may_feed():
+    # an initializer that is a graph input is a default: a caller may feed another shape, which
+    # the original runs; a dim proven from the default's shape would make the body refuse it
+    scan = oh.make_node("Scan", ["w", "xs"], ["f", "out"], body=gated_body(), num_scan_inputs=1)
+    graph = oh.make_graph([scan], "main", [vi("w", ["a", H, D]), vi("xs", ["T", "a", H, D])],
+                          [vi("f", ["a", H, D]), vi("out", ["T", "a", H, D])],
+                          initializer=[nh.from_array(np.full((2, H, D), 0.5, np.float32), "w")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    done = settle(model)
+    assert all(dims(body.input[0])[0] == "B" for body in scan_bodies(done.model))
+    data = {"w": np.full((3, H, D), 0.25, np.float32), "xs": np.ones((4, 3, H, D), np.float32)}
+    assert_same_outputs(model, done.model, data)
