@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from scanopt.errors import ScanoptError
-from scanopt.functions import function_key, function_label, inline_functions, nodes_within
+from scanopt.functions import call_sites, function_key, function_label, inline_functions, nodes_within
 from scanopt.pass_api import NodeOutcome
 from scanopt.protos import attribute_graphs, copy_fields, in_default_domain, walk_proto_graphs
 
@@ -116,7 +116,8 @@ def settle(model: onnx.ModelProto, input_shapes=None) -> Settled:
     """``model`` with its Scan-holding functions inlined and its Scan bodies' dims written
     where static shapes prove them (a new model; ``model`` itself when nothing changes)."""
     done = Settled(model)
-    keys = scan_functions(model)
+    calls = call_sites(model)  # a function nothing calls runs no Scan: kept as it is, not dropped as inlined
+    keys = [key for key in scan_functions(model) if calls.get(key)]
     current = model
     if keys:
         try:

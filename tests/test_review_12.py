@@ -11,7 +11,7 @@ from onnx import numpy_helper as nh
 import scanopt
 from builders import vi
 from scanopt.cuda_shapes import scan_bodies, settle
-from test_cuda_scan_shapes import CUDA, D, H, assert_same_outputs, dims, feeds, gated_body, issue_model
+from test_cuda_scan_shapes import CUDA, D, H, assert_same_outputs, dims, feeds, gated_body, issue_model, run_scan_function
 
 
 def with_default_input(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -53,3 +53,41 @@ def test_cuda_dims_are_not_proven_from_a_default_a_caller_may_feed():
     assert all(dims(body.input[0])[0] == "B" for body in scan_bodies(done.model))
     data = {"w": np.full((3, H, D), 0.25, np.float32), "xs": np.ones((4, 3, H, D), np.float32)}
     assert_same_outputs(model, done.model, data)
+
+
+def uncalled_function_model() -> onnx.ModelProto:
+    """A main-graph Scan beside a local function holding a Scan that nothing calls (a layer
+    library exported with the model)."""
+    scan = oh.make_node("Scan", ["x0", "xs"], ["f", "out"], body=gated_body("m_"), num_scan_inputs=1)
+    graph = oh.make_graph([scan], "main", [vi("x0", [2, H, D]), vi("xs", [5, 2, H, D])],
+                          [vi("f", [2, H, D]), vi("out", [5, 2, H, D])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)],
+                         functions=[run_scan_function()], ir_version=8)
+
+
+def test_cuda_keeps_a_function_nothing_calls_and_does_not_report_it_inlined():
+    # was: inlined "at every call site" (none), so dropped from the written model, and
+    # reported both "never called" and "inlined at every call site for the CUDA EP"
+    model = uncalled_function_model()
+    done = settle(model)
+    assert [f.name for f in done.model.functions] == ["RunScan"] and not done.inlined
+    assert done.dims > 0  # the main graph's Scan is still written for CUDA
+    optimized, report = scanopt.optimize(model, options=CUDA)
+    assert [f.name for f in optimized.functions] == ["RunScan"]
+    assert "inlined" not in report.target
+    assert not [o for o in report.outcomes if o.pass_name == "functions" and o.applied]
+    assert_same_outputs(model, optimized, feeds(2, 5))
+
+
+def test_cuda_inlines_a_scan_function_into_an_uncalled_caller_and_keeps_the_caller():
+    # an uncalled function calling one that holds a Scan: the callee is inlined at its call
+    # site (in the caller), the caller stays
+    model = uncalled_function_model()
+    caller = oh.make_function("local", "Caller", ["a", "b"], ["c", "d"],
+                              [oh.make_node("RunScan", ["a", "b"], ["c", "d"], domain="local")],
+                              [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)])
+    model.functions.append(caller)
+    done = settle(model)
+    assert [f.name for f in done.model.functions] == ["Caller"]
+    assert done.inlined == ["local.RunScan"]
+    assert [n.op_type for n in done.model.functions[0].node] == ["Scan"]
