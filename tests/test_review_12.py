@@ -91,3 +91,54 @@ def test_cuda_inlines_a_scan_function_into_an_uncalled_caller_and_keeps_the_call
     assert [f.name for f in done.model.functions] == ["Caller"]
     assert done.inlined == ["local.RunScan"]
     assert [n.op_type for n in done.model.functions[0].node] == ["Scan"]
+
+
+def wrong_fuse(monkeypatch) -> None:
+    """Make fuse's rewrite wrong (its native op's Y scaled by 1.5): verification rolls it back."""
+    import onnx_graphsurgeon as gs
+
+    import scanopt.passes.fuse.fuse_pass as fuse_pass
+
+    rewrite = fuse_pass.Fuse._rewrite
+
+    def scaled(self, node, plan, level, ctx):
+        detail = rewrite(self, node, plan, level, ctx)
+        graph = level.graph
+        for native in [n for n in graph.nodes if n.op in ("RNN", "GRU", "LSTM")]:
+            y = native.outputs[0]
+            bad = gs.Variable(ctx.names.fresh("scaled"), dtype=y.dtype)
+            for reader in list(y.outputs):
+                reader.inputs[reader.inputs.index(y)] = bad
+            k = gs.Constant(ctx.names.fresh("k"), np.array(1.5, np.float32))
+            graph.nodes.append(gs.Node("Mul", inputs=[y, k], outputs=[bad]))
+        graph.toposort()
+        return detail
+
+    monkeypatch.setattr(fuse_pass.Fuse, "_rewrite", scaled)
+
+
+def test_a_rollback_keeps_the_reports_target_line(monkeypatch):
+    # was: the report of the re-run after a rollback replaced the first run's, and only its
+    # warnings were carried over: the target line lost "modelled for CUDA, not measured"
+    # (and --tune's measurements, report.tuning, were dropped the same way)
+    import cell_builders as cb
+
+    model = cb.rnn_model(hidden=16, inputs=8, seq=12, batch=2)
+    _, clean = scanopt.optimize(model, options=CUDA)
+    assert clean.target.startswith("cuda")
+    wrong_fuse(monkeypatch)
+    optimized, report = scanopt.optimize(model, options=CUDA)
+    assert report.verification["rolled_back"] == ["fuse on cell_scan"]
+    assert report.target.startswith("cuda") and "modelled for CUDA" in report.target
+    assert report.target.split("; ")[:2] == clean.target.split("; ")[:2]
+
+
+def test_a_rollback_keeps_the_measurements_in_the_report(monkeypatch, tmp_path):
+    import cell_builders as cb
+
+    model = cb.rnn_model(hidden=16, inputs=8, seq=12, batch=2)
+    wrong_fuse(monkeypatch)
+    options = {"tune": True, "tune_seconds": 0.3, "tune_cache": str(tmp_path / "cache.json")}
+    _, report = scanopt.optimize(model, options=options)
+    assert report.verification["rolled_back"] == ["fuse on cell_scan"]
+    assert len(report.tuning) == 1 and report.tuning[0].startswith("cell_scan: loop ")
