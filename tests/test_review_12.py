@@ -142,3 +142,36 @@ def test_a_rollback_keeps_the_measurements_in_the_report(monkeypatch, tmp_path):
     _, report = scanopt.optimize(model, options=options)
     assert report.verification["rolled_back"] == ["fuse on cell_scan"]
     assert len(report.tuning) == 1 and report.tuning[0].startswith("cell_scan: loop ")
+
+
+def test_a_rewrite_in_the_loop_branch_of_the_batch_dispatch_is_verified(monkeypatch):
+    # fuse writes a Scan of unknown batch behind If(B >= k), the Scan kept where B >= k (k up
+    # to 32), and later forms rewrite that Scan (here unroll, as --unroll-max asks); the seeds'
+    # batches (8, 1) never ran that branch, so a wrong rewrite there was written unverified
+    import onnx_graphsurgeon as gs
+
+    import cell_builders as cb
+    import scanopt.passes.unroll.unroll_pass as unroll_pass
+    from scanopt.cost import DISPATCH_BATCHES
+    from scanopt.weak_spots import WIDE_BATCH
+
+    assert WIDE_BATCH >= max(DISPATCH_BATCHES)
+    model = cb.rnn_model(hidden=8, inputs=256, seq=12)
+    rewrite = unroll_pass.Unroll.rewrite
+
+    def wrong(self, node, match, level, ctx):
+        out = next(t for t in node.outputs if t.name)
+        detail = rewrite(self, node, match, level, ctx)
+        producer = out.inputs[0]
+        early = gs.Variable(ctx.names.fresh("early"), dtype=out.dtype)
+        producer.outputs[producer.outputs.index(out)] = early
+        k = gs.Constant(ctx.names.fresh("k"), np.array(1.5, np.float32))
+        level.graph.nodes.append(gs.Node("Mul", inputs=[early, k], outputs=[out]))
+        return detail
+
+    monkeypatch.setattr(unroll_pass.Unroll, "rewrite", wrong)
+    optimized, report = scanopt.optimize(model, options={"unroll_max": 16})
+    applied = [o for o in report.outcomes if o.applied]
+    assert any(o.pass_name == "fuse" and "behind If(B >= " in o.detail for o in applied), applied
+    assert report.verification["rolled_back"] == ["unroll on cell_scan"], report.verification["summary"]
+    assert not any(o.pass_name == "unroll" for o in applied)
