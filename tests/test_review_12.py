@@ -175,3 +175,28 @@ def test_a_rewrite_in_the_loop_branch_of_the_batch_dispatch_is_verified(monkeypa
     assert any(o.pass_name == "fuse" and "behind If(B >= " in o.detail for o in applied), applied
     assert report.verification["rolled_back"] == ["unroll on cell_scan"], report.verification["summary"]
     assert not any(o.pass_name == "unroll" for o in applied)
+
+
+def test_fused_per_item_lengths_keep_a_finite_final_state_beside_an_infinite_initial_one():
+    # the final states of items with steps were written final + initial * (len == 0): an inf in
+    # the initial state gave inf * 0 = NaN there, where the Scan's state is tanh's finite value
+    import onnxruntime as ort
+
+    from equivalence import top_ops
+    from test_tf2onnx import _where_masked_rnn
+
+    model = _where_masked_rnn()
+    optimized, report = scanopt.optimize(model)
+    assert any(o.pass_name == "fuse" and o.applied for o in report.outcomes)
+    assert top_ops(optimized).get("Scan", 0) == 0
+    rng = np.random.default_rng(1)
+    # lengths of 1..T: onnxruntime 1.31 refuses a sequence_lens entry of 0 (docs: DESIGN)
+    data = {"X": rng.normal(size=(5, 3, 3)).astype(np.float32), "lens": np.array([5, 3, 2], np.int64),
+            "h0": rng.normal(size=(3, 4)).astype(np.float32)}
+    data["h0"][1, 2] = np.inf
+    runs = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, data)
+            for m in (model, optimized)]
+    (h_want, y_want), (h_got, y_got) = runs
+    assert np.isfinite(h_want).all()
+    np.testing.assert_allclose(h_got, h_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y_got, y_want, rtol=1e-5, atol=1e-6)
