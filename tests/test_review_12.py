@@ -200,3 +200,47 @@ def test_fused_per_item_lengths_keep_a_finite_final_state_beside_an_infinite_ini
     assert np.isfinite(h_want).all()
     np.testing.assert_allclose(h_got, h_want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(y_got, y_want, rtol=1e-5, atol=1e-6)
+
+
+def counter_scan(y_shape) -> onnx.ModelProto:
+    """A Scan whose body reads none of its scan elements (c = sin(c + w) per step), its scan output
+    Expand(c, [2, 3]) (rank 2; ``y_shape``: the body output's declared shape, None: none)
+    stacked on axis -2."""
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, y_shape or [])
+    if y_shape is None:
+        y.type.tensor_type.ClearField("shape")
+    body = oh.make_graph([oh.make_node("Add", ["c", "w"], ["a"]), oh.make_node("Sin", ["a"], ["c2"]),
+                          oh.make_node("Expand", ["c2", "shp"], ["y"])],
+                         "b", [vi("c", [3]), vi("x", [3])], [vi("c2", [3]), y],
+                         initializer=[nh.from_array(np.array([2, 3], np.int64), "shp")])
+    graph = oh.make_graph([oh.make_node("Scan", ["c0", "X"], ["cf", "Y"], body=body, num_scan_inputs=1,
+                                        scan_output_axes=[-2])], "g", [vi("c0", [3]), vi("X", ["T", 3])],
+                          [vi("cf", [3]), vi("Y", ["a", "b", "c"])],
+                          initializer=[nh.from_array(np.ones(3, np.float32), "w")])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def test_portable_does_not_take_a_negative_scan_output_axis_of_unknown_rank_for_axis_0():
+    # was: a body output of unknown rank counted as rank 1, so axis -2 read as axis 0 and the
+    # Loop stacked [T, 2, 3] where the Scan writes [2, T, 3] (verification rolled it back;
+    # without verification it was written)
+    from equivalence import top_ops
+
+    from scanopt.engines import run
+
+    data = {"c0": np.zeros(3, np.float32), "X": np.ones((4, 3), np.float32)}
+    model = counter_scan(None)
+    optimized, _ = scanopt.optimize(model, verify=False, skip="canonicalize", options={"target": "portable"})
+    assert top_ops(optimized)["Loop"] == 0 and top_ops(optimized)["Scan"] == 1
+    assert run(optimized, data)["Y"].shape == run(model, data)["Y"].shape == (2, 4, 3)
+    # a declared rank 2 makes axis -2 the middle axis: no Loop either
+    optimized, _ = scanopt.optimize(counter_scan([2, 3]), verify=False, skip="canonicalize", options={"target": "portable"})
+    assert top_ops(optimized)["Loop"] == 0
+    # rank 1 (y = c2): axis -2 is axis 0, and the Scan becomes the Loop
+    model = counter_scan(None)
+    model.graph.node[0].attribute[0].g.node[2].CopyFrom(oh.make_node("Identity", ["c2"], ["y"]))
+    model.graph.node[0].attribute[0].g.output[1].CopyFrom(vi("y", [3]))
+    model.graph.output[1].CopyFrom(vi("Y", ["T", 3]))
+    optimized, _ = scanopt.optimize(model, verify=False, skip="canonicalize", options={"target": "portable"})
+    assert top_ops(optimized)["Loop"] == 1
+    np.testing.assert_array_equal(run(optimized, data)["Y"], run(model, data)["Y"])
