@@ -129,8 +129,7 @@ def test_a_rollback_keeps_the_reports_target_line(monkeypatch):
     wrong_fuse(monkeypatch)
     optimized, report = scanopt.optimize(model, options=CUDA)
     assert report.verification["rolled_back"] == ["fuse on cell_scan"]
-    assert report.target.startswith("cuda") and "modelled for CUDA" in report.target
-    assert report.target.split("; ")[:2] == clean.target.split("; ")[:2]
+    assert report.target.startswith("cuda") and report.target.split("; ")[:2] == clean.target.split("; ")[:2]
 
 
 def test_a_rollback_keeps_the_measurements_in_the_report(monkeypatch, tmp_path):
@@ -156,6 +155,10 @@ def test_a_rewrite_in_the_loop_branch_of_the_batch_dispatch_is_verified(monkeypa
     from scanopt.weak_spots import WIDE_BATCH
 
     assert WIDE_BATCH >= max(DISPATCH_BATCHES)
+    # the dispatch's threshold is the cost model's: pinned to its largest (the case the seeds miss)
+    import scanopt.cost
+
+    monkeypatch.setattr(scanopt.cost, "batch_dispatch", lambda ratios: (max(DISPATCH_BATCHES), 0.5))
     model = cb.rnn_model(hidden=8, inputs=256, seq=12)
     rewrite = unroll_pass.Unroll.rewrite
 
@@ -172,7 +175,7 @@ def test_a_rewrite_in_the_loop_branch_of_the_batch_dispatch_is_verified(monkeypa
     monkeypatch.setattr(unroll_pass.Unroll, "rewrite", wrong)
     optimized, report = scanopt.optimize(model, options={"unroll_max": 16})
     applied = [o for o in report.outcomes if o.applied]
-    assert any(o.pass_name == "fuse" and "behind If(B >= " in o.detail for o in applied), applied
+    assert any(o.pass_name == "fuse" and f"behind If(B >= {max(DISPATCH_BATCHES)})" in o.detail for o in applied), applied
     assert report.verification["rolled_back"] == ["unroll on cell_scan"], report.verification["summary"]
     assert not any(o.pass_name == "unroll" for o in applied)
 
