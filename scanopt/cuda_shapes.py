@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import onnx
 
 from scanopt.errors import ScanoptError
-from scanopt.functions import function_key, function_label, inline_functions, nodes_within
+from scanopt.functions import call_sites, function_key, function_label, inline_functions, nodes_within
 from scanopt.pass_api import NodeOutcome
-from scanopt.protos import attribute_graphs, in_default_domain, walk_proto_graphs
+from scanopt.protos import attribute_graphs, copy_fields, in_default_domain, walk_proto_graphs
 
 ISSUE = "onnxruntime issue 27887"
 FIELDS = ("input", "output", "value_info")
@@ -116,7 +116,8 @@ def settle(model: onnx.ModelProto, input_shapes=None) -> Settled:
     """``model`` with its Scan-holding functions inlined and its Scan bodies' dims written
     where static shapes prove them (a new model; ``model`` itself when nothing changes)."""
     done = Settled(model)
-    keys = scan_functions(model)
+    calls = call_sites(model)  # a function nothing calls runs no Scan: kept as it is, not dropped as inlined
+    keys = [key for key in scan_functions(model) if calls.get(key)]
     current = model
     if keys:
         try:
@@ -148,7 +149,7 @@ def _plan(model: onnx.ModelProto, input_shapes, done: Settled) -> tuple[list, di
         return [], {}
     from scanopt.dims import DimClasses
 
-    proven = DimClasses(model)
+    proven = DimClasses(_without_defaults(model))
     declared = None
     if input_shapes:
         from scanopt.deploy import shaped_model
@@ -157,9 +158,11 @@ def _plan(model: onnx.ModelProto, input_shapes, done: Settled) -> tuple[list, di
     # DimClasses keys dims by value name: a name two graphs both define (a body may shadow an
     # outer name, sibling bodies may share theirs) ties unrelated dims together, and the error
     # spreads through every dim proven equal to them: then no dim is written
+    # (each name once per graph: an initializer listed as a graph input too, as IR 3 and
+    # keep_initializers_as_inputs write it, is one value, not a repeat)
     defined = Counter(name for g in walk_proto_graphs(model.graph)
-                      for name in [v.name for v in g.input] + [t.name for t in g.initializer]
-                      + [o for n in g.node for o in n.output if o])
+                      for name in {v.name for v in g.input} | {t.name for t in g.initializer}
+                      | {o for n in g.node for o in n.output if o})
     repeated = sorted(name for name, n in defined.items() if n > 1)
     if repeated:
         done.unproven = (f"value names repeat across graphs ({', '.join(repeated[:3])}"
@@ -186,6 +189,19 @@ def _plan(model: onnx.ModelProto, input_shapes, done: Settled) -> tuple[list, di
         done.symbolic += left
         done.symbolic_scans += bool(left)
     return edits, drops
+
+
+def _without_defaults(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy without the main graph's initializers that are graph inputs too:
+    defaults a caller may feed with another shape, so no dim is proven from the default's."""
+    inputs = {v.name for v in model.graph.input}
+    if not any(t.name in inputs for t in model.graph.initializer):
+        return model
+    light = onnx.ModelProto()
+    copy_fields(model, light, skip=("graph",))
+    copy_fields(model.graph, light.graph, skip=("initializer",))
+    light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in inputs)
+    return light
 
 
 def _orphans(graph: onnx.GraphProto) -> list[int]:

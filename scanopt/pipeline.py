@@ -571,6 +571,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
     rejected = [k for k in keys if k not in accepted]
     final, final_report = _run_passes(model, chosen, options, frozenset(rejected), progress, shapes)
     final_report.warnings = report.warnings
+    final_report.tuning, final_report.target = report.tuning, report.target  # set on the first run's report
     final_verdict = check(final) if final_report.modified else None
     if final_verdict is not None and not final_verdict.passed:
         # Rewrites that pass alone fail together: keep nothing.

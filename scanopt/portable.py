@@ -207,7 +207,8 @@ def _as_counted_loop(node: gs.Node, graph: gs.Graph, ctx: PassContext, dtype) ->
         return False
     n_out = len(body.outputs) - n_states
     axes = node.attrs.get("scan_output_axes", [0] * n_out)
-    if any(int(a) not in (0, -_rank_or(body.outputs[n_states + k], 1) - 1) for k, a in enumerate(axes)):
+    ranks = [_rank_or(body.outputs[n_states + k], None) for k in range(n_out)]  # -(rank + 1) is axis 0 too
+    if any(int(a) != 0 and (r is None or int(a) != -r - 1) for a, r in zip(axes, ranks)):
         return False
     if any(int(d) for d in node.attrs.get("scan_output_directions", [])):
         return False

@@ -28,7 +28,7 @@ from scanopt.inputs import (
     input_specs,
     output_specs,
 )
-from scanopt.weak_spots import long_sequences, long_trip_counts, row_queries
+from scanopt.weak_spots import long_sequences, long_trip_counts, row_queries, wide_batches
 from scanopt.widen import widened, widened_feeds
 
 # The tolerance rule, in one place (:func:`tolerance` applies it). An element passes when
@@ -950,7 +950,7 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
             yield _seed_run(synthesizer, seed, original, candidate, candidate_path, pairs, engine, notes, sizes)[0]
         probes = [*row_queries(original, seed0), *long_trip_counts(original, seed0)]
         if all(name != "reference" for name, _, _ in pairs):  # numpy steps a long Scan slowly
-            probes += long_sequences(original, seed0)
+            probes += [*long_sequences(original, seed0), *wide_batches(original, seed0)]
         for label, feeds in probes:
             try:
                 expected = {name: runner(feeds) for name, runner, _ in pairs}

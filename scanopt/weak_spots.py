@@ -14,8 +14,10 @@ a graph input ran 0-4 steps on random integers: :func:`long_trip_counts` runs it
 steps (a converted Loop's Scan, with its Slice of the sequence, past the first few
 positions). And a Scan whose length is a named dim ran at a few dozen steps, where a
 loop-free form's reordered accumulation has not yet drifted: :func:`long_sequences` runs it
-LONG_SEQUENCE steps. Verification adds these sets to the synthesized ones (scanopt.verify);
-a set the original refuses is dropped.
+LONG_SEQUENCE steps; and its batch, a named dim, ran at the seeds' small sizes, below the
+batch from which fuse's run-time dispatch runs the Scan (and what later forms made of it):
+:func:`wide_batches` runs it at WIDE_BATCH. Verification adds these sets to the synthesized
+ones (scanopt.verify); a set the original refuses is dropped.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ SPREAD_ROWS = 4096  # rows read to estimate a table's spread
 _PLAIN = {onnx.TensorProto.FLOAT: np.dtype("<f4"), onnx.TensorProto.DOUBLE: np.dtype("<f8"), onnx.TensorProto.FLOAT16: np.dtype("<f2")}
 LONG_SEQUENCE = 1024  # steps of a Scan whose length is a named dim
 LONG_ELEMENTS = 1 << 20  # feed elements a long-sequence set may hold: verification stays cheap
+# a batch at which fuse's run-time dispatch on an unknown batch runs its loop branch: at least the
+# largest threshold it sets (scanopt.cost.DISPATCH_BATCHES)
+WIDE_BATCH = 32
 
 
 class RowQueries(dict):
@@ -89,24 +94,46 @@ def long_sequences(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> I
     elements are not made."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
     for param in _sequence_dims(model, declared):
-        probe, grown = dict(feeds), False
-        for name, info in declared.items():
-            value = np.asarray(feeds[name]) if name in feeds else None
-            dims = info.type.tensor_type.shape.dim
-            for axis, dim in enumerate(dims):
-                if value is None or not dim.HasField("dim_param") or dim.dim_param != param or axis >= value.ndim:
-                    continue
-                if value.shape[axis] == 0 or value.shape[axis] >= LONG_SEQUENCE:
-                    break
-                value = np.take(value, np.arange(LONG_SEQUENCE) % value.shape[axis], axis=axis)
-                probe[name], grown = value, True
-        if grown and sum(np.asarray(v).size for v in probe.values()) <= LONG_ELEMENTS:
+        probe = _stretched(feeds, declared, param, LONG_SEQUENCE)
+        if probe is not None:
             yield f"'{param}' = {LONG_SEQUENCE} steps (a Scan's length)", probe
 
 
-def _sequence_dims(model: onnx.ModelProto, declared: dict) -> list[str]:
-    """The dim names that are the scanned axis of a top-level Scan's input, read on the graph
-    input itself or on the input of a Transpose feeding the Scan."""
+def wide_batches(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) with each named dim of a top-level Scan's scanned input other than its
+    scanned axis (its batch) at WIDE_BATCH, stretched as :func:`long_sequences` does: fuse's
+    run-time dispatch on an unknown batch (If(B >= k), k at most WIDE_BATCH) runs the Scan,
+    and what the forms after fuse made of it, only there, and the seeds' batches are smaller."""
+    declared = {v.name: v for v in fed_inputs(model.graph)}
+    for param in _sequence_dims(model, declared, scanned=False):
+        probe = _stretched(feeds, declared, param, WIDE_BATCH)
+        if probe is not None:
+            yield f"'{param}' = {WIDE_BATCH} (a Scan's batch)", probe
+
+
+def _stretched(feeds: Mapping[str, np.ndarray], declared: dict, param: str, size: int) -> dict | None:
+    """``feeds`` with every input axis named ``param`` at ``size``, repeating the values along
+    it; None when none grew or the set would hold over LONG_ELEMENTS elements."""
+    probe, grown = dict(feeds), False
+    for name, info in declared.items():
+        value = np.asarray(feeds[name]) if name in feeds else None
+        dims = info.type.tensor_type.shape.dim
+        for axis, dim in enumerate(dims):
+            if value is None or not dim.HasField("dim_param") or dim.dim_param != param or axis >= value.ndim:
+                continue
+            if value.shape[axis] == 0 or value.shape[axis] >= size:
+                break
+            value = np.take(value, np.arange(size) % value.shape[axis], axis=axis)
+            probe[name], grown = value, True
+    if grown and sum(np.asarray(v).size for v in probe.values()) <= LONG_ELEMENTS:
+        return probe
+    return None
+
+
+def _sequence_dims(model: onnx.ModelProto, declared: dict, scanned: bool = True) -> list[str]:
+    """The dim names that are the scanned axis of a top-level Scan's input (``scanned=False``:
+    its other named axes), read on the graph input itself or on the input of a Transpose
+    feeding the Scan."""
     from scanopt.scan_view import top_scan_inputs
 
     transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output}
@@ -120,8 +147,11 @@ def _sequence_dims(model: onnx.ModelProto, declared: dict) -> list[str]:
             axis = perm[0][axis]
         info = declared.get(name)
         dims = info.type.tensor_type.shape.dim if info is not None else ()
-        if 0 <= axis < len(dims) and dims[axis].HasField("dim_param") and dims[axis].dim_param not in found:
-            found.append(dims[axis].dim_param)
+        if not 0 <= axis < len(dims):
+            continue
+        for k, dim in enumerate(dims):
+            if (k == axis) == scanned and dim.HasField("dim_param") and dim.dim_param not in found:
+                found.append(dim.dim_param)
     return found
 
 

@@ -91,9 +91,18 @@ class FuseEmitter(Emitter):
         return self.op("Transpose", [x], perm=order)
 
     def keep_initial_where_length_0(self, final, initial, lens):
-        """``final + initial ⊙ (len == 0)``: the native op leaves exact zeros for length-0
-        items, so this is ``initial`` there and ``final`` elsewhere (for finite initial
-        states: opset 8 has no Where)."""
+        """``initial`` for the length-0 items, ``final`` elsewhere: ``Where(len == 0, initial,
+        final)``. Opset 8 has no Where, and the select is kept out of what --target portable
+        writes (OpenVINO misran a select of an If's output, scanopt.portable): there
+        ``final + initial ⊙ (len == 0)``, exact where the initial states are finite (the
+        native op leaves exact zeros for length-0 items; an inf in one gives NaN, inf·0, where
+        the Scan's state is finite)."""
+        if self.opset >= 9 and not self.portable:
+            key = ("where", id(lens))
+            if key not in self._masks:
+                empty = self.op("Equal", [lens, self._const("zero", np.int64(0))])
+                self._masks[key] = self.unsqueeze(empty, [1])
+            return self.op("Where", [self._masks[key], initial, final])
         if id(lens) not in self._masks:
             empty = self.op("Equal", [lens, self._const("zero", np.int64(0))])
             self._masks[id(lens)] = self.unsqueeze(self.op("Cast", [empty], to=onnx.TensorProto.FLOAT), [1])
