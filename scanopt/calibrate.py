@@ -34,12 +34,14 @@ def scales(options: dict, run_passes, chosen, measure=timing.measure, notes: lis
 
     threads = options.get("threads") or 1  # as scanopt.tune measures: one thread unless the user names more
     directory = tune_cache.cache_dir(options)
-    entry = "calibration3-" + tune_cache.digest([ort.__version__, tune_cache.cpu_model(), threads, POINTS])
+    from scanopt.cost import DEFAULT_CONSTANTS, model_seconds
+
+    # the scales are relative to the committed constants: new constants calibrate anew
+    entry = "calibration3-" + tune_cache.digest([ort.__version__, tune_cache.cpu_model(), threads, POINTS,
+                                                 sorted(DEFAULT_CONSTANTS.items())])
     found = tune_cache.load(directory, entry, malformed_scales, notes, "calibration: ")
     if found is not None:
         return found["scales"]
-    from scanopt.cost import DEFAULT_CONSTANTS, model_seconds
-
     ratios: dict[str, list[float]] = {}
     portable = {"target": "portable"}
     by_name = {p.name: p for p in chosen}
