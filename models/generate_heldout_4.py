@@ -1,0 +1,596 @@
+"""Regenerate models/heldout_4/: held-out round 4, Scan/Loop forms no other folder of models/ holds.
+
+    python models/generate_heldout_4.py                 # every sample
+    python models/generate_heldout_4.py --only NAME     # one (repeatable)
+
+Written blind (no pass was tuned on them); tests/test_heldout_4.py runs the default command
+(``scanopt optimize in.onnx out.onnx``) on each and compares original and output in onnxruntime
+on normal inputs and at the edges (empty batch, zero-length sequence, NaN in one step).
+Symbolic dims are ``T`` (the scanned length) and ``B`` (a batch) unless noted.
+
+Hand-built with onnx.helper (only onnx and numpy needed):
+- loop_cond_const_node:    Loop(M, true) whose body writes its condition with a Constant node (true)
+                           instead of passing the condition input through; tanh RNN, scan output h
+- loop_cond_nan_exit:      Loop(M, true) whose body condition is ``Not(IsNaN(ReduceSum(h)))``: a
+                           data-dependent early exit (must stay a Loop)
+- scan_bool_int64_carries: Scan-17 with a bool carry (``Or(any, x > 0)``), an int64 count carry and a
+                           bool scan output
+- scan_int64_cumsum_o13:   Scan-13, an int64 running sum over an int64 sequence, scan output the sum
+- scan_scalar_state_o11_negaxis: Scan-11 reading X [B, T] on axis -1 with a scalar state
+                           ``s' = 0.5 s + ReduceSum(x)`` and a scalar scan output
+- scan_zero_sized_output:  a tanh RNN that also emits Slice(x, 0, 0) per step: a scan output [T, B, 0]
+- scan_sequence_ops_body:  body runs SplitToSequence / SequenceAt / ConcatFromSequence on the step
+- scan_body_if:            body ``If(ReduceSum(x) > 0, h + x, h * 0.5)``
+- scan_output_outer_direct: a body output that is an outer-scope tensor directly (no node) and a
+                           state output that is an outer value too (state after step 1 is constant)
+- viterbi_crf_decode:      CRF Viterbi: ``s' = ReduceMax(s[:, :, None] + trans, 1) + x_t`` and the
+                           int64 back-pointers ``ArgMax`` per step
+- rnn_clip_preact_o13:     tanh RNN with ``Clip(pre, -3, 3)`` (Clip-13 min/max inputs) before Tanh:
+                           the ONNX RNN ``clip`` attribute
+- rnn_dropout_in_body:     tanh RNN with an inference Dropout (opset 13, no ratio input) after Tanh
+- scan21_int8_io:          Scan-21: an int8 sequence Cast to float, accumulated, and cast back to int8
+                           per step (int8 scan input and output)
+- loop_sequence_carry:     Loop whose carry is a tensor sequence grown by SequenceInsert; the
+                           outer graph stacks it with ConcatFromSequence(new_axis=1)
+- scan_nested_inner_axis1_reverse: an outer Scan over T whose body runs an inner Scan over axis 1
+                           of its step in reverse with its own state
+- rnn_o9_ir4:              tanh RNN Scan-9 in an opset-9, IR-4 model (old converters)
+- scan8_int64_step_count:  Scan-8 with sequence_lens and an int64 counter carry: the count per item
+                           is its length
+- map_attention_queries:   a map Scan over query rows: ``softmax(q Kᵀ / √d) V`` with K, V outer
+- broken_body_output_count: a Scan whose body has one output fewer than its states + scan outputs
+                           (broken: the command must exit non-zero with one line)
+PyTorch 2.13 dynamo exporter (``torch._higher_order_ops.scan`` / ``while_loop``), torch_*:
+- torch_online_softmax:    flash-attention style online softmax over key steps: carries (m, l, acc)
+- torch_logcumsumexp:      ``h' = logaddexp(h, x_t)`` emitting h
+- torch_cummax:            ``h' = maximum(h, x_t)`` emitting h
+- torch_bidi_by_hand:      two tanh RNN scans (forward, ``reverse=True``), outputs concatenated
+- torch_two_cells_one_step: two stacked tanh cells in one combine fn (carries h1, h2), emits h2
+- torch_argmax_tracker:    carries (best value, best index int64, step int64): a running argmax
+- torch_scan_dim1_two_xs_reduce: ``scan(dim=1)`` over two batch-first sequences, ys = h.sum(-1)
+- torch_nested_scan:       a scan whose combine fn runs a scan over each step's rows
+- torch_while_newton:      ``while_loop`` Newton iteration for sqrt until converged (data-dependent)
+- torch_while_power_iter:  ``while_loop`` counter-bound power iteration (i < k with k fixed)
+Each torch sample comes with NAME.expected.npz: the inputs and torch's outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from generate import HERE, run_generator, save_npz, save_torch_sample  # noqa: E402
+
+OUT = os.path.join(HERE, "heldout_4")
+F, I64, BOOL, I8 = TP.FLOAT, TP.INT64, TP.BOOL, TP.INT8
+I, H = 3, 4
+
+
+def vi(name, shape, elem=F):
+    return h.make_tensor_value_info(name, elem, shape)
+
+
+def init(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def model(graph, opset=17, ir=8):
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=ir,
+                        producer_name="scanopt-heldout-4")
+
+
+def w(seed, *shape):
+    return (np.random.RandomState(seed).randn(*shape) * 0.5).astype(np.float32)
+
+
+def _rnn_nodes(x, hin, hout, pre=None):
+    """tanh(x Wᵀ + h Rᵀ + b) with W, R, b read from the outer graph."""
+    pre = pre or hout + "_pre"
+    return [h.make_node("Gemm", [x, "W", "b"], [hout + "_xw"], transB=1),
+            h.make_node("Gemm", [hin, "R"], [hout + "_hr"], transB=1),
+            h.make_node("Add", [hout + "_xw", hout + "_hr"], [pre])]
+
+
+def _rnn_weights(seed=1):
+    return [init("W", w(seed, H, I)), init("R", w(seed + 1, H, H)), init("b", w(seed + 2, H))]
+
+
+# ---------------------------------------------------------------- Loops with a computed condition
+def _loop_rnn(cond_nodes, cond_out, name):
+    body = h.make_graph(
+        [h.make_node("Gather", ["X", "i"], ["x_t"], axis=0)] + _rnn_nodes("x_t", "h", "h2")
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])] + cond_nodes,
+        "body", [vi("i", [], I64), vi("c", [], BOOL), vi("h", ["B", H])],
+        [vi(cond_out, [], BOOL), vi("h2", ["B", H]), vi("y", ["B", H])])
+    nodes = [h.make_node("Shape", ["X"], ["shp"]),
+             h.make_node("Gather", ["shp", "zero"], ["M"], axis=0),
+             h.make_node("Loop", ["M", "true", "h0"], ["hT", "Y"], body=body, name=name)]
+    g = h.make_graph(nodes, "main", [vi("X", ["T", "B", I]), vi("h0", ["B", H])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])],
+                     initializer=_rnn_weights() + [init("zero", np.array(0, np.int64)),
+                                                   init("true", np.array(True))])
+    return model(g, 17)
+
+
+def loop_cond_const_node():
+    return _loop_rnn([h.make_node("Constant", [], ["c2"], value=h.make_tensor("t", BOOL, [], [True]))],
+                     "c2", "loop_const_cond")
+
+
+def loop_cond_nan_exit():
+    return _loop_rnn([h.make_node("ReduceSum", ["h2"], ["hs"], keepdims=0),
+                      h.make_node("IsNaN", ["hs"], ["isnan"]),
+                      h.make_node("Not", ["isnan"], ["c2"])], "c2", "loop_nan_exit")
+
+
+# ---------------------------------------------------------------- carries of several dtypes
+def scan_bool_int64_carries():
+    body = h.make_graph(
+        [h.make_node("Greater", ["x", "zf"], ["pos"]),
+         h.make_node("Or", ["any", "pos"], ["any2"]),
+         h.make_node("Cast", ["pos"], ["posi"], to=I64),
+         h.make_node("ReduceSum", ["posi"], ["npos"], keepdims=0),
+         h.make_node("Add", ["cnt", "npos"], ["cnt2"]),
+         h.make_node("Identity", ["any2"], ["any_out"])],
+        "body", [vi("any", ["B", I], BOOL), vi("cnt", [], I64), vi("x", ["B", I])],
+        [vi("any2", ["B", I], BOOL), vi("cnt2", [], I64), vi("any_out", ["B", I], BOOL)],
+        initializer=[init("zf", np.array(0, np.float32))])
+    node = h.make_node("Scan", ["any0", "cnt0", "X"], ["anyT", "cntT", "ANY"], body=body,
+                       num_scan_inputs=1, name="bool_int64")
+    g = h.make_graph([node], "main", [vi("any0", ["B", I], BOOL), vi("cnt0", [], I64), vi("X", ["T", "B", I])],
+                     [vi("anyT", ["B", I], BOOL), vi("cntT", [], I64), vi("ANY", ["T", "B", I], BOOL)])
+    return model(g, 17)
+
+
+def scan_int64_cumsum_o13():
+    body = h.make_graph([h.make_node("Add", ["s", "x"], ["s2"]), h.make_node("Identity", ["s2"], ["y"])],
+                        "body", [vi("s", ["B"], I64), vi("x", ["B"], I64)],
+                        [vi("s2", ["B"], I64), vi("y", ["B"], I64)])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1, name="int_cumsum")
+    g = h.make_graph([node], "main", [vi("s0", ["B"], I64), vi("X", ["T", "B"], I64)],
+                     [vi("sT", ["B"], I64), vi("Y", ["T", "B"], I64)])
+    return model(g, 13)
+
+
+def scan_scalar_state_o11_negaxis():
+    body = h.make_graph(
+        [h.make_node("Mul", ["s", "half"], ["sh"]),
+         h.make_node("ReduceSum", ["x"], ["xs"], keepdims=0),
+         h.make_node("Add", ["sh", "xs"], ["s2"]),
+         h.make_node("Identity", ["s2"], ["y"])],
+        "body", [vi("s", []), vi("x", ["B"])], [vi("s2", []), vi("y", [])],
+        initializer=[init("half", np.array(0.5, np.float32))])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1,
+                       scan_input_axes=[-1], name="scalar_negaxis")
+    g = h.make_graph([node], "main", [vi("s0", []), vi("X", ["B", "T"])], [vi("sT", []), vi("Y", ["T"])])
+    return model(g, 11)
+
+
+def scan_zero_sized_output():
+    body = h.make_graph(
+        _rnn_nodes("x", "h", "h2") + [
+            h.make_node("Tanh", ["h2_pre"], ["h2"]),
+            h.make_node("Identity", ["h2"], ["y"]),
+            h.make_node("Slice", ["x", "s0", "s0", "ax1"], ["empty"])],
+        "body", [vi("h", ["B", H]), vi("x", ["B", I])],
+        [vi("h2", ["B", H]), vi("y", ["B", H]), vi("empty", ["B", 0])],
+        initializer=[init("s0", np.array([0], np.int64)), init("ax1", np.array([1], np.int64))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y", "E"], body=body, num_scan_inputs=1, name="zero_sized")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H]), vi("E", ["T", "B", 0])],
+                     initializer=_rnn_weights(4))
+    return model(g, 17)
+
+
+def scan_sequence_ops_body():
+    body = h.make_graph(
+        [h.make_node("SplitToSequence", ["x"], ["seq"], axis=1, keepdims=1),
+         h.make_node("SequenceAt", ["seq", "last"], ["xl"]),
+         h.make_node("ConcatFromSequence", ["seq"], ["xc"], axis=1),
+         h.make_node("Mul", ["xc", "xl"], ["prod"]),
+         h.make_node("Add", ["h", "prod"], ["h2"]),
+         h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", ["B", I]), vi("x", ["B", I])], [vi("h2", ["B", I]), vi("y", ["B", I])],
+        initializer=[init("last", np.array(-1, np.int64))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="seq_body")
+    g = h.make_graph([node], "main", [vi("h0", ["B", I]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", I]), vi("Y", ["T", "B", I])])
+    return model(g, 17)
+
+
+def scan_body_if():
+    then_g = h.make_graph([h.make_node("Add", ["h", "x"], ["t_out"])], "then", [], [vi("t_out", ["B", I])])
+    else_g = h.make_graph([h.make_node("Mul", ["h", "half"], ["e_out"])], "else", [], [vi("e_out", ["B", I])])
+    body = h.make_graph(
+        [h.make_node("ReduceSum", ["x"], ["xs"], keepdims=0),
+         h.make_node("Greater", ["xs", "zf"], ["c"]),
+         h.make_node("If", ["c"], ["h2"], then_branch=then_g, else_branch=else_g),
+         h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", ["B", I]), vi("x", ["B", I])], [vi("h2", ["B", I]), vi("y", ["B", I])],
+        initializer=[init("zf", np.array(0, np.float32)), init("half", np.array(0.5, np.float32))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="if_body")
+    g = h.make_graph([node], "main", [vi("h0", ["B", I]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", I]), vi("Y", ["T", "B", I])])
+    return model(g, 17)
+
+
+def scan_output_outer_direct():
+    """Body outputs: ``h2`` (a node), ``C`` (outer initializer, as the state output of carry c)
+    and ``V`` (an outer graph input, as a scan output)."""
+    body = h.make_graph([h.make_node("Add", ["h", "x"], ["h2"]), h.make_node("Mul", ["h2", "c"], ["y"])],
+                        "body", [vi("h", ["B", I]), vi("c", [I]), vi("x", ["B", I])],
+                        [vi("h2", ["B", I]), vi("C", [I]), vi("y", ["B", I]), vi("V", [2])])
+    node = h.make_node("Scan", ["h0", "c0", "X"], ["hT", "cT", "Y", "VS"], body=body, num_scan_inputs=1,
+                       name="outer_direct")
+    g = h.make_graph([node], "main", [vi("h0", ["B", I]), vi("c0", [I]), vi("X", ["T", "B", I]), vi("V", [2])],
+                     [vi("hT", ["B", I]), vi("cT", [I]), vi("Y", ["T", "B", I]), vi("VS", ["T", 2])],
+                     initializer=[init("C", np.array([1.0, -2.0, 0.5], np.float32))])
+    return model(g, 17)
+
+
+def viterbi_crf_decode():
+    K = 5
+    body = h.make_graph(
+        [h.make_node("Unsqueeze", ["s", "ax2"], ["s3"]),
+         h.make_node("Add", ["s3", "trans"], ["cand"]),
+         h.make_node("ReduceMax", ["cand", "ax1"], ["best"], keepdims=0),
+         h.make_node("ArgMax", ["cand"], ["bp"], axis=1, keepdims=0),
+         h.make_node("Add", ["best", "x"], ["s2"])],
+        "body", [vi("s", ["B", K]), vi("x", ["B", K])], [vi("s2", ["B", K]), vi("bp", ["B", K], I64)],
+        initializer=[init("ax2", np.array([2], np.int64)), init("ax1", np.array([1], np.int64))])
+    node = h.make_node("Scan", ["s0", "E"], ["sT", "BP"], body=body, num_scan_inputs=1, name="viterbi")
+    g = h.make_graph([node], "main", [vi("s0", ["B", K]), vi("E", ["T", "B", K])],
+                     [vi("sT", ["B", K]), vi("BP", ["T", "B", K], I64)],
+                     initializer=[init("trans", w(7, K, K))])
+    return model(g, 18)
+
+
+def _rnn_scan_model(extra_nodes, last, opset, name, seed=10, extra_init=()):
+    body = h.make_graph(
+        _rnn_nodes("x", "h", "h2") + extra_nodes + [h.make_node("Identity", [last], ["y"])],
+        "body", [vi("h", ["B", H]), vi("x", ["B", I])], [vi(last, ["B", H]), vi("y", ["B", H])],
+        initializer=list(extra_init))
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name=name)
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])], initializer=_rnn_weights(seed))
+    return g
+
+
+def rnn_clip_preact_o13():
+    g = _rnn_scan_model([h.make_node("Clip", ["h2_pre", "lo", "hi"], ["cl"]), h.make_node("Tanh", ["cl"], ["h2"])],
+                        "h2", 13, "rnn_clip", extra_init=[init("lo", np.array(-3, np.float32)),
+                                                          init("hi", np.array(3, np.float32))])
+    return model(g, 13)
+
+
+def rnn_dropout_in_body():
+    g = _rnn_scan_model([h.make_node("Tanh", ["h2_pre"], ["th"]), h.make_node("Dropout", ["th"], ["h2"])],
+                        "h2", 13, "rnn_dropout")
+    return model(g, 13)
+
+
+def scan21_int8_io():
+    body = h.make_graph(
+        [h.make_node("Cast", ["x"], ["xf"], to=F),
+         h.make_node("Add", ["s", "xf"], ["s2"]),
+         h.make_node("Mul", ["s2", "q"], ["sq"]),
+         h.make_node("Clip", ["sq", "lo", "hi"], ["sc"]),
+         h.make_node("Cast", ["sc"], ["y"], to=I8)],
+        "body", [vi("s", ["B"]), vi("x", ["B"], I8)], [vi("s2", ["B"]), vi("y", ["B"], I8)],
+        initializer=[init("q", np.array(0.25, np.float32)), init("lo", np.array(-128, np.float32)),
+                     init("hi", np.array(127, np.float32))])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1, name="int8_io")
+    g = h.make_graph([node], "main", [vi("s0", ["B"]), vi("X", ["T", "B"], I8)],
+                     [vi("sT", ["B"]), vi("Y", ["T", "B"], I8)])
+    return model(g, 21, ir=10)
+
+
+def loop_sequence_carry():
+    body = h.make_graph(
+        [h.make_node("Gather", ["X", "i"], ["x_t"], axis=0)] + _rnn_nodes("x_t", "h", "h2")
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]),
+           h.make_node("SequenceInsert", ["seq", "h2"], ["seq2"]),
+           h.make_node("Identity", ["c"], ["c2"])],
+        "body", [vi("i", [], I64), vi("c", [], BOOL), vi("h", ["B", H]),
+                 h.make_tensor_sequence_value_info("seq", F, ["B", H])],
+        [vi("c2", [], BOOL), vi("h2", ["B", H]), h.make_tensor_sequence_value_info("seq2", F, ["B", H])])
+    nodes = [h.make_node("Shape", ["X"], ["shp"]),
+             h.make_node("Gather", ["shp", "zero"], ["M"], axis=0),
+             h.make_node("SequenceEmpty", [], ["seq0"], dtype=F),
+             h.make_node("Loop", ["M", "true", "h0", "seq0"], ["hT", "seqT"], body=body, name="loop_seq"),
+             h.make_node("ConcatFromSequence", ["seqT"], ["Y"], axis=1, new_axis=1)]
+    g = h.make_graph(nodes, "main", [vi("X", ["T", "B", I]), vi("h0", ["B", H])],
+                     [vi("hT", ["B", H]), vi("Y", ["B", "T", H])],
+                     initializer=_rnn_weights(13) + [init("zero", np.array(0, np.int64)),
+                                                     init("true", np.array(True))])
+    return model(g, 17)
+
+
+def scan_nested_inner_axis1_reverse():
+    inner = h.make_graph(
+        [h.make_node("Mul", ["a", "g"], ["ag"]), h.make_node("Add", ["ag", "r"], ["a2"]),
+         h.make_node("Identity", ["a2"], ["ay"])],
+        "inner", [vi("a", ["B"]), vi("r", ["B"])], [vi("a2", ["B"]), vi("ay", ["B"])],
+        initializer=[init("g", np.array(0.7, np.float32))])
+    body = h.make_graph(
+        [h.make_node("ReduceSum", ["x", "ax1"], ["xs"], keepdims=0),
+         h.make_node("Add", ["xs", "s"], ["a0"]),
+         h.make_node("Scan", ["a0", "x"], ["aT", "AY"], body=inner, num_scan_inputs=1,
+                     scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1], name="inner"),
+         h.make_node("Tanh", ["aT"], ["s2"]),
+         h.make_node("Identity", ["AY"], ["y"])],
+        "body", [vi("s", ["B"]), vi("x", ["B", 6])], [vi("s2", ["B"]), vi("y", ["B", 6])],
+        initializer=[init("ax1", np.array([1], np.int64))])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1, name="outer")
+    g = h.make_graph([node], "main", [vi("s0", ["B"]), vi("X", ["T", "B", 6])],
+                     [vi("sT", ["B"]), vi("Y", ["T", "B", 6])])
+    return model(g, 17)
+
+
+def rnn_o9_ir4():
+    body = h.make_graph(
+        [h.make_node("MatMul", ["x", "WT"], ["xw"]), h.make_node("MatMul", ["h", "RT"], ["hr"]),
+         h.make_node("Add", ["xw", "hr"], ["s"]), h.make_node("Add", ["s", "b"], ["pre"]),
+         h.make_node("Tanh", ["pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", ["B", H]), vi("x", ["B", I])], [vi("h2", ["B", H]), vi("y", ["B", H])])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="rnn9")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])],
+                     initializer=[init("WT", w(21, I, H)), init("RT", w(22, H, H)), init("b", w(23, H))])
+    return model(g, 9, ir=4)
+
+
+def scan8_int64_step_count():
+    body = h.make_graph(
+        [h.make_node("Add", ["n", "one"], ["n2"]), h.make_node("Add", ["s", "x"], ["s2"]),
+         h.make_node("Identity", ["s2"], ["y"])],
+        "body", [vi("n", [], I64), vi("s", [2]), vi("x", [2])], [vi("n2", [], I64), vi("s2", [2]), vi("y", [2])],
+        initializer=[init("one", np.array(1, np.int64))])
+    node = h.make_node("Scan", ["lens", "n0", "s0", "X"], ["nT", "sT", "Y"], body=body, num_scan_inputs=1,
+                       name="scan8_count")
+    g = h.make_graph([node], "main", [vi("lens", ["B"], I64), vi("n0", ["B"], I64), vi("s0", ["B", 2]),
+                                      vi("X", ["B", "T", 2])],
+                     [vi("nT", ["B"], I64), vi("sT", ["B", 2]), vi("Y", ["B", "T", 2])])
+    return model(g, 8, ir=4)
+
+
+def map_attention_queries():
+    D = 4
+    body = h.make_graph(
+        [h.make_node("MatMul", ["q", "KT"], ["sc"]),
+         h.make_node("Mul", ["sc", "scale"], ["scs"]),
+         h.make_node("Softmax", ["scs"], ["p"], axis=-1),
+         h.make_node("MatMul", ["p", "V"], ["o"]),
+         h.make_node("Identity", ["dummy"], ["dummy2"])],
+        "body", [vi("dummy", [1]), vi("q", [D])], [vi("dummy2", [1]), vi("o", [D])])
+    node = h.make_node("Scan", ["d0", "Q"], ["dT", "O"], body=body, num_scan_inputs=1, name="attn_map")
+    g = h.make_graph([h.make_node("Transpose", ["K"], ["KT"], perm=[1, 0]), node], "main",
+                     [vi("Q", ["T", D]), vi("K", ["N", D]), vi("V", ["N", D])], [vi("O", ["T", D])],
+                     initializer=[init("scale", np.array(0.5, np.float32)), init("d0", np.zeros(1, np.float32))])
+    return model(g, 17)
+
+
+def broken_body_output_count():
+    body = h.make_graph([h.make_node("Add", ["h", "x"], ["h2"])], "body",
+                        [vi("h", ["B", I]), vi("x", ["B", I])], [vi("h2", ["B", I])])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="broken")
+    g = h.make_graph([node], "main", [vi("h0", ["B", I]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", I]), vi("Y", ["T", "B", I])])
+    return model(g, 17)
+
+
+HAND = {f.__name__: f for f in [
+    loop_cond_const_node, loop_cond_nan_exit, scan_bool_int64_carries, scan_int64_cumsum_o13,
+    scan_scalar_state_o11_negaxis, scan_zero_sized_output, scan_sequence_ops_body, scan_body_if,
+    scan_output_outer_direct, viterbi_crf_decode, rnn_clip_preact_o13, rnn_dropout_in_body, scan21_int8_io,
+    loop_sequence_carry, scan_nested_inner_axis1_reverse, rnn_o9_ir4, scan8_int64_step_count,
+    map_attention_queries, broken_body_output_count]}
+
+
+# ---------------------------------------------------------------- PyTorch 2.13 dynamo exports
+T_, B_ = 5, 3
+
+
+def _torch_export(name, module, feeds, outputs, dims):
+    """dynamo export with ``dims`` (input name -> {axis: dim name}); writes NAME.onnx/.expected.npz."""
+    import torch
+
+    with torch.no_grad():
+        got = module(*feeds.values())
+    got = got if isinstance(got, tuple) else (got,)
+    ds = {n: torch.export.Dim(n, min=2) for d in dims.values() for n in d.values()}
+    dynamic = tuple({a: ds[n] for a, n in dims.get(k, {}).items()} for k in feeds)
+    program = torch.onnx.export(module, tuple(feeds.values()), dynamo=True, input_names=list(feeds),
+                                output_names=outputs, dynamic_shapes=dynamic, verbose=False)
+    save_torch_sample(program.model_proto, os.path.join(OUT, f"{name}.onnx"), feeds, outputs, got)
+
+
+def _torch(name):
+    import torch
+    from torch import nn
+    from torch._higher_order_ops import scan
+    from torch._higher_order_ops.while_loop import while_loop
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(4)
+    TB = {0: "T", 1: "B"}
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g)
+
+    class OnlineSoftmax(nn.Module):
+        def forward(self, q, k, v):  # q [B, D], k, v [T, B, D]
+            def step(carry, kv):
+                m, l, acc = carry
+                kt, vt = kv
+                s = (q * kt).sum(-1) * 0.5
+                m2 = torch.maximum(m, s)
+                a, p = torch.exp(m - m2), torch.exp(s - m2)
+                l2 = l * a + p
+                acc2 = acc * a[:, None] + p[:, None] * vt
+                return (m2, l2, acc2), acc2 / l2[:, None]
+            B = q.shape[0]
+            init = (torch.full((B,), -1e30), torch.zeros(B), torch.zeros_like(q))
+            (m, l, acc), ys = scan(step, init, (k, v))
+            return acc / l[:, None], ys
+
+    class LogCumSumExp(nn.Module):
+        def forward(self, x, h0):
+            def step(hh, xt):
+                h2 = torch.logaddexp(hh, xt)
+                return h2, h2.clone()
+            return scan(step, h0, x)
+
+    class CumMax(nn.Module):
+        def forward(self, x, h0):
+            def step(hh, xt):
+                h2 = torch.maximum(hh, xt)
+                return h2, h2.clone()
+            return scan(step, h0, x)
+
+    class BidiByHand(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fi, self.fh = nn.Linear(I, H), nn.Linear(H, H)
+            self.bi, self.bh = nn.Linear(I, H), nn.Linear(H, H)
+
+        def forward(self, x, h0):
+            def fstep(hh, xt):
+                h2 = torch.tanh(self.fi(xt) + self.fh(hh))
+                return h2, h2.clone()
+
+            def bstep(hh, xt):
+                h2 = torch.tanh(self.bi(xt) + self.bh(hh))
+                return h2, h2.clone()
+            hf, yf = scan(fstep, h0, x)
+            hb, yb = scan(bstep, h0, x, reverse=True)
+            return torch.cat([yf, yb], -1), torch.stack([hf, hb])
+
+    class TwoCells(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.i1, self.h1, self.i2, self.h2 = nn.Linear(I, H), nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
+
+        def forward(self, x, h0):
+            def step(carry, xt):
+                a, b = carry
+                a2 = torch.tanh(self.i1(xt) + self.h1(a))
+                b2 = torch.tanh(self.i2(a2) + self.h2(b))
+                return (a2, b2), b2.clone()
+            (a, b), ys = scan(step, (h0, h0.clone()), x)
+            return ys, a, b
+
+    class ArgmaxTracker(nn.Module):
+        def forward(self, x):  # x [T, B]
+            def step(carry, xt):
+                best, idx, t = carry
+                better = xt > best
+                return (torch.where(better, xt, best), torch.where(better, t, idx), t + 1), idx.clone()
+            B = x.shape[1]
+            init = (torch.full((B,), float("-inf")), torch.zeros(B, dtype=torch.int64),
+                    torch.zeros(B, dtype=torch.int64))
+            (best, idx, t), idxs = scan(step, init, x)
+            return best, idx, idxs
+
+    class Dim1TwoXs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.c = nn.Linear(I, H), nn.Linear(2, H)
+
+        def forward(self, x, u, h0):  # x [B, T, I], u [B, T, 2]
+            def step(hh, xs):
+                xt, ut = xs
+                h2 = torch.tanh(self.a(xt) + self.c(ut) + hh * 0.5)
+                return h2, h2.sum(-1)
+            return scan(step, h0, (x, u), dim=1)
+
+    class NestedScan(nn.Module):
+        def forward(self, x, h0):  # x [T, B, 6], h0 [B]
+            def inner(a, r):
+                a2 = a * 0.7 + r
+                return a2, a2.clone()
+
+            def outer(s, xt):  # xt [B, 6]
+                aT, ay = scan(inner, s, xt, dim=1)
+                return torch.tanh(aT), ay
+            return scan(outer, h0, x)
+
+    class WhileNewton(nn.Module):
+        def forward(self, a):  # a [B] positive
+            def cond(y, it):
+                return ((y * y - a).abs().max() > 1e-6) & (it < 50)
+
+            def body(y, it):
+                return (0.5 * (y + a / y), it + 1)
+            y, it = while_loop(cond, body, (a.clone() + 1.0, torch.zeros((), dtype=torch.int64)))
+            return y, it
+
+    class WhilePower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.A = nn.Parameter(rnd(H, H))
+
+        def forward(self, v):  # v [B, H]
+            def cond(i, vv):
+                return i < 6
+
+            def body(i, vv):
+                u = vv @ self.A.T
+                return (i + 1, u / u.norm(dim=-1, keepdim=True))
+            i, vT = while_loop(cond, body, (torch.zeros((), dtype=torch.int64), v.clone()))
+            return vT
+
+    if name == "torch_online_softmax":
+        D = 4
+        _torch_export(name, OnlineSoftmax(), {"q": rnd(B_, D), "k": rnd(T_, B_, D), "v": rnd(T_, B_, D)},
+                      ["o", "ys"], {"q": {0: "B"}, "k": TB, "v": TB})
+    elif name == "torch_logcumsumexp":
+        _torch_export(name, LogCumSumExp(), {"x": rnd(T_, B_, H), "h0": torch.full((B_, H), -1e4)},
+                      ["hT", "ys"], {"x": TB, "h0": {0: "B"}})
+    elif name == "torch_cummax":
+        _torch_export(name, CumMax(), {"x": rnd(T_, B_, H), "h0": rnd(B_, H)}, ["hT", "ys"],
+                      {"x": TB, "h0": {0: "B"}})
+    elif name == "torch_bidi_by_hand":
+        _torch_export(name, BidiByHand().eval(), {"x": rnd(T_, B_, I), "h0": rnd(B_, H)}, ["y", "h_n"],
+                      {"x": TB, "h0": {0: "B"}})
+    elif name == "torch_two_cells_one_step":
+        _torch_export(name, TwoCells().eval(), {"x": rnd(T_, B_, I), "h0": rnd(B_, H)}, ["y", "h1", "h2"],
+                      {"x": TB, "h0": {0: "B"}})
+    elif name == "torch_argmax_tracker":
+        _torch_export(name, ArgmaxTracker(), {"x": rnd(T_, B_)}, ["best", "idx", "idxs"], {"x": TB})
+    elif name == "torch_scan_dim1_two_xs_reduce":
+        _torch_export(name, Dim1TwoXs().eval(), {"x": rnd(B_, T_, I), "u": rnd(B_, T_, 2), "h0": rnd(B_, H)},
+                      ["hT", "ys"], {"x": {0: "B", 1: "T"}, "u": {0: "B", 1: "T"}, "h0": {0: "B"}})
+    elif name == "torch_nested_scan":
+        _torch_export(name, NestedScan(), {"x": rnd(T_, B_, 6), "h0": rnd(B_)}, ["hT", "ys"],
+                      {"x": TB, "h0": {0: "B"}})
+    elif name == "torch_while_newton":
+        _torch_export(name, WhileNewton(), {"a": rnd(B_).abs() + 0.5}, ["y", "iters"], {"a": {0: "B"}})
+    elif name == "torch_while_power_iter":
+        _torch_export(name, WhilePower().eval(), {"v": rnd(B_, H)}, ["v_out"], {"v": {0: "B"}})
+    else:
+        raise KeyError(name)
+
+
+TORCH = ["torch_online_softmax", "torch_logcumsumexp", "torch_cummax", "torch_bidi_by_hand",
+         "torch_two_cells_one_step", "torch_argmax_tracker", "torch_scan_dim1_two_xs_reduce",
+         "torch_nested_scan", "torch_while_newton", "torch_while_power_iter"]
+
+
+def write(name):
+    os.makedirs(OUT, exist_ok=True)
+    if name in HAND:
+        onnx.save(HAND[name](), os.path.join(OUT, f"{name}.onnx"))
+    else:
+        _torch(name)
+
+
+if __name__ == "__main__":
+    run_generator(__file__, __doc__, list(HAND) + TORCH, write, OUT)
