@@ -40,6 +40,18 @@ Hand-built with onnx.helper (only onnx and numpy needed):
 - map_attention_queries:   a map Scan over query rows: ``softmax(q Kᵀ / √d) V`` with K, V outer
 - broken_body_output_count: a Scan whose body has one output fewer than its states + scan outputs
                            (broken: the command must exit non-zero with one line)
+- loop_trip_and_cond_inputs: Loop(M, go) with the trip count and the initial condition graph inputs
+- loop_min_trip_counter_cond: Loop(Shape(X)[0], true) whose body computes ``i + 1 < K`` (K an input)
+- keras_gru_hard_sigmoid:  Keras GRU (reset_after=False) with Keras 3's hard_sigmoid, HardSigmoid(1/6, 0.5)
+- rnn_h1_i1:               a tanh RNN with H = I = B = 1 (every weight and state [1, 1])
+- embedding_rnn_tokens:    a char-RNN over int64 token ids: Gather(E, tokens) in the body, then a cell
+- greedy_decode_loop:      greedy decoding: Loop(8, true) feeding ArgMax of the logits back as the next
+                           token, stopping when every item emitted EOS (must stay a Loop)
+- scan_outputs_partly_used: an RNN Scan with three scan outputs of which the graph reads a mean over
+                           time of one and the last step of another; h and the final state unused
+onnxscript 0.7 (models/heldout4_onnxscript.py), top-level loops:
+- os_for_ema:              ``for i in range(T)`` EMA over op.Gather(xs, i), final state only
+- os_while_halving:        a ``while`` loop whose condition the body computes from the data
 PyTorch 2.13 dynamo exporter (``torch._higher_order_ops.scan`` / ``while_loop``), torch_*:
 - torch_online_softmax:    flash-attention style online softmax over key steps: carries (m, l, acc)
 - torch_logcumsumexp:      ``h' = logaddexp(h, x_t)`` emitting h
@@ -103,19 +115,19 @@ def _rnn_weights(seed=1):
 
 
 # ---------------------------------------------------------------- Loops with a computed condition
-def _loop_rnn(cond_nodes, cond_out, name):
+def _loop_rnn(cond_nodes, cond_out, name, extra_inputs=(), extra_init=(), y_dim="T"):
     body = h.make_graph(
         [h.make_node("Gather", ["X", "i"], ["x_t"], axis=0)] + _rnn_nodes("x_t", "h", "h2")
-        + [h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])] + cond_nodes,
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])] + list(cond_nodes),
         "body", [vi("i", [], I64), vi("c", [], BOOL), vi("h", ["B", H])],
         [vi(cond_out, [], BOOL), vi("h2", ["B", H]), vi("y", ["B", H])])
     nodes = [h.make_node("Shape", ["X"], ["shp"]),
              h.make_node("Gather", ["shp", "zero"], ["M"], axis=0),
              h.make_node("Loop", ["M", "true", "h0"], ["hT", "Y"], body=body, name=name)]
-    g = h.make_graph(nodes, "main", [vi("X", ["T", "B", I]), vi("h0", ["B", H])],
-                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])],
+    g = h.make_graph(nodes, "main", [vi("X", ["T", "B", I]), vi("h0", ["B", H])] + list(extra_inputs),
+                     [vi("hT", ["B", H]), vi("Y", [y_dim, "B", H])],
                      initializer=_rnn_weights() + [init("zero", np.array(0, np.int64)),
-                                                   init("true", np.array(True))])
+                                                   init("true", np.array(True))] + list(extra_init))
     return model(g, 17)
 
 
@@ -386,12 +398,162 @@ def broken_body_output_count():
     return model(g, 17)
 
 
+def loop_trip_and_cond_inputs():
+    """Loop(M, go) with both the trip count and the initial condition graph inputs; the body
+    passes its condition through and reads Gather(X, i): go = false runs no step."""
+    body = h.make_graph(
+        [h.make_node("Gather", ["X", "i"], ["x_t"], axis=0)] + _rnn_nodes("x_t", "h", "h2")
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"]),
+           h.make_node("Identity", ["c"], ["c2"])],
+        "body", [vi("i", [], I64), vi("c", [], BOOL), vi("h", ["B", H])],
+        [vi("c2", [], BOOL), vi("h2", ["B", H]), vi("y", ["B", H])])
+    g = h.make_graph([h.make_node("Loop", ["M", "go", "h0"], ["hT", "Y"], body=body, name="loop_m_go")], "main",
+                     [vi("M", [], I64), vi("go", [], BOOL), vi("X", ["T", "B", I]), vi("h0", ["B", H])],
+                     [vi("hT", ["B", H]), vi("Y", ["S", "B", H])], initializer=_rnn_weights(31))
+    return model(g, 17)
+
+
+def loop_min_trip_counter_cond():
+    """Loop(Shape(X)[0], true) whose body computes ``cond = i + 1 < K`` (K an input): it runs
+    min(T, max(K, 1)) steps (the condition is tested after each step)."""
+    return _loop_rnn([h.make_node("Add", ["i", "one"], ["i1"]), h.make_node("Less", ["i1", "K"], ["c2"])],
+                     "c2", "loop_min_k", extra_inputs=[vi("K", [], I64)],
+                     extra_init=[init("one", np.array(1, np.int64))], y_dim="S")
+
+
+def _hsig(x):
+    return np.clip(0.2 * x + 0.5, 0, 1)
+
+
+def keras_gru_hard_sigmoid():
+    """Keras GRU with reset_after=False (gate order z, r, h like ONNX) and
+    recurrent_activation="hard_sigmoid", which Keras 3 defines as relu6(x + 3) / 6:
+    HardSigmoid(alpha=1/6, beta=0.5) gates (not ONNX's default alpha 0.2); kernels laid
+    [I, 3H] / [H, 3H] and read with MatMul + Split."""
+    nodes = [
+        h.make_node("MatMul", ["x", "K"], ["xk"]), h.make_node("Add", ["xk", "bk"], ["xkb"]),
+        h.make_node("Split", ["xkb", "split3"], ["xz", "xr", "xh"], axis=1),
+        h.make_node("MatMul", ["h", "Rzr"], ["hzr"]),
+        h.make_node("Split", ["hzr", "split2"], ["hz", "hr"], axis=1),
+        h.make_node("Add", ["xz", "hz"], ["zp"]), h.make_node("HardSigmoid", ["zp"], ["z"], alpha=1 / 6, beta=0.5),
+        h.make_node("Add", ["xr", "hr"], ["rp"]), h.make_node("HardSigmoid", ["rp"], ["r"], alpha=1 / 6, beta=0.5),
+        h.make_node("Mul", ["r", "h"], ["rh"]), h.make_node("MatMul", ["rh", "Rh"], ["rhh"]),
+        h.make_node("Add", ["xh", "rhh"], ["hp"]), h.make_node("Tanh", ["hp"], ["hh"]),
+        h.make_node("Mul", ["z", "h"], ["zh"]), h.make_node("Sub", ["one", "z"], ["omz"]),
+        h.make_node("Mul", ["omz", "hh"], ["zhh"]), h.make_node("Add", ["zh", "zhh"], ["h2"]),
+        h.make_node("Identity", ["h2"], ["y"])]
+    body = h.make_graph(nodes, "body", [vi("h", ["B", H]), vi("x", ["B", I])], [vi("h2", ["B", H]), vi("y", ["B", H])],
+                        initializer=[init("split3", np.array([H, H, H], np.int64)),
+                                     init("split2", np.array([H, H], np.int64)),
+                                     init("one", np.array(1, np.float32))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="keras_gru")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])],
+                     initializer=[init("K", w(41, I, 3 * H)), init("bk", w(42, 3 * H)),
+                                  init("Rzr", w(43, H, 2 * H)), init("Rh", w(44, H, H))])
+    return model(g, 13)
+
+
+def rnn_h1_i1():
+    """A tanh RNN with one hidden unit reading one feature (H = I = 1), batch 1 static: every
+    weight [1, 1], every state [1, 1]."""
+    body = h.make_graph(
+        [h.make_node("MatMul", ["x", "Wt"], ["xw"]), h.make_node("MatMul", ["h", "Rt"], ["hr"]),
+         h.make_node("Add", ["xw", "hr"], ["s"]), h.make_node("Add", ["s", "b1"], ["pre"]),
+         h.make_node("Tanh", ["pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", [1, 1]), vi("x", [1, 1])], [vi("h2", [1, 1]), vi("y", [1, 1])])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="rnn_h1")
+    g = h.make_graph([node], "main", [vi("h0", [1, 1]), vi("X", ["T", 1, 1])],
+                     [vi("hT", [1, 1]), vi("Y", ["T", 1, 1])],
+                     initializer=[init("Wt", np.array([[0.8]], np.float32)), init("Rt", np.array([[-0.6]], np.float32)),
+                                  init("b1", np.array([0.1], np.float32))])
+    return model(g, 17)
+
+
+def embedding_rnn_tokens():
+    """A char-RNN over int64 token ids X [T, B]: the body looks each step's tokens up in an
+    embedding table (Gather) and runs a tanh RNN cell on them."""
+    V = 11
+    body = h.make_graph(
+        [h.make_node("Gather", ["E", "tok"], ["x"], axis=0)] + _rnn_nodes("x", "h", "h2")
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", ["B", H]), vi("tok", ["B"], I64)], [vi("h2", ["B", H]), vi("y", ["B", H])])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="embed_rnn")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B"], I64)],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])],
+                     initializer=_rnn_weights(51) + [init("E", w(50, V, I))])
+    return model(g, 17)
+
+
+def greedy_decode_loop():
+    """Greedy decoding as TorchScript/tf2onnx users write it: Loop(max_len, true) carrying the
+    last token [B] (int64), h [B, H] and done [B] (bool); the body embeds the token, runs a tanh
+    cell, takes ArgMax of the logits, marks EOS (token 0), and stops when every item is done."""
+    V = 6
+    body = h.make_graph(
+        [h.make_node("Gather", ["E", "tok"], ["x"], axis=0)] + _rnn_nodes("x", "h", "h2")
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]),
+           h.make_node("MatMul", ["h2", "Wo"], ["logits"]),
+           h.make_node("ArgMax", ["logits"], ["tok2"], axis=1, keepdims=0),
+           h.make_node("Equal", ["tok2", "eos"], ["is_eos"]),
+           h.make_node("Or", ["done", "is_eos"], ["done2"]),
+           h.make_node("Cast", ["done2"], ["done_i"], to=I64),
+           h.make_node("ReduceMin", ["done_i"], ["all_done"], keepdims=0),
+           h.make_node("Equal", ["all_done", "zero"], ["c2"]),
+           h.make_node("Identity", ["tok2"], ["y"])],
+        "body", [vi("i", [], I64), vi("c", [], BOOL), vi("tok", ["B"], I64), vi("h", ["B", H]), vi("done", ["B"], BOOL)],
+        [vi("c2", [], BOOL), vi("tok2", ["B"], I64), vi("h2", ["B", H]), vi("done2", ["B"], BOOL), vi("y", ["B"], I64)],
+        initializer=[init("eos", np.array(0, np.int64)), init("zero", np.array(0, np.int64))])
+    nodes = [h.make_node("Shape", ["h0"], ["shp"]), h.make_node("Slice", ["shp", "s0", "s1"], ["b1"]),
+             h.make_node("ConstantOfShape", ["b1"], ["done0"], value=h.make_tensor("f", BOOL, [1], [False])),
+             h.make_node("Loop", ["max_len", "true", "tok0", "h0", "done0"], ["tokT", "hT", "doneT", "TOKS"],
+                         body=body, name="greedy")]
+    g = h.make_graph(nodes, "main", [vi("tok0", ["B"], I64), vi("h0", ["B", H])],
+                     [vi("hT", ["B", H]), vi("TOKS", ["S", "B"], I64)],
+                     initializer=_rnn_weights(61) + [init("E", w(60, V, I)), init("Wo", w(62, H, V)),
+                                                     init("max_len", np.array(8, np.int64)),
+                                                     init("true", np.array(True)),
+                                                     init("s0", np.array([0], np.int64)),
+                                                     init("s1", np.array([1], np.int64))])
+    return model(g, 17)
+
+
+def scan_outputs_partly_used():
+    """A tanh RNN Scan with three scan outputs (h, 2h, h²) and its final state: the graph
+    outputs only the mean over time of h² and 2h at the last step; h itself and the final
+    state are used by nobody."""
+    body = h.make_graph(
+        _rnn_nodes("x", "h", "h2") + [
+            h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y1"]),
+            h.make_node("Add", ["h2", "h2"], ["y2"]), h.make_node("Mul", ["h2", "h2"], ["y3"])],
+        "body", [vi("h", ["B", H]), vi("x", ["B", I])],
+        [vi("h2", ["B", H]), vi("y1", ["B", H]), vi("y2", ["B", H]), vi("y3", ["B", H])])
+    nodes = [h.make_node("Scan", ["h0", "X"], ["hT", "Y1", "Y2", "Y3"], body=body, num_scan_inputs=1, name="partly"),
+             h.make_node("ReduceMean", ["Y3", "ax0"], ["M3"], keepdims=0),
+             h.make_node("Gather", ["Y2", "last"], ["L2"], axis=0)]
+    g = h.make_graph(nodes, "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("M3", ["B", H]), vi("L2", ["B", H])],
+                     initializer=_rnn_weights(71) + [init("ax0", np.array([0], np.int64)),
+                                                     init("last", np.array(-1, np.int64))])
+    return model(g, 18)
+
+
+def _onnxscript(name):
+    import heldout4_onnxscript
+
+    m = heldout4_onnxscript.MODELS[name].to_model_proto()
+    m.producer_name = "onnxscript"
+    return m
+
+
 HAND = {f.__name__: f for f in [
     loop_cond_const_node, loop_cond_nan_exit, scan_bool_int64_carries, scan_int64_cumsum_o13,
     scan_scalar_state_o11_negaxis, scan_zero_sized_output, scan_sequence_ops_body, scan_body_if,
     scan_output_outer_direct, viterbi_crf_decode, rnn_clip_preact_o13, rnn_dropout_in_body, scan21_int8_io,
     loop_sequence_carry, scan_nested_inner_axis1_reverse, rnn_o9_ir4, scan8_int64_step_count,
-    map_attention_queries, broken_body_output_count]}
+    map_attention_queries, broken_body_output_count, loop_trip_and_cond_inputs, loop_min_trip_counter_cond,
+    keras_gru_hard_sigmoid, rnn_h1_i1, embedding_rnn_tokens, greedy_decode_loop, scan_outputs_partly_used]}
+HAND.update({n: (lambda n=n: _onnxscript(n)) for n in ["os_for_ema", "os_while_halving"]})
 
 
 # ---------------------------------------------------------------- PyTorch 2.13 dynamo exports

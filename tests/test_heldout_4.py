@@ -42,8 +42,16 @@ ISOLATED = {"B0", "T0"}
 SIZES = {"T": 5, "B": 3, "N": 7}
 # per model: input name -> a function (rng, shape) -> array, for inputs whose values have a meaning
 SPECIAL = {
-    "scan8_int64_step_count": {"lens": lambda rng, s, dims: rng.randint(1, max(dims["T"], 1) + 1, s)},
-    "torch_while_newton": {"a": lambda rng, s, dims: np.abs(rng.randn(*s)) + 0.5},
+    "scan8_int64_step_count": {"lens": lambda rng, s, dims, case: rng.randint(1, max(dims["T"], 1) + 1, s)},
+    "torch_while_newton": {"a": lambda rng, s, dims, case: np.abs(rng.randn(*s)) + 0.5},
+    "loop_trip_and_cond_inputs": {"M": lambda rng, s, dims, case: 0 if case == "M0" else min(3, dims["T"]),
+                                  "go": lambda rng, s, dims, case: case != "cond_false"},
+    "loop_min_trip_counter_cond": {"K": lambda rng, s, dims, case: {"K0": 0, "K1": 1, "Kbig": 99}.get(case, 3)},
+}
+# cases of their own, for inputs whose values select a path
+EXTRA_CASES = {
+    "loop_trip_and_cond_inputs": ["cond_false", "M0"],
+    "loop_min_trip_counter_cond": ["K0", "K1", "Kbig"],
 }
 # edge cases a model cannot take at all (the original refuses them as well): skipped
 NO_CASE = {
@@ -63,6 +71,16 @@ EXPECT = {
     "torch_bidi_by_hand": {"absent": {"Scan"}},
     "torch_cummax": {"present": {"Scan"}},
     "torch_while_newton": {"present": {"Loop"}},
+    "keras_gru_hard_sigmoid": {"present": {"GRU"}},
+    "rnn_h1_i1": {"present": {"RNN"}},
+    "rnn_clip_preact_o13": {"present": {"RNN"}},
+    "scan_outputs_partly_used": {"present": {"RNN"}},
+    "loop_sequence_carry": {"present": {"RNN"}, "absent": {"Loop"}},
+    "torch_two_cells_one_step": {"present": {"RNN"}},
+    "torch_scan_dim1_two_xs_reduce": {"present": {"RNN"}},
+    "greedy_decode_loop": {"present": {"Loop"}},
+    "os_while_halving": {"present": {"Loop"}},
+    "os_for_ema": {"absent": {"Loop"}},
 }
 
 
@@ -78,7 +96,7 @@ def cases(name: str) -> list[str]:
         out.append("B0")
     if "T" in dims:
         out.append("T0")
-    return [c for c in out if c not in NO_CASE.get(name, set())]
+    return [c for c in out + EXTRA_CASES.get(name, []) if c not in NO_CASE.get(name, set())]
 
 
 def feeds(name: str, case: str, seed: int = 0) -> dict:
@@ -92,6 +110,7 @@ def feeds(name: str, case: str, seed: int = 0) -> dict:
     elif case == "B0":
         dims["B"] = 0
     inits = {i.name for i in m.graph.initializer}
+    has_t = any(d.dim_param == "T" for v in m.graph.input for d in v.type.tensor_type.shape.dim)
     out = {}
     for v in m.graph.input:
         if v.name in inits:
@@ -100,13 +119,13 @@ def feeds(name: str, case: str, seed: int = 0) -> dict:
         shape = [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, 3) for d in t.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
         if v.name in SPECIAL.get(name, {}):
-            a = SPECIAL[name][v.name](rng, shape, dims)
+            a = SPECIAL[name][v.name](rng, shape, dims, case)
         elif dtype == np.bool_:
             a = rng.rand(*shape) > 0.5
         elif np.issubdtype(dtype, np.integer):
             a = rng.randint(-100, 100, shape) if dtype == np.int8 else rng.randint(0, 5, shape)
         else:
-            a = rng.randn(*shape) * 2
+            a = np.asarray(rng.randn(*shape) * 2, np.float64)
             if case == "large":
                 a = a * 1e4
             if case == "nan":
@@ -115,6 +134,8 @@ def feeds(name: str, case: str, seed: int = 0) -> dict:
                     idx = [slice(None)] * len(shape)
                     idx[axis] = 2
                     a[tuple(idx)] = np.nan
+                elif not has_t and a.size:  # no sequence input: a NaN in the first value
+                    a.flat[0] = np.nan
         out[v.name] = np.asarray(a).astype(dtype).reshape(shape)
     return out
 
@@ -145,16 +166,23 @@ def optimize_cli(name: str, out: str):
     return code, so.getvalue(), se.getvalue()
 
 
-def compare(expected: dict, got: dict, spec_shapes: dict | None = None) -> None:
+def compare(expected: dict, got: dict, spec_shapes: dict | None = None, nan_fed: bool = False) -> None:
     """``got`` equals ``expected``: names, dtypes, shapes, values (NaN where NaN). ``spec_shapes``:
     the shapes the spec gives an empty output where onnxruntime's Loop sizes every symbolic dim
-    of a zero-iteration stack 0 (a known onnxruntime quirk, tests/test_loop_to_scan_zero_steps.py)."""
+    of a zero-iteration stack 0 (a known onnxruntime quirk, tests/test_loop_to_scan_zero_steps.py).
+    ``nan_fed``: a NaN was fed; where the original gives NaN the output may be finite (onnxruntime's
+    native GRU/LSTM kernels return finite values where the Scan's gates give NaN, the policy of
+    docs/verification.md), but never the other way round."""
     assert list(expected) == list(got)
     for k, a in expected.items():
         b = got[k]
         if spec_shapes and a.size == 0 and a.shape != b.shape:
             a = a.reshape(spec_shapes[k])
         assert a.shape == b.shape and a.dtype == b.dtype, (k, a.shape, b.shape, a.dtype, b.dtype)
+        if a.dtype.kind == "f" and nan_fed:
+            assert not (np.isnan(b) & ~np.isnan(a)).any(), (k, "NaN where the original is finite")
+            keep = ~np.isnan(a)
+            a, b = np.where(keep, a, 0), np.where(keep, b, 0)
         if a.dtype.kind == "f":
             np.testing.assert_allclose(b.astype(np.float64), a.astype(np.float64), rtol=2e-5,
                                        atol=2e-5 * max(1.0, float(np.max(np.abs(a[np.isfinite(a)]), initial=0.0))),
@@ -223,7 +251,7 @@ def check_case(name: str, case: str, result: str) -> None:
     if any(a.size == 0 for a in expected.values()) and "Loop" in top_ops(onnx.load(path(name))):
         from scanopt.engines import run as run_engine
         spec = {k: v.shape for k, v in run_engine(onnx.load(path(name)), f, engine="reference").items()}
-    compare(expected, got, spec)
+    compare(expected, got, spec, nan_fed=case == "nan")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
@@ -235,6 +263,40 @@ def test_what_the_default_command_did(name, optimized):
         assert ops[op] >= 1, (op, dict(ops))
     for op in EXPECT[name].get("absent", ()):
         assert ops[op] == 0, (op, dict(ops))
+
+
+def test_keras_hard_sigmoid_gates_keep_alpha_and_beta(optimized):
+    """Keras 3's hard_sigmoid is HardSigmoid(alpha=1/6, beta=0.5), not the GRU's default
+    (alpha 0.2): the fused GRU names the activation and carries both values."""
+    code, _, err, result = optimized("keras_gru_hard_sigmoid")
+    assert code == 0, err
+    grus = [n for g in _graphs(onnx.load(result).graph) for n in g.node if n.op_type == "GRU"]
+    assert grus
+    for gru in grus:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gru.attribute}
+        assert [x.decode() for x in attrs["activations"]][:1] == [b"HardSigmoid".decode()]
+        np.testing.assert_allclose(attrs["activation_alpha"][0], 1 / 6, rtol=1e-6)
+        np.testing.assert_allclose(attrs["activation_beta"][0], 0.5, rtol=1e-6)
+
+
+def _graphs(g):
+    yield g
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(a.g)
+
+
+def test_linrec_reads_the_state_size_from_the_initial_value_when_the_body_declares_less():
+    """onnxscript's for-loop body declares its carried h as [?, ?] while the Loop's initial value
+    is [B, 4]: after loop_to_scan, linrec sized the state from the body only, called it unknown
+    and declined ("has an unknown shape, over linrec_max_state"). A state keeps its initial
+    value's shape, so the EMA is a linear recurrence of 4 elements per step."""
+    import scanopt
+
+    _, report = scanopt.optimize(path("os_for_ema"))
+    linrec = [o for o in report.outcomes if o.pass_name == "linrec"]
+    assert any(o.applied for o in linrec), [o.detail for o in linrec]
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if os.path.exists(path(n)[:-5] + ".expected.npz")])
