@@ -49,6 +49,12 @@ Hand-built with onnx.helper (only onnx and numpy needed):
                            token, stopping when every item emitted EOS (must stay a Loop)
 - scan_outputs_partly_used: an RNN Scan with three scan outputs of which the graph reads a mean over
                            time of one and the last step of another; h and the final state unused
+- scalar_rnn_elementwise:  a one-unit tanh RNN on rank-0 states and steps (X [T], h [])
+- rnn_f16_state_f32_compute: float16 state and sequence, the cell computed in float32 between Casts
+- two_identical_scans:     two Scans with identical bodies over X and -X
+- scan_f64_accumulate_f32: a float64 running sum of a float32 sequence, emitted as float32
+- broken_scan_undefined_capture: a body reading a name defined nowhere (broken)
+- broken_loop_body_inputs: a Loop body without its condition input (broken)
 onnxscript 0.7 (models/heldout4_onnxscript.py), top-level loops:
 - os_for_ema:              ``for i in range(T)`` EMA over op.Gather(xs, i), final state only
 - os_while_halving:        a ``while`` loop whose condition the body computes from the data
@@ -63,6 +69,10 @@ PyTorch 2.13 dynamo exporter (``torch._higher_order_ops.scan`` / ``while_loop``)
 - torch_nested_scan:       a scan whose combine fn runs a scan over each step's rows
 - torch_while_newton:      ``while_loop`` Newton iteration for sqrt until converged (data-dependent)
 - torch_while_power_iter:  ``while_loop`` counter-bound power iteration (i < k with k fixed)
+- torch_carries_mixed_dtypes: carries of four dtypes (float32 h, float64 sum, int64 count, bool seen),
+                           ys of two (h, a bool per step)
+- torch_attention_decoder: a teacher-forced GRUCell decoder attending over encoder states [B, 7, H]
+                           (bmm scores, softmax, bmm context) each step
 Each torch sample comes with NAME.expected.npz: the inputs and torch's outputs.
 """
 
@@ -538,6 +548,87 @@ def scan_outputs_partly_used():
     return model(g, 18)
 
 
+def scalar_rnn_elementwise():
+    """A one-unit tanh RNN written with scalars: X [T], state h [] (rank 0),
+    ``h' = tanh(w x + r h + b)`` with Mul/Add on scalar constants."""
+    body = h.make_graph(
+        [h.make_node("Mul", ["x", "wx"], ["xw"]), h.make_node("Mul", ["h", "wh"], ["hr"]),
+         h.make_node("Add", ["xw", "hr"], ["s"]), h.make_node("Add", ["s", "b0"], ["pre"]),
+         h.make_node("Tanh", ["pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", []), vi("x", [])], [vi("h2", []), vi("y", [])],
+        initializer=[init("wx", np.array(0.7, np.float32)), init("wh", np.array(-0.4, np.float32)),
+                     init("b0", np.array(0.05, np.float32))])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="scalar_rnn")
+    g = h.make_graph([node], "main", [vi("h0", []), vi("X", ["T"])], [vi("hT", []), vi("Y", ["T"])])
+    return model(g, 17)
+
+
+def rnn_f16_state_f32_compute():
+    """Mixed precision as autocast exports write it: the state and the sequence are float16, the
+    body casts both to float32, runs a tanh cell and casts the new state back to float16."""
+    body = h.make_graph(
+        [h.make_node("Cast", ["x"], ["xf"], to=F), h.make_node("Cast", ["h"], ["hf"], to=F)]
+        + _rnn_nodes("xf", "hf", "h2") + [h.make_node("Tanh", ["h2_pre"], ["h2f"]),
+                                          h.make_node("Cast", ["h2f"], ["h2"], to=TP.FLOAT16),
+                                          h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", ["B", H], TP.FLOAT16), vi("x", ["B", I], TP.FLOAT16)],
+        [vi("h2", ["B", H], TP.FLOAT16), vi("y", ["B", H], TP.FLOAT16)])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="amp_rnn")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H], TP.FLOAT16), vi("X", ["T", "B", I], TP.FLOAT16)],
+                     [vi("hT", ["B", H], TP.FLOAT16), vi("Y", ["T", "B", H], TP.FLOAT16)],
+                     initializer=_rnn_weights(81))
+    return model(g, 17)
+
+
+def two_identical_scans():
+    """Two Scans with identical bodies (the same captured weight names) over X and -X: the
+    optimizer times identical Scans once; each must still read its own input."""
+    def scan(x, hT, y, name):
+        body = h.make_graph(_rnn_nodes("x", "h", "h2") + [h.make_node("Tanh", ["h2_pre"], ["h2"]),
+                                                           h.make_node("Identity", ["h2"], ["y"])],
+                            "body", [vi("h", ["B", H]), vi("x", ["B", I])], [vi("h2", ["B", H]), vi("y", ["B", H])])
+        return h.make_node("Scan", ["h0", x], [hT, y], body=body, num_scan_inputs=1, name=name)
+    nodes = [h.make_node("Neg", ["X"], ["NX"]), scan("X", "hA", "YA", "scan_a"), scan("NX", "hB", "YB", "scan_b"),
+             h.make_node("Sub", ["YA", "YB"], ["D"])]
+    g = h.make_graph(nodes, "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hA", ["B", H]), vi("hB", ["B", H]), vi("D", ["T", "B", H])], initializer=_rnn_weights(91))
+    return model(g, 17)
+
+
+def scan_f64_accumulate_f32():
+    """A float64 running sum of a float32 sequence (Cast inside the body), emitted as float32."""
+    body = h.make_graph(
+        [h.make_node("Cast", ["x"], ["xd"], to=TP.DOUBLE), h.make_node("Add", ["s", "xd"], ["s2"]),
+         h.make_node("Cast", ["s2"], ["y"], to=F)],
+        "body", [vi("s", ["B"], TP.DOUBLE), vi("x", ["B"])], [vi("s2", ["B"], TP.DOUBLE), vi("y", ["B"])])
+    node = h.make_node("Scan", ["s0", "X"], ["sT", "Y"], body=body, num_scan_inputs=1, name="f64_sum")
+    g = h.make_graph([node], "main", [vi("s0", ["B"], TP.DOUBLE), vi("X", ["T", "B"])],
+                     [vi("sT", ["B"], TP.DOUBLE), vi("Y", ["T", "B"])])
+    return model(g, 17)
+
+
+def broken_scan_undefined_capture():
+    """A Scan body reading 'W_missing', defined nowhere (broken: one line, non-zero exit)."""
+    body = h.make_graph([h.make_node("MatMul", ["x", "W_missing"], ["xw"]), h.make_node("Add", ["h", "xw"], ["h2"]),
+                         h.make_node("Identity", ["h2"], ["y"])], "body",
+                        [vi("h", ["B", H]), vi("x", ["B", I])], [vi("h2", ["B", H]), vi("y", ["B", H])])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="undefined")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])])
+    return model(g, 17)
+
+
+def broken_loop_body_inputs():
+    """A Loop body with one input fewer than 2 + its carried values (no condition input): broken."""
+    body = h.make_graph([h.make_node("Add", ["h", "one"], ["h2"]), h.make_node("Constant", [], ["c2"],
+                         value=h.make_tensor("t", BOOL, [], [True]))], "body",
+                        [vi("i", [], I64), vi("h", ["B"])], [vi("c2", [], BOOL), vi("h2", ["B"])],
+                        initializer=[init("one", np.array(1, np.float32))])
+    g = h.make_graph([h.make_node("Loop", ["M", "", "h0"], ["hT"], body=body, name="bad_loop")], "main",
+                     [vi("M", [], I64), vi("h0", ["B"])], [vi("hT", ["B"])])
+    return model(g, 17)
+
+
 def _onnxscript(name):
     import heldout4_onnxscript
 
@@ -552,7 +643,9 @@ HAND = {f.__name__: f for f in [
     scan_output_outer_direct, viterbi_crf_decode, rnn_clip_preact_o13, rnn_dropout_in_body, scan21_int8_io,
     loop_sequence_carry, scan_nested_inner_axis1_reverse, rnn_o9_ir4, scan8_int64_step_count,
     map_attention_queries, broken_body_output_count, loop_trip_and_cond_inputs, loop_min_trip_counter_cond,
-    keras_gru_hard_sigmoid, rnn_h1_i1, embedding_rnn_tokens, greedy_decode_loop, scan_outputs_partly_used]}
+    keras_gru_hard_sigmoid, rnn_h1_i1, embedding_rnn_tokens, greedy_decode_loop, scan_outputs_partly_used,
+    scalar_rnn_elementwise, rnn_f16_state_f32_compute, two_identical_scans, scan_f64_accumulate_f32,
+    broken_scan_undefined_capture, broken_loop_body_inputs]}
 HAND.update({n: (lambda n=n: _onnxscript(n)) for n in ["os_for_ema", "os_while_halving"]})
 
 
@@ -581,6 +674,7 @@ def _torch(name):
     from torch._higher_order_ops.while_loop import while_loop
 
     torch.manual_seed(0)
+    torch.set_grad_enabled(False)  # scan with parameters under autograd fails to trace mixed-dtype carries
     g = torch.Generator().manual_seed(4)
     TB = {0: "T", 1: "B"}
 
@@ -709,6 +803,45 @@ def _torch(name):
             i, vT = while_loop(cond, body, (torch.zeros((), dtype=torch.int64), v.clone()))
             return vT
 
+    class MixedCarries(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(I, H)
+
+        def forward(self, x, h0):  # x [T, B, I]
+            def step(carry, xt):
+                hh, acc, cnt, seen = carry
+                h2 = torch.tanh(self.lin(xt) + hh)
+                pos = h2.sum(-1) > 0
+                return (h2, acc + h2.double(), cnt + pos.long(), seen | pos), (h2.clone(), pos.clone())
+            B = x.shape[1]
+            init = (h0, torch.zeros(B, H, dtype=torch.float64), torch.zeros(B, dtype=torch.int64),
+                    torch.zeros(B, dtype=torch.bool))
+            (hT, acc, cnt, seen), (ys, poss) = scan(step, init, x)
+            return hT, acc, cnt, seen, ys, poss
+
+    class AttnDecoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = nn.GRUCell(I + H, H)
+            self.q = nn.Linear(H, H, bias=False)
+
+        def forward(self, x, enc, h0):  # x [T, B, I] (teacher forcing), enc [B, S, H]
+            def step(hh, xt):
+                scores = torch.bmm(enc, self.q(hh).unsqueeze(-1)).squeeze(-1)
+                ctx = torch.bmm(torch.softmax(scores, -1).unsqueeze(1), enc).squeeze(1)
+                h2 = self.cell(torch.cat([xt, ctx], -1), hh)
+                return h2, h2.clone()
+            return scan(step, h0, x)
+
+    if name == "torch_carries_mixed_dtypes":
+        _torch_export(name, MixedCarries().eval(), {"x": rnd(T_, B_, I), "h0": rnd(B_, H)},
+                      ["hT", "acc", "cnt", "seen", "ys", "poss"], {"x": TB, "h0": {0: "B"}})
+        return
+    if name == "torch_attention_decoder":
+        _torch_export(name, AttnDecoder().eval(), {"x": rnd(T_, B_, I), "enc": rnd(B_, 7, H), "h0": rnd(B_, H)},
+                      ["hT", "ys"], {"x": TB, "enc": {0: "B"}, "h0": {0: "B"}})
+        return
     if name == "torch_online_softmax":
         D = 4
         _torch_export(name, OnlineSoftmax(), {"q": rnd(B_, D), "k": rnd(T_, B_, D), "v": rnd(T_, B_, D)},
@@ -743,7 +876,8 @@ def _torch(name):
 
 TORCH = ["torch_online_softmax", "torch_logcumsumexp", "torch_cummax", "torch_bidi_by_hand",
          "torch_two_cells_one_step", "torch_argmax_tracker", "torch_scan_dim1_two_xs_reduce",
-         "torch_nested_scan", "torch_while_newton", "torch_while_power_iter"]
+         "torch_nested_scan", "torch_while_newton", "torch_while_power_iter", "torch_carries_mixed_dtypes",
+         "torch_attention_decoder"]
 
 
 def write(name):
