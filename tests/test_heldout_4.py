@@ -35,7 +35,8 @@ HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models
 MODELS = sorted(f[:-5] for f in os.listdir(HELDOUT) if f.endswith(".onnx"))
 # broken input: onnxruntime refuses to load these too (a body output naming an outer value directly
 # is rejected by onnx.checker and by onnxruntime, which asks for an Identity)
-BROKEN = {"broken_body_output_count", "scan_output_outer_direct"}
+BROKEN = {"broken_body_output_count", "scan_output_outer_direct", "broken_scan_undefined_capture",
+          "broken_loop_body_inputs"}
 # edge cases run in a child process: onnxruntime kills the process on some of them (a Scan-11 on
 # axis -1 at zero length: SIGFPE; GRU/LSTM on an empty batch: SIGABRT)
 ISOLATED = {"B0", "T0"}
@@ -81,6 +82,9 @@ EXPECT = {
     "greedy_decode_loop": {"present": {"Loop"}},
     "os_while_halving": {"present": {"Loop"}},
     "os_for_ema": {"absent": {"Loop"}},
+    # the float32 cell splits off and fuses; its float64 running sum (inheriting the cell's float32
+    # rounding) used to fail the float64 table and roll the fuse back
+    "torch_carries_mixed_dtypes": {"present": {"RNN"}},
 }
 
 
@@ -92,6 +96,8 @@ def cases(name: str) -> list[str]:
     m = onnx.load(path(name))
     dims = {d.dim_param for v in m.graph.input for d in v.type.tensor_type.shape.dim if d.dim_param}
     out = ["normal", "T1", "nan", "large"]
+    if dims & {"T", "B"}:
+        out.append("big")  # past the run-time dispatches rewrites emit (If(B >= 32), If(T < 128))
     if "B" in dims:
         out.append("B0")
     if "T" in dims:
@@ -109,6 +115,8 @@ def feeds(name: str, case: str, seed: int = 0) -> dict:
         dims["T"] = 0
     elif case == "B0":
         dims["B"] = 0
+    elif case == "big":
+        dims.update(T=140, B=40)
     inits = {i.name for i in m.graph.initializer}
     has_t = any(d.dim_param == "T" for v in m.graph.input for d in v.type.tensor_type.shape.dim)
     out = {}
