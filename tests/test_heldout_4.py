@@ -339,3 +339,16 @@ if __name__ == "__main__":  # a table of what the default command did
                     print(f"   {case}: {str(e)[:160]}")
                 except BaseException as e:  # noqa: BLE001 (a table, not a test)
                     print(f"   {case}: FAIL {str(e)[:400]}")
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in BROKEN])
+def test_signature_ir_version_and_opsets_are_kept(name, optimized):
+    """DESIGN.md's file contract: the same IR version and opsets as the input, and the graph's
+    input and output names, types and shapes."""
+    code, _, err, result = optimized(name)
+    assert code == 0, err
+    a, b = onnx.load(path(name)), onnx.load(result)
+    assert b.ir_version == a.ir_version
+    assert {(o.domain, o.version) for o in b.opset_import} == {(o.domain, o.version) for o in a.opset_import}
+    for x, y in [(a.graph.input, b.graph.input), (a.graph.output, b.graph.output)]:
+        assert [v.SerializeToString() for v in x] == [v.SerializeToString() for v in y]
