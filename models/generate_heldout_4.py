@@ -53,6 +53,7 @@ Hand-built with onnx.helper (only onnx and numpy needed):
 - rnn_f16_state_f32_compute: float16 state and sequence, the cell computed in float32 between Casts
 - two_identical_scans:     two Scans with identical bodies over X and -X
 - scan_f64_accumulate_f32: a float64 running sum of a float32 sequence, emitted as float32
+- rnn_leaky_relu_gemm_alpha_beta: LeakyRelu(0.1) activation, input Gemm with alpha=0.5, beta=2
 - broken_scan_undefined_capture: a body reading a name defined nowhere (broken)
 - broken_loop_body_inputs: a Loop body without its condition input (broken)
 onnxscript 0.7 (models/heldout4_onnxscript.py), top-level loops:
@@ -629,6 +630,21 @@ def broken_loop_body_inputs():
     return model(g, 17)
 
 
+def rnn_leaky_relu_gemm_alpha_beta():
+    """An RNN with LeakyRelu(alpha=0.1) as its activation and a Gemm with alpha=0.5, beta=2 on
+    the input side (weights and bias scaled by the op, not stored scaled)."""
+    body = h.make_graph(
+        [h.make_node("Gemm", ["x", "W", "b"], ["xw"], transB=1, alpha=0.5, beta=2.0),
+         h.make_node("Gemm", ["h", "R"], ["hr"], transB=1),
+         h.make_node("Add", ["xw", "hr"], ["pre"]),
+         h.make_node("LeakyRelu", ["pre"], ["h2"], alpha=0.1), h.make_node("Identity", ["h2"], ["y"])],
+        "body", [vi("h", ["B", H]), vi("x", ["B", I])], [vi("h2", ["B", H]), vi("y", ["B", H])])
+    node = h.make_node("Scan", ["h0", "X"], ["hT", "Y"], body=body, num_scan_inputs=1, name="leaky_rnn")
+    g = h.make_graph([node], "main", [vi("h0", ["B", H]), vi("X", ["T", "B", I])],
+                     [vi("hT", ["B", H]), vi("Y", ["T", "B", H])], initializer=_rnn_weights(101))
+    return model(g, 17)
+
+
 def _onnxscript(name):
     import heldout4_onnxscript
 
@@ -645,7 +661,7 @@ HAND = {f.__name__: f for f in [
     map_attention_queries, broken_body_output_count, loop_trip_and_cond_inputs, loop_min_trip_counter_cond,
     keras_gru_hard_sigmoid, rnn_h1_i1, embedding_rnn_tokens, greedy_decode_loop, scan_outputs_partly_used,
     scalar_rnn_elementwise, rnn_f16_state_f32_compute, two_identical_scans, scan_f64_accumulate_f32,
-    broken_scan_undefined_capture, broken_loop_body_inputs]}
+    broken_scan_undefined_capture, broken_loop_body_inputs, rnn_leaky_relu_gemm_alpha_beta]}
 HAND.update({n: (lambda n=n: _onnxscript(n)) for n in ["os_for_ema", "os_while_halving"]})
 
 
