@@ -42,6 +42,7 @@ Hand-built with onnx.helper (only onnx and numpy needed):
                            (broken: the command must exit non-zero with one line)
 - loop_trip_and_cond_inputs: Loop(M, go) with the trip count and the initial condition graph inputs
 - loop_min_trip_counter_cond: Loop(Shape(X)[0], true) whose body computes ``i + 1 < K`` (K an input)
+- loop_trip_input_reads_x: Loop(M, true) with M a graph input reading Gather(X, i) (``range(n)``)
 - keras_gru_hard_sigmoid:  Keras GRU (reset_after=False) with Keras 3's hard_sigmoid, HardSigmoid(1/6, 0.5)
 - rnn_h1_i1:               a tanh RNN with H = I = B = 1 (every weight and state [1, 1])
 - embedding_rnn_tokens:    a char-RNN over int64 token ids: Gather(E, tokens) in the body, then a cell
@@ -645,6 +646,22 @@ def rnn_leaky_relu_gemm_alpha_beta():
     return model(g, 17)
 
 
+def loop_trip_input_reads_x():
+    """TorchScript's ``for i in range(n)`` with n an argument, not x.size(0): Loop(M, true) with
+    M a graph input, the body reading Gather(X, i). M past X's length fails in the original."""
+    body = h.make_graph(
+        [h.make_node("Gather", ["X", "i"], ["x_t"], axis=0)] + _rnn_nodes("x_t", "h", "h2")
+        + [h.make_node("Tanh", ["h2_pre"], ["h2"]), h.make_node("Identity", ["h2"], ["y"]),
+           h.make_node("Identity", ["c"], ["c2"])],
+        "body", [vi("i", [], I64), vi("c", [], BOOL), vi("h", ["B", H])],
+        [vi("c2", [], BOOL), vi("h2", ["B", H]), vi("y", ["B", H])])
+    g = h.make_graph([h.make_node("Loop", ["M", "true", "h0"], ["hT", "Y"], body=body, name="loop_m")], "main",
+                     [vi("M", [], I64), vi("X", ["T", "B", I]), vi("h0", ["B", H])],
+                     [vi("hT", ["B", H]), vi("Y", ["S", "B", H])],
+                     initializer=_rnn_weights(111) + [init("true", np.array(True))])
+    return model(g, 17)
+
+
 def _onnxscript(name):
     import heldout4_onnxscript
 
@@ -661,7 +678,8 @@ HAND = {f.__name__: f for f in [
     map_attention_queries, broken_body_output_count, loop_trip_and_cond_inputs, loop_min_trip_counter_cond,
     keras_gru_hard_sigmoid, rnn_h1_i1, embedding_rnn_tokens, greedy_decode_loop, scan_outputs_partly_used,
     scalar_rnn_elementwise, rnn_f16_state_f32_compute, two_identical_scans, scan_f64_accumulate_f32,
-    broken_scan_undefined_capture, broken_loop_body_inputs, rnn_leaky_relu_gemm_alpha_beta]}
+    broken_scan_undefined_capture, broken_loop_body_inputs, rnn_leaky_relu_gemm_alpha_beta,
+    loop_trip_input_reads_x]}
 HAND.update({n: (lambda n=n: _onnxscript(n)) for n in ["os_for_ema", "os_while_halving"]})
 
 

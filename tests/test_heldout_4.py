@@ -47,11 +47,14 @@ SPECIAL = {
     "loop_trip_and_cond_inputs": {"M": lambda rng, s, dims, case: 0 if case == "M0" else min(3, dims["T"]),
                                   "go": lambda rng, s, dims, case: case != "cond_false"},
     "loop_min_trip_counter_cond": {"K": lambda rng, s, dims, case: {"K0": 0, "K1": 1, "Kbig": 99}.get(case, 3)},
+    "loop_trip_input_reads_x": {"M": lambda rng, s, dims, case: {"M0": 0, "Mneg": -2, "M_over": dims["T"] + 2}.get(
+        case, min(3, dims["T"]))},
 }
 # cases of their own, for inputs whose values select a path
 EXTRA_CASES = {
     "loop_trip_and_cond_inputs": ["cond_false", "M0"],
     "loop_min_trip_counter_cond": ["K0", "K1", "Kbig"],
+    "loop_trip_input_reads_x": ["M0", "Mneg"],
 }
 # edge cases a model cannot take at all (the original refuses them as well): skipped
 NO_CASE = {
@@ -85,6 +88,7 @@ EXPECT = {
     # rounding) used to fail the float64 table and roll the fuse back
     "torch_carries_mixed_dtypes": {"present": {"RNN"}},
     "rnn_leaky_relu_gemm_alpha_beta": {"present": {"RNN"}},
+    "loop_trip_input_reads_x": {"absent": {"Loop"}},
 }
 
 
@@ -352,3 +356,17 @@ def test_signature_ir_version_and_opsets_are_kept(name, optimized):
     assert {(o.domain, o.version) for o in b.opset_import} == {(o.domain, o.version) for o in a.opset_import}
     for x, y in [(a.graph.input, b.graph.input), (a.graph.output, b.graph.output)]:
         assert [v.SerializeToString() for v in x] == [v.SerializeToString() for v in y]
+
+
+@pytest.mark.xfail(strict=True, reason="loop_to_scan cuts X to the trip count with Slice, which clamps: a trip "
+                   "count past X's end runs len(X) steps where the Loop's Gather(X, i) fails (and onnxruntime's "
+                   "optimizer turns a Gather of a Range into such a Slice too, so gathering the Loop's indices "
+                   "would not fail in onnxruntime either)")
+def test_a_trip_count_past_the_end_fails_as_the_loop_does(optimized):
+    code, _, err, result = optimized("loop_trip_input_reads_x")
+    assert code == 0, err
+    f = feeds("loop_trip_input_reads_x", "M_over")
+    with pytest.raises(RuntimeError):
+        run_ort(path("loop_trip_input_reads_x"), f, True)  # the original: index out of data bounds
+    with pytest.raises(RuntimeError):
+        run_ort(result, f, True)
