@@ -13,9 +13,9 @@ Hand-built with onnx.helper (only onnx and numpy needed):
                            instead of passing the condition input through; tanh RNN, scan output h
 - loop_cond_nan_exit:      Loop(M, true) whose body condition is ``Not(IsNaN(ReduceSum(h)))``: a
                            data-dependent early exit (must stay a Loop)
-- scan_bool_int64_carries: Scan-17 with a bool carry (``Or(any, x > 0)``), an int64 count carry and a
+- scan_bool_int64_carries: Scan-16 (opset 17) with a bool carry (``Or(any, x > 0)``), an int64 count carry and a
                            bool scan output
-- scan_int64_cumsum_o13:   Scan-13, an int64 running sum over an int64 sequence, scan output the sum
+- scan_int64_cumsum_o13:   Scan-11 (opset 13), an int64 running sum over an int64 sequence, scan output the sum
 - scan_scalar_state_o11_negaxis: Scan-11 reading X [B, T] on axis -1 with a scalar state
                            ``s' = 0.5 s + ReduceSum(x)`` and a scalar scan output
 - scan_zero_sized_output:  a tanh RNN that also emits Slice(x, 0, 0) per step: a scan output [T, B, 0]
