@@ -370,3 +370,13 @@ def test_a_trip_count_past_the_end_fails_as_the_loop_does(optimized):
         run_ort(path("loop_trip_input_reads_x"), f, True)  # the original: index out of data bounds
     with pytest.raises(RuntimeError):
         run_ort(result, f, True)
+
+
+def test_a_scalar_state_is_named_as_the_reason_it_does_not_fuse():
+    """A one-unit RNN on rank-0 states (X [T], h []) was declined with "the hidden size is
+    unknown", which it is not (one unit): the reason now names the scalar state."""
+    import scanopt
+
+    _, report = scanopt.optimize(path("scalar_rnn_elementwise"))
+    fuse = [o.detail for o in report.outcomes if o.pass_name == "fuse"]
+    assert any("scalar (rank 0)" in d for d in fuse), fuse
