@@ -89,6 +89,8 @@ EXPECT = {
     "torch_carries_mixed_dtypes": {"present": {"RNN"}},
     "rnn_leaky_relu_gemm_alpha_beta": {"present": {"RNN"}},
     "loop_trip_input_reads_x": {"absent": {"Loop"}},
+    # an inference Dropout copies its input: the cell fuses as it would without it
+    "rnn_dropout_in_body": {"present": {"RNN"}},
 }
 
 
@@ -380,3 +382,34 @@ def test_a_scalar_state_is_named_as_the_reason_it_does_not_fuse():
     _, report = scanopt.optimize(path("scalar_rnn_elementwise"))
     fuse = [o.detail for o in report.outcomes if o.pass_name == "fuse"]
     assert any("scalar (rank 0)" in d for d in fuse), fuse
+
+
+def _dropout_variant(training_mode=None, mask=False) -> onnx.ModelProto:
+    """rnn_dropout_in_body with its Dropout given a training_mode input (an initializer) or
+    asked for its mask (emitted as a second scan output)."""
+    m = onnx.load(path("rnn_dropout_in_body"))
+    scan = next(n for n in m.graph.node if n.op_type == "Scan")
+    body = next(a.g for a in scan.attribute if a.name == "body")
+    drop = next(n for n in body.node if n.op_type == "Dropout")
+    if training_mode is not None:
+        body.initializer.extend([onnx.numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                                 onnx.numpy_helper.from_array(np.array(training_mode), "training")])
+        drop.input.extend(["ratio", "training"])
+    if mask:
+        drop.output.append("mask")
+        body.output.append(onnx.helper.make_tensor_value_info("mask", onnx.TensorProto.BOOL, ["B", 4]))
+        scan.output.append("MASK")
+        m.graph.output.append(onnx.helper.make_tensor_value_info("MASK", onnx.TensorProto.BOOL, ["T", "B", 4]))
+    return m
+
+
+@pytest.mark.parametrize("training_mode, mask", [(False, False), (True, False), (None, True)])
+def test_a_dropout_given_a_training_mode_or_asked_for_its_mask_is_not_read_through(training_mode, mask):
+    """Only a Dropout without a training_mode input and without a mask output is read as a copy;
+    a training_mode input, even a constant false, and a mask leave the Scan (fuse declines)."""
+    import scanopt
+
+    out, report = scanopt.optimize(_dropout_variant(training_mode, mask), verify=False)
+    fuse = [o for o in report.outcomes if o.pass_name == "fuse"]
+    assert fuse and not any(o.applied for o in fuse), [o.detail for o in fuse]
+    assert top_ops(out)["RNN"] == 0
