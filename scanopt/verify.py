@@ -51,7 +51,9 @@ from scanopt.widen import widened, widened_feeds
 # (integers, bool, strings) compare exactly.
 #
 # The truth acquits (:func:`truth_check`): for an output in a narrow float (float32, float16,
-# bfloat16) the original is also run as its float64 twin (scanopt.widen) on the same feeds,
+# bfloat16), or a float64 one (its value may come through narrow floats: a float32 cell's state
+# summed in float64 carries the cell's float32 rounding, which the float64 table refuses), the
+# original is also run as its float64 twin (scanopt.widen) on the same feeds,
 # and an output the table (widened or not) refuses still passes when
 #   |candidate - truth| <= TRUTH_FACTOR * max |original - truth| + TRUTH_ULPS * eps * |truth|
 # at every element (the max over the output; eps: the dtype's), with no non-finite value where
@@ -77,6 +79,7 @@ TRUTH_BYTES = 2**29  # a model whose float64 twin would be larger is judged by t
 REFERENCE_SPREAD_STEPS = 256  # longer sets get no spread from the reference executor (seconds at 1024 steps)
 TRUTH_ALWAYS_BYTES = 2**24  # up to this size the truth runs on every input set; above, only when the table refuses
 NARROW_FLOATS = ("float32", "float16", "bfloat16")
+JUDGED_BY_TRUTH = NARROW_FLOATS + ("float64",)  # a float64 output all in float64 has the twin's values: 16 ulps
 SPREAD_FACTOR = 16
 SCALE_ULPS = 64
 ACCUMULATION_STEPS = 16
@@ -610,7 +613,7 @@ class Truth:
     def wanted(self, comp: Comparison) -> bool:
         """Whether to run the truth for ``comp``: always for a small model (the report gives
         both errors), for a big one only where the table refused a narrow float output."""
-        return self._small or any(not c.passed and not c.note and c.dtype in NARROW_FLOATS for c in comp.checks)
+        return self._small or any(not c.passed and not c.note and c.dtype in JUDGED_BY_TRUTH for c in comp.checks)
 
     def __call__(self, feeds) -> dict | None:
         if self._runner is False:
@@ -628,14 +631,21 @@ class Truth:
 
     def _prepare(self, feeds) -> Runner | None:
         narrow = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-        if not any(s.elem_type in narrow for s in output_specs(self._original)):
+        types = {s.elem_type for s in output_specs(self._original)}
+        if not types & {*narrow, onnx.TensorProto.DOUBLE}:
             return None  # nothing to judge by it
         if ort_miscomputes(self._original):  # the original's outputs are not its semantics: nothing to weigh
             return None
-        if has_marks(self._original) or serialized_size_bound(self._original) * 2 > TRUTH_BYTES:
+        too_big = has_marks(self._original) or serialized_size_bound(self._original) * 2 > TRUTH_BYTES
+        if not types & set(narrow):  # float64 outputs only: a truth where something narrower computes them
+            twin = None if too_big else widened(self._original)
+            if twin is None or twin == self._original:
+                return None
+        elif too_big:
             self._notes.append("the float64 truth is over the memory budget: judged by the tolerance table")
             return None
-        twin = widened(self._original)
+        else:
+            twin = widened(self._original)
         failures = []
         for engine in self._engines:
             if engine == "ort" and id(self._original) not in _TWIN_SURVIVED and not is_edge(feeds):
@@ -655,11 +665,11 @@ class Truth:
 
 
 def _judge_by_truth(comp: Comparison, expected, actual, wide, acquit: bool = True) -> None:
-    """Add each narrow float output's errors from the truth to its check; a check the table
+    """Add each narrow float (and float64) output's errors from the truth to its check; a check the table
     refused passes when the truth rule does (see TOLERANCES), unless not ``acquit`` (a
     distance map's reference points)."""
     for check in comp.checks:
-        if check.note or check.dtype not in NARROW_FLOATS or check.name not in wide:
+        if check.note or check.dtype not in JUDGED_BY_TRUTH or check.name not in wide:
             continue
         truth_values = np.asarray(wide[check.name])
         if truth_values.shape != check.shape:

@@ -33,12 +33,26 @@ from scanopt.passes.fuse.poly import (
 # -- reading the graph -----------------------------------------------------------------
 
 def resolve(tensor: gs.Tensor) -> gs.Tensor:
-    """Follow Identity nodes back to the value they copy."""
+    """Follow Identity nodes (and Dropouts in inference mode, which copy too) back to the value
+    they copy."""
     node = producer(tensor)
-    while node is not None and is_op(node, "Identity"):
+    while node is not None and (is_op(node, "Identity") or inference_dropout(node)):
         tensor = node.inputs[0]
         node = producer(tensor)
     return tensor
+
+
+def inference_dropout(node: gs.Node) -> bool:
+    """A Dropout that copies its input: no ``training_mode`` input (Dropout-12+: inference; 7-11
+    have none), not Dropout-1/6 with ``is_test=0``, and no mask output asked for (a reader of
+    the mask, or a body output naming it, would not be rewritten here)."""
+    if not is_op(node, "Dropout") or not node.inputs:
+        return False
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        return False  # training_mode given: even a constant false is left alone
+    if node.attrs.get("is_test", 1) != 1:
+        return False
+    return len(node.outputs) == 1 or not node.outputs[1].name
 
 
 def is_algebra(node: gs.Node) -> bool:

@@ -127,6 +127,8 @@ class GateReader:
         declared = _last_dim(state)
         if declared is not None:
             sizes.add(declared)
+        if not sizes and state.shape is not None and len(state.shape) == 0:
+            raise NoMatch("the state is a scalar (rank 0): the native ops keep a [batch, hidden] state")
         if len(sizes) != 1:
             raise NoMatch(f"gate sizes disagree: {sorted(sizes)}" if sizes else "the hidden size is unknown")
         return sizes.pop()

@@ -214,7 +214,15 @@ class Linrec(ScanPass):
         form = ctx.options.get("linrec_form", DEFAULT_FORM)
         two_pass = _two_pass_fits(view, general, changing, updates)
         for i in general:
-            size = _state_elements(ctx.shapes.shape(body.inputs[i]) or ctx.shapes.shape(node.inputs[i]))
+            size = _state_elements(ctx.shapes.shape(body.inputs[i]))
+            if size is None:
+                # the body may declare less than the initial value says (onnxscript's Loop body
+                # types h [?, ?] for a [B, 4] state); a state keeps its initial value's shape, so
+                # a small one proves the state small. A wide one stays unknown: the loops of
+                # linrec's own two-pass form, optimized again, keep their loops
+                # (test_linrec_two_pass.py::test_optimizing_the_result_again_leaves_its_loops)
+                outer = _state_elements(ctx.shapes.shape(node.inputs[i]))
+                size = outer if outer is not None and outer <= largest else None
             if size is not None and size > largest and form == "auto" and two_pass is None:
                 form = TWO_PASS
             elif (size is None or size > largest) and form != TWO_PASS:
