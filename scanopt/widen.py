@@ -4,7 +4,8 @@ Verification judges a rewrite by its distance from the truth, not from the origi
 rounding: the twin, run on the same (widened) feeds, is that truth up to float64 rounding.
 Widened are the types of graph inputs, outputs and value_info (at every nesting level, in
 functions too), initializers and Constant values, and the attributes that name a float type
-(Cast's ``to``, ConstantOfShape's value, the ``dtype`` of EyeLike, Random*, ...). Integers,
+(Cast's ``to``, ConstantOfShape's value, the ``dtype`` of EyeLike, Random*, ..., written out
+where a float32 default stood for it). Integers,
 booleans and strings stay as they are.
 """
 
@@ -55,10 +56,24 @@ def _narrow(dtype: np.dtype) -> bool:
     return (dtype.kind == "f" and dtype.itemsize < 8) or dtype.name == "bfloat16"
 
 
+# Ops whose output is float32 where an attribute is left out: the attribute is written out wide.
+_FLOAT_DEFAULTS = {
+    "ConstantOfShape": lambda: onnx.helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, np.float64))),
+    "RandomNormal": lambda: onnx.helper.make_attribute("dtype", WIDE),
+    "RandomUniform": lambda: onnx.helper.make_attribute("dtype", WIDE),
+}
+
+
 def _widen_attributes(nodes) -> None:
     for node in nodes:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx"):
+            pass
+        elif node.op_type == "Constant":
             _widen_constant_floats(node)
+        elif node.op_type in _FLOAT_DEFAULTS:  # PyTorch's new_zeros: ConstantOfShape without a value
+            named = _FLOAT_DEFAULTS[node.op_type]()
+            if not any(a.name == named.name for a in node.attribute):
+                node.attribute.append(named)
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR:
                 _widen_tensor(attribute.t)

@@ -67,3 +67,25 @@ def test_a_constants_float_literal_is_widened():
     for engine in ("ort", "reference"):
         out = prepare(widened(model), engine)(widened_feeds(feeds))["y"]
         assert out.dtype == np.float64 and np.array_equal(out, [1.5, 1.5])
+
+
+def test_a_float32_default_is_written_out_wide():
+    """PyTorch's ``new_zeros`` exports as ConstantOfShape with no ``value``: float32 zeros by
+    default. Left so, the twin's value_info said float64 and its Mul refused float64 * float32
+    ("Input type mismatch"), the truth did not run, and mamba_ssm's selective_scan_ref had its
+    correct linrec rewrite rolled back at T=1024 (4 of 65,536 elements over the table, as far
+    from the truth as the loop's own)."""
+    vi = h.make_tensor_value_info
+    graph = h.make_graph(
+        [h.make_node("Shape", ["x"], ["shape"]), h.make_node("ConstantOfShape", ["shape"], ["zeros"]),
+         h.make_node("Add", ["zeros", "x"], ["z"]), h.make_node("Mul", ["z", "x"], ["y"]),
+         h.make_node("RandomNormal", [], ["noise"], shape=[2])],
+        "g", [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2]), vi("noise", TP.FLOAT, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    wide = widened(model)
+    onnx.checker.check_model(wide, full_check=True)
+    x = np.float32([1.5, -2.25])
+    got = run(wide, widened_feeds({"x": x}))
+    assert got["y"].dtype == np.float64 and got["noise"].dtype == np.float64
+    np.testing.assert_array_equal(got["y"], np.float64(x) * np.float64(x))
