@@ -107,8 +107,8 @@ def _widen_type(type_proto: onnx.TypeProto) -> None:
         _widen_type(type_proto.sequence_type.elem_type)
     elif kind == "optional_type":
         _widen_type(type_proto.optional_type.elem_type)
-    elif kind == "map_type":
-        _widen_type(type_proto.map_type.value_type)
+    # a map stays: ZipMap writes map(int64 | string, float) whatever its input (its twin's output
+    # declared double failed inference), and a map fed to the model comes as it is
 
 
 def _widen_tensor(tensor: TensorProto) -> None:

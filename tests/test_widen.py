@@ -89,3 +89,19 @@ def test_a_float32_default_is_written_out_wide():
     got = run(wide, widened_feeds({"x": x}))
     assert got["y"].dtype == np.float64 and got["noise"].dtype == np.float64
     np.testing.assert_array_equal(got["y"], np.float64(x) * np.float64(x))
+
+
+def test_a_zipmap_output_keeps_its_float_map():
+    """ZipMap writes seq(map(int64, float)) whatever it reads; the twin declared it double and
+    failed onnx's strict inference (skl2onnx's KNN classifiers with their probabilities)."""
+    import os
+
+    from onnx import shape_inference
+
+    path = os.path.join(os.path.dirname(__file__), "..", "models", "skl", "pipelines", "knn_classifier_zipmap.onnx")
+    model = onnx.load(path)
+    shape_inference.infer_shapes(model, strict_mode=True)
+    wide = widened(model)
+    shape_inference.infer_shapes(wide, strict_mode=True)
+    (probabilities,) = [o for o in wide.graph.output if o.type.WhichOneof("value") == "sequence_type"]
+    assert probabilities.type.sequence_type.elem_type.map_type.value_type.tensor_type.elem_type == TP.FLOAT
