@@ -96,8 +96,8 @@ class LoopToScan(LoopPass):
         for reads in groups.values():
             first = reads[0]
             read_at = (_unsliced(first.source, folder).name, first.axis)
-            if top and not first.invariant and read_at not in ctx.loop_reads:
-                ctx.loop_reads.append(read_at)  # verification probes this sequence (PassContext.loop_reads)
+            if top and read_at not in ctx.loop_reads:  # verification probes it where it is a graph input
+                ctx.loop_reads.append(read_at)  # (scanopt.scan_view.top_scanned_inputs); x of x[:, i] too
             element = _element(first, inner, ctx)
             for read in reads:
                 out = read.node.outputs[0]
