@@ -4,7 +4,9 @@ the original runs, with the same outputs, shapes and errors (issue 33).
 From seed 0's feeds, :func:`edge_sets` makes: each dynamic dimension at 0 (every input
 axis sharing that symbolic name: an empty batch, a zero-length sequence), each fed Loop trip
 count at 0, one Scan-8 ``sequence_lens`` entry at 0, and a NaN at one step of each float
-sequence a top-level Scan reads (not an inf: a saturating activation makes tanh(inf) = 1 in
+sequence a top-level Scan reads, or a top-level Loop reads one slice of per iteration where the
+pipeline names it (``loop_reads``: a Loop loop_to_scan made a Scan; scanopt.scan_view.
+top_scanned_inputs) (not an inf: a saturating activation makes tanh(inf) = 1 in
 the Scan and NaN inside onnxruntime's GRU kernel, both IEEE arithmetic, while the NaN finds
 the same forms that read a later step). Verification adds them after the seeds and drops a
 set the original refuses, as it does the weak spots (scanopt.weak_spots).
@@ -22,7 +24,7 @@ import numpy as np
 import onnx
 
 from scanopt.protos import fed_inputs
-from scanopt.scan_view import top_scan_inputs
+from scanopt.scan_view import top_scanned_inputs
 
 MAX_EMPTY_DIMS = 4  # empty-dimension sets per model: verification stays cheap
 
@@ -40,12 +42,14 @@ class LabelledFeeds(dict):
         self.reference = bool(getattr(feeds, "reference", False)) if reference is None else reference
 
 
-def edge_sets(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
-    """(label, feeds) for each edge input of ``model`` derived from ``feeds``."""
+def edge_sets(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], loop_reads=()) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) for each edge input of ``model`` derived from ``feeds``; ``loop_reads``:
+    (tensor, axis) of the top graph's tensors a top-level Loop reads one slice of per
+    iteration (PassContext.loop_reads), probed as a top-level Scan's inputs are."""
     yield from _empty_dims(model, feeds)
     yield from _zero_trip_counts(model, feeds)
     yield from _zero_lengths(model, feeds)
-    yield from _non_finite_steps(model, feeds)
+    yield from _non_finite_steps(model, feeds, loop_reads)
 
 
 def is_edge(feeds: Mapping[str, np.ndarray]) -> bool:
@@ -154,11 +158,12 @@ def _zero_lengths(model, feeds) -> Iterator[tuple[str, dict]]:
                 yield f"'{node.input[0]}'[0] = 0 (a sequence_lens entry)", dict(feeds, **{node.input[0]: lens})
 
 
-def _non_finite_steps(model, feeds) -> Iterator[tuple[str, dict]]:
+def _non_finite_steps(model, feeds, loop_reads=()) -> Iterator[tuple[str, dict]]:
     """A NaN at the middle step (first item, first feature) of each float sequence a
-    top-level Scan reads: steps before it must stay as the original's."""
+    top-level Scan or Loop reads (scanopt.scan_view.top_scanned_inputs: on the graph input,
+    or through one Transpose): steps before it must stay as the original's."""
     seen = set()
-    for name, axis in top_scan_inputs(model):
+    for name, axis in top_scanned_inputs(model, loop_reads):
         value = feeds.get(name)
         if name in seen or value is None or np.asarray(value).dtype.kind != "f" or np.ndim(value) <= axis:
             continue

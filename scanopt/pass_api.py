@@ -110,6 +110,11 @@ class PassContext:
     # where exp(g) > 1 makes the state grow without bound). Verification draws them there
     # (scanopt.inputs.InputSynthesizer); a pass adds to it in ``rewrite`` only.
     input_ranges: dict[str, tuple[float | None, float | None, str]] = field(default_factory=dict)
+    # (tensor, axis) of each top-graph tensor a top-level Loop of the model reads one slice of per
+    # iteration, where loop_to_scan made that Loop a Scan: verification probes these sequences as
+    # it does a top-level Scan's scanned inputs (a NaN at one step, a long sequence, a wide batch:
+    # scanopt.edge_inputs, scanopt.weak_spots); loop_to_scan adds to it in ``rewrite`` only.
+    loop_reads: list[tuple[str, int]] = field(default_factory=list)
 
 
 # In the name of a Scan a rewrite keeps as its own fallback behind an If (linrec's two-pass form

@@ -459,6 +459,7 @@ def _run_imported(model, graph, chosen, options, denied, progress, shapes, repor
         report.add_outcomes(made)
         report.modified |= bool(made)
     report.input_ranges.update(ctx.input_ranges)
+    report.loop_reads += [r for r in ctx.loop_reads if r not in report.loop_reads]
     if not report.modified:
         report.ops_after = report.ops_before
         return model, report
@@ -527,6 +528,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
 
     spent = [0.0]
     ranges = dict(report.input_ranges)  # the first run's: every trial below is judged on the same feeds
+    loop_reads = list(report.loop_reads)
 
     def check(result_model) -> _Verdict:
         if progress:
@@ -534,7 +536,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
         start = time.perf_counter()
         try:
             outcome = compare_models(model, result_model, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True,
-                                     input_ranges=ranges)
+                                     input_ranges=ranges, loop_reads=loop_reads)
         except SignatureMismatchError as exc:  # a rewrite changed the model's interface
             return _Verdict(False, str(exc))
         finally:
@@ -559,7 +561,7 @@ def _verify_and_roll_back(model, candidate, report, chosen, options, inputs, eng
     keys = applied_keys(report)
     start = time.perf_counter()
     shapes = ShapeTable(model)  # one inference for every re-run below (same model, read-only)
-    suspects = _blame(model, candidate, report, inputs, engine, seeds, shapes) or keys
+    suspects = _blame(model, candidate, report, inputs, engine, seeds, shapes, loop_reads) or keys
     spent[0] += time.perf_counter() - start
 
     def passes_with(allowed: list) -> bool:
@@ -613,7 +615,8 @@ def _anchor(outcome) -> str:
     return outcome.path.split(" > ")[0].rsplit("/", 1)[0]
 
 
-def _blame(model, candidate, report, inputs, engine, seeds, shapes: ShapeTable | None = None) -> list[tuple[str, str]]:
+def _blame(model, candidate, report, inputs, engine, seeds, shapes: ShapeTable | None = None,
+           loop_reads=()) -> list[tuple[str, str]]:
     """The applied rewrites whose top-level node computes wrong outputs from right inputs.
 
     Both models are run once with the outputs and inputs of every top-level node that
@@ -649,7 +652,8 @@ def _blame(model, candidate, report, inputs, engine, seeds, shapes: ShapeTable |
     added = [onnx.helper.make_tensor_value_info(name, elem, None) for name, elem in sorted(probes.items())]
     try:
         with _extra_outputs(model, added), _extra_outputs(candidate, added):
-            outcome = compare_models(model, candidate, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True)
+            outcome = compare_models(model, candidate, inputs=inputs, engine=engine, seeds=seeds, keep_ort=True,
+                                     loop_reads=loop_reads)
     except ScanoptError:
         return []
     if any(c.error for c in outcome.comparisons):

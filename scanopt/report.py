@@ -56,6 +56,7 @@ class Report:
     tuning: list[str] = field(default_factory=list)  # --tune: per node, the forms timed and the one kept
     before_after: list[str] = field(default_factory=list)  # the CLI's table (scanopt.before_after), in place of the ops line
     input_ranges: dict = field(default_factory=dict)  # PassContext.input_ranges of the run
+    loop_reads: list = field(default_factory=list)  # PassContext.loop_reads of the run
     target: str = ""  # --execution-provider: the provider the forms were ranked for, and how (scanopt.providers)
 
     def add_outcomes(self, outcomes: list[NodeOutcome]) -> None:

@@ -243,3 +243,27 @@ def top_scan_inputs(model: onnx.ModelProto):
             if axis >= 0:
                 yield name, axis
 
+
+
+def top_scanned_inputs(model: onnx.ModelProto, loop_reads=()) -> list[tuple[str, int]]:
+    """(graph input, axis) of each sequence the top graph scans, read on the fed graph input
+    itself or on the input of the one Transpose that feeds it (the batch-first ``x`` of
+    ``x.transpose(0, 1)``), each once in first-seen order: every top-level Scan's scan inputs
+    (:func:`top_scan_inputs`), then ``loop_reads``, (tensor, axis) pairs of the top graph's
+    tensors that a top-level Loop reads one slice of per iteration (those loop_to_scan made
+    Scans: ``PassContext.loop_reads``). What verification's weak-spot and edge inputs
+    probe (scanopt.weak_spots, scanopt.edge_inputs)."""
+    from scanopt.protos import fed_inputs
+
+    fed = {v.name for v in fed_inputs(model.graph)}
+    transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output}
+    found: list[tuple[str, int]] = []
+    for name, axis in [*top_scan_inputs(model), *loop_reads]:
+        if name in transposes and name not in fed:
+            perm = [list(a.ints) for a in transposes[name].attribute if a.name == "perm"]
+            if not perm or not 0 <= axis < len(perm[0]):
+                continue
+            name, axis = transposes[name].input[0], perm[0][axis]
+        if name in fed and axis >= 0 and (name, axis) not in found:
+            found.append((name, axis))
+    return found

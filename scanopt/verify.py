@@ -512,6 +512,7 @@ def compare_models(
     atol: float | None = None,
     keep_ort: bool = False,
     input_ranges: dict | None = None,
+    loop_reads: Sequence[tuple[str, int]] = (),
 ) -> VerifyResult:
     """Run both models on the same feeds and compare every output.
 
@@ -521,7 +522,9 @@ def compare_models(
     model, plus a cross-check of the engines on each model); ``keep_ort``: with "auto", a
     candidate onnxruntime cannot load while it loads the original fails. A candidate that fails to
     load or run is a failed comparison; an original that fails is a ScanoptError,
-    since then the inputs (or the engine) are the problem.
+    since then the inputs (or the engine) are the problem. ``loop_reads``: the sequences
+    top-level Loops read per iteration (PassContext.loop_reads), probed by the edge and
+    weak-spot inputs as a top-level Scan's are.
     """
     if engine not in ENGINE_CHOICES:
         raise ScanoptError(f"unknown engine '{engine}' (choose from {', '.join(ENGINE_CHOICES)})")
@@ -553,7 +556,7 @@ def compare_models(
         if seeds < 1:
             raise ScanoptError(f"seeds must be at least 1 (got {seeds})")
         pairs, runs, sizes = _synthesized_runs(original, candidate, candidate_path, pairs, seeds, engine, notes,
-                                               input_ranges, synthesizer)
+                                               input_ranges, synthesizer, loop_reads)
     resolved = "both" if len(pairs) == 2 else pairs[0][0]
 
     comparisons = []
@@ -931,7 +934,7 @@ def _given_runs(original, candidate, inputs, pairs, notes) -> list[tuple[str, di
 
 
 def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, engine: str, notes: list[str],
-                      input_ranges: dict | None = None, synthesizer: InputSynthesizer | None = None):
+                      input_ranges: dict | None = None, synthesizer: InputSynthesizer | None = None, loop_reads=()):
     """(pairs, runs): per seed, the first sizes the original runs on (see InputSynthesizer.attempts).
 
     With ``engine="auto"``, an original onnxruntime runs on no input of (a zero-length
@@ -960,7 +963,7 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
             yield _seed_run(synthesizer, seed, original, candidate, candidate_path, pairs, engine, notes, sizes)[0]
         probes = [*row_queries(original, seed0), *long_trip_counts(original, seed0)]
         if all(name != "reference" for name, _, _ in pairs):  # numpy steps a long Scan slowly
-            probes += [*long_sequences(original, seed0), *wide_batches(original, seed0)]
+            probes += [*long_sequences(original, seed0, loop_reads), *wide_batches(original, seed0, loop_reads)]
         for label, feeds in probes:
             try:
                 expected = {name: runner(feeds) for name, runner, _ in pairs}
@@ -970,7 +973,7 @@ def _synthesized_runs(original, candidate, candidate_path, pairs, seeds: int, en
             yield label, feeds, expected
         edges = []
         ort_used = any(name == "ort" for name, _, _ in pairs)
-        sets = list(edge_sets(original, seed0))
+        sets = list(edge_sets(original, seed0, loop_reads))
         spec = _OtherEngine(original, None, [p for p in pairs if p[0] == "ort"])
         for label, feeds in screened(original, candidate, sets, notes) if ort_used else sets:
             try:

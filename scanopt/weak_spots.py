@@ -16,7 +16,9 @@ positions). And a Scan whose length is a named dim ran at a few dozen steps, whe
 loop-free form's reordered accumulation has not yet drifted: :func:`long_sequences` runs it
 LONG_SEQUENCE steps; and its batch, a named dim, ran at the seeds' small sizes, below the
 batch from which fuse's run-time dispatch runs the Scan (and what later forms made of it):
-:func:`wide_batches` runs it at WIDE_BATCH. Verification adds these sets to the synthesized
+:func:`wide_batches` runs it at WIDE_BATCH. Both also stretch the sequences a top-level Loop
+reads one slice of per iteration, where the pipeline names them (``loop_reads``: the Loops
+loop_to_scan made Scans). Verification adds these sets to the synthesized
 ones (scanopt.verify); a set the original refuses is dropped.
 """
 
@@ -87,25 +89,27 @@ def long_trip_counts(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) ->
             yield f"'{name}' = {LONG_LOOP} (a Loop's trip count)", probe
 
 
-def long_sequences(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
-    """(label, feeds) with each named dim that is a top-level Scan's sequence axis (on a graph
-    input it scans, directly or through one Transpose) at LONG_SEQUENCE: every input axis of
-    that name stretched alike, repeating the seed's values along it. Sets over LONG_ELEMENTS
-    elements are not made."""
+def long_sequences(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], loop_reads=()) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) with each named dim that is a top-level Scan's sequence axis, or the
+    axis a top-level Loop reads one slice of per iteration (``loop_reads``, see
+    scanopt.scan_view.top_scanned_inputs; on a graph input it scans, directly or through one
+    Transpose) at LONG_SEQUENCE: every input axis of that name stretched alike, repeating the
+    seed's values along it. Sets over LONG_ELEMENTS elements are not made."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
-    for param in _sequence_dims(model, declared):
+    for param in _sequence_dims(model, declared, loop_reads=loop_reads):
         probe = _stretched(feeds, declared, param, LONG_SEQUENCE)
         if probe is not None:
             yield f"'{param}' = {LONG_SEQUENCE} steps (a Scan's length)", probe
 
 
-def wide_batches(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Iterator[tuple[str, dict]]:
-    """(label, feeds) with each named dim of a top-level Scan's scanned input other than its
-    scanned axis (its batch) at WIDE_BATCH, stretched as :func:`long_sequences` does: fuse's
-    run-time dispatch on an unknown batch (If(B >= k), k at most WIDE_BATCH) runs the Scan,
-    and what the forms after fuse made of it, only there, and the seeds' batches are smaller."""
+def wide_batches(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], loop_reads=()) -> Iterator[tuple[str, dict]]:
+    """(label, feeds) with each named dim of a top-level Scan's scanned input (or of a
+    sequence in ``loop_reads``) other than its scanned axis (its batch) at WIDE_BATCH,
+    stretched as :func:`long_sequences` does: fuse's run-time dispatch on an unknown batch
+    (If(B >= k), k at most WIDE_BATCH) runs the Scan, and what the forms after fuse made of
+    it, only there, and the seeds' batches are smaller."""
     declared = {v.name: v for v in fed_inputs(model.graph)}
-    for param in _sequence_dims(model, declared, scanned=False):
+    for param in _sequence_dims(model, declared, scanned=False, loop_reads=loop_reads):
         probe = _stretched(feeds, declared, param, WIDE_BATCH)
         if probe is not None:
             yield f"'{param}' = {WIDE_BATCH} (a Scan's batch)", probe
@@ -130,24 +134,17 @@ def _stretched(feeds: Mapping[str, np.ndarray], declared: dict, param: str, size
     return None
 
 
-def _sequence_dims(model: onnx.ModelProto, declared: dict, scanned: bool = True) -> list[str]:
-    """The dim names that are the scanned axis of a top-level Scan's input (``scanned=False``:
-    its other named axes), read on the graph input itself or on the input of a Transpose
-    feeding the Scan."""
-    from scanopt.scan_view import top_scan_inputs
+def _sequence_dims(model: onnx.ModelProto, declared: dict, scanned: bool = True, loop_reads=()) -> list[str]:
+    """The dim names that are the scanned axis of a sequence the top graph scans
+    (scanopt.scan_view.top_scanned_inputs: a top-level Scan's input or one of
+    ``loop_reads``; ``scanned=False``: its other named axes), read on the graph input itself
+    or on the input of a Transpose feeding it."""
+    from scanopt.scan_view import top_scanned_inputs
 
-    transposes = {n.output[0]: n for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output}
     found: list[str] = []
-    for name, axis in top_scan_inputs(model):
-        if name in transposes and name not in declared:
-            perm = [a.ints for a in transposes[name].attribute if a.name == "perm"]
-            name = transposes[name].input[0]
-            if not perm or axis < 0 or axis >= len(perm[0]):
-                continue
-            axis = perm[0][axis]
-        info = declared.get(name)
-        dims = info.type.tensor_type.shape.dim if info is not None else ()
-        if not 0 <= axis < len(dims):
+    for name, axis in top_scanned_inputs(model, loop_reads):
+        dims = declared[name].type.tensor_type.shape.dim if name in declared else ()
+        if axis >= len(dims):
             continue
         for k, dim in enumerate(dims):
             if (k == axis) == scanned and dim.HasField("dim_param") and dim.dim_param not in found:

@@ -87,13 +87,22 @@ def test_a_step_that_starts_from_something_else_than_the_state_is_declined():
 
 def test_torchscript_lstmcell_loop_stacking_h_and_c():
     """models/cells/torch_script_lstmcell_hc: nn.LSTMCell in a scripted loop is a one-step LSTM in
-    the Loop; loop_to_scan makes it a Scan, fuse the LSTM over the sequence plus the c sequence."""
+    the Loop; loop_to_scan makes it a Scan, fuse the LSTM over the sequence plus the c sequence.
+    That c sequence is recomputed from x: NaN from a NaN step on, where the original's per-step
+    LSTM stays finite (onnxruntime's kernel clamps it), so verification's NaN step in x (the
+    sequence the Loop reads, tests/test_loop_edges.py) rolls the fusion back."""
     import scanopt
 
     name = "torch_script_lstmcell_hc"
     m = onnx.load(os.path.join(CELLS, f"{name}.onnx"))
-    out, report = scanopt.optimize(m, options={"target": "portable"})
+    out, report = scanopt.optimize(m, options={"target": "portable"}, verify=False)
     (fused,) = [o for o in report.outcomes if o.pass_name == "fuse" and o.applied]
     assert "one-step LSTM in the body" in fused.detail and "the per-step cell state" in fused.detail
-    assert report.verification["passed"] is True and ops(out)["LSTM"] == 1 and ops(out)["Loop"] == 0
+    assert ops(out)["LSTM"] == 1 and ops(out)["Loop"] == 0
+    cb.matches_torch(out, name, CELLS)
+    out, report = scanopt.optimize(m, options={"target": "portable"})
+    if report.verification["rolled_back"]:  # where onnxruntime's LSTM keeps a NaN step finite
+        assert report.verification["rolled_back"] == ["fuse on /Loop"]
+        failed = [c["inputs"] for c in report.verification["details"]["comparisons"] if not c["passed"]]
+        assert failed and all(" with nan at step " in f for f in failed), failed
     cb.matches_torch(out, name, CELLS)

@@ -232,15 +232,17 @@ def _ifs(model: onnx.ModelProto):
                 yield node, {a.name: a.g for a in node.attribute}
 
 
-@pytest.mark.parametrize("path", ["heldout_producers_3/dyn_scan_ema_beside_cell.onnx",
-                                  "cells/torch_script_lstmcell_hc.onnx"])
-def test_portable_fused_op_guard_ends_in_the_initial_states(path):
+@pytest.mark.parametrize("path, verify", [("heldout_producers_3/dyn_scan_ema_beside_cell.onnx", True),
+                                          ("cells/torch_script_lstmcell_hc.onnx", False)])
+def test_portable_fused_op_guard_ends_in_the_initial_states(path, verify):
     """OpenVINO returned garbage for Where(T > 0, Y_h, h0) read off the guard's If beside other
     loops: the empty branch gives the initial states and no select follows (under portable
-    first; for every target since, main cf8ca78)."""
+    first; for every target since, main cf8ca78). torch_script_lstmcell_hc's fusion is rolled
+    back by verification's NaN step (its c sequence, tests/test_loop_edges.py): its guard is
+    read on the unverified result, compared below on finite inputs."""
     model = onnx.load(MODELS / path)
-    out, _ = portable(model)
-    written, _ = optimize(model, options={"target": "portable", "portable_runtimes": []})
+    out, _ = (portable(model) if verify else optimize(model, options={"target": "portable"}, verify=False))
+    written, _ = optimize(model, options={"target": "portable", "portable_runtimes": []}, verify=verify)
     for result in (out, written):  # every target writes it so since: three ops fewer per call
         guarded = _guarded_natives(result)
         assert guarded
@@ -448,7 +450,9 @@ def test_openvino_runs_the_portable_output_equal(name, build):
     pytest.importorskip("openvino", reason="OpenVINO is not installed here (pip install openvino)")
     model = build()
     model = model if isinstance(model, onnx.ModelProto) else model[0]
-    out, _ = portable(model)
+    # what is written, a rewrite verification rolled back included (lstmcell_hc's fused LSTM,
+    # wrong on a NaN step: tests/test_loop_edges.py)
+    out, _ = optimize(model, options={"target": "portable"})
     feeds = _feeds(model)
     want = _ort_run(model, feeds)
     got = _ov_run(out, feeds)

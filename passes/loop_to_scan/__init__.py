@@ -92,8 +92,12 @@ class LoopToScan(LoopPass):
                     graph.nodes.append(moved)
                     for t in moved.outputs:
                         _typed(t, ctx)
+        top = level.depth == 0 and not (node.name and node.name in ctx.chosen)  # a Loop of the model's top graph
         for reads in groups.values():
             first = reads[0]
+            read_at = (_unsliced(first.source, folder).name, first.axis)
+            if top and read_at not in ctx.loop_reads:  # verification probes it where it is a graph input
+                ctx.loop_reads.append(read_at)  # (scanopt.scan_view.top_scanned_inputs); x of x[:, i] too
             element = _element(first, inner, ctx)
             for read in reads:
                 out = read.node.outputs[0]
