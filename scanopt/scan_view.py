@@ -244,7 +244,6 @@ def top_scan_inputs(model: onnx.ModelProto):
                 yield name, axis
 
 
-
 def top_scanned_inputs(model: onnx.ModelProto, loop_reads=()) -> list[tuple[str, int]]:
     """(graph input, axis) of each sequence the top graph scans, read on the fed graph input
     itself or on the input of the one Transpose that feeds it (the batch-first ``x`` of
