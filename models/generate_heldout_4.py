@@ -91,18 +91,11 @@ from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from generate import HERE, run_generator, save_npz, save_torch_sample  # noqa: E402
+from generate_heldout import init, vi  # noqa: E402
 
 OUT = os.path.join(HERE, "heldout_4")
 F, I64, BOOL, I8 = TP.FLOAT, TP.INT64, TP.BOOL, TP.INT8
 I, H = 3, 4
-
-
-def vi(name, shape, elem=F):
-    return h.make_tensor_value_info(name, elem, shape)
-
-
-def init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
 
 
 def model(graph, opset=17, ir=8):
