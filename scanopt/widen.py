@@ -66,11 +66,9 @@ _FLOAT_DEFAULTS = {
 
 def _widen_attributes(nodes) -> None:
     for node in nodes:
-        if node.domain not in ("", "ai.onnx"):
-            pass
-        elif node.op_type == "Constant":
+        if node.domain in ("", "ai.onnx") and node.op_type == "Constant":
             _widen_constant_floats(node)
-        elif node.op_type in _FLOAT_DEFAULTS:  # PyTorch's new_zeros: ConstantOfShape without a value
+        elif node.domain in ("", "ai.onnx") and node.op_type in _FLOAT_DEFAULTS:  # PyTorch's new_zeros
             named = _FLOAT_DEFAULTS[node.op_type]()
             if not any(a.name == named.name for a in node.attribute):
                 node.attribute.append(named)
