@@ -122,7 +122,10 @@ class Hoist(ScanPass):
 
         def steps() -> gs.Tensor:
             if "steps" not in order:
-                order["steps"] = e.length(mapping[id(body.inputs[n])])
+                # any scan input the lifted nodes read (one is: a value is per-step through it);
+                # the first one may be read only by what stays in the body
+                first = next(j for j in range(view.num_scan_inputs) if id(body.inputs[n + j]) in mapping)
+                order["steps"] = e.length(mapping[id(body.inputs[n + first])])
             return order["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)
