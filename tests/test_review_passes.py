@@ -50,3 +50,73 @@ def test_hoist_counts_steps_on_a_scan_input_the_lifted_nodes_read():
     assert ("hoist", True) in [(p, a) for p, a, _ in outcomes]
     assert ops(out)["Concat"] >= 2  # the lifted Concat and the step count's shape
     assert_equivalent(m, out)
+
+
+# ---------------------------------------------------------------- loop_to_scan
+def _loop_rnn_with_trip_input(opset: int):
+    """h = tanh(h + x[i] @ W) for i < M, M a graph input (may be negative: zero steps)."""
+    rng = np.random.default_rng(1)
+    body = h.make_graph([
+        h.make_node("Gather", ["X", "i"], ["xi"], axis=0), h.make_node("MatMul", ["xi", "W"], ["p"]),
+        h.make_node("Add", ["hh", "p"], ["a"]), h.make_node("Tanh", ["a"], ["h2"]),
+        h.make_node("Identity", ["c"], ["c2"]), h.make_node("Identity", ["h2"], ["y"]),
+    ], "body", [b.vi("i", [], TP.INT64), b.vi("c", [], TP.BOOL), b.vi("hh", [3])],
+        [b.vi("c2", [], TP.BOOL), b.vi("h2", [3]), b.vi("y", [3])])
+    graph = h.make_graph([h.make_node("Loop", ["M", "true", "H0"], ["H", "Y"], name="loop", body=body)], "main",
+                         [b.vi("H0", [3]), b.vi("X", [4, 3]), b.vi("M", [], TP.INT64)],
+                         [b.vi("H", [3]), b.vi("Y", None)],
+                         initializer=[b.init("W", rng.standard_normal((3, 3)).astype(np.float32)),
+                                      b.init("true", np.array(True))])
+    return b.model(graph, opset)
+
+
+def test_loop_to_scan_clamps_a_trip_count_from_data_with_ops_of_the_model_opset():
+    # before: the clamp max(M, 0) was an int64 Max, which takes integers from opset 12 only:
+    # at opset 11 onnxruntime refused to load the written model
+    import onnxruntime as ort
+
+    m = _loop_rnn_with_trip_input(11)
+    out, outcomes = run_pass(m, ["loop_to_scan"])
+    assert ("loop_to_scan", True) in [(p, a) for p, a, _ in outcomes]
+    onnx.checker.check_model(out, full_check=True)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    original = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    for trips in (3, 4, 1):
+        feeds = {"H0": rng.standard_normal(3).astype(np.float32), "X": rng.standard_normal((4, 3)).astype(np.float32),
+                 "M": np.array(trips, np.int64)}
+        for want, got in zip(original.run(None, feeds), session.run(None, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _while_over_x(opset: int):
+    """c = 0; while c + 1 < len(x): h += x[c]; y.append(x[c]) -- tf2onnx's while loop over a
+    tensor's rows, written with a Loop scan output (no trip count)."""
+    body = h.make_graph([
+        h.make_node("Gather", ["x", "c"], ["x_t"], axis=0), h.make_node("Add", ["hh", "x_t"], ["h_new"]),
+        h.make_node("Add", ["c", "one"], ["c_new"]), h.make_node("Less", ["c_new", "n"], ["cond_out"]),
+        h.make_node("Identity", ["x_t"], ["y_t"])],
+        "body", [b.vi("k", [], TP.INT64), b.vi("cond_in", [], TP.BOOL), b.vi("hh", [3]), b.vi("c", [], TP.INT64)],
+        [b.vi("cond_out", [], TP.BOOL), b.vi("h_new", [3]), b.vi("c_new", [], TP.INT64), b.vi("y_t", [3])])
+    nodes = [h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             h.make_node("Less", ["zero", "n"], ["go"]),
+             h.make_node("Loop", ["", "go", "h0", "zero"], ["h_n", "c_n", "y"], name="loop", body=body)]
+    graph = h.make_graph(nodes, "main", [b.vi("x", ["L", 3]), b.vi("h0", [3])],
+                         [b.vi("y", None), b.vi("h_n", [3]), b.vi("c_n", [], TP.INT64)],
+                         initializer=[b.init("zero", np.array(0, np.int64)), b.init("one", np.array(1, np.int64))])
+    return b.model(graph, opset)
+
+
+def test_loop_to_scan_counter_test_trip_count_at_opset_11():
+    # the counter test's trip count max(n, b) - b was an int64 Max too: not loadable at opset 11
+    from scanopt import engines
+
+    m = _while_over_x(11)
+    out, outcomes = run_pass(m, ["loop_to_scan"])
+    assert ("loop_to_scan", True) in [(p, a) for p, a, _ in outcomes], outcomes
+    onnx.checker.check_model(out, full_check=True)
+    for rows in (1, 2, 5):
+        feeds = {"x": np.arange(3 * rows, dtype=np.float32).reshape(rows, 3), "h0": np.ones(3, np.float32)}
+        want, got = engines.run(m, feeds, "ort"), engines.run(out, feeds, "ort")
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
