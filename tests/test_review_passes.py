@@ -120,3 +120,34 @@ def test_loop_to_scan_counter_test_trip_count_at_opset_11():
         want, got = engines.run(m, feeds, "ort"), engines.run(out, feeds, "ort")
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+# ---------------------------------------------------------------- vectorize
+def _map_of_two_inputs():
+    """y_t = tanh(a_t + b_t) over two scan inputs of symbolic lengths."""
+    body = h.make_graph([h.make_node("Add", ["a", "b"], ["y0"]), h.make_node("Tanh", ["y0"], ["y"])], "body",
+                        [b.vi("a", [3]), b.vi("b", [3])], [b.vi("y", [3])])
+    graph = h.make_graph([h.make_node("Scan", ["X1", "X2"], ["Y"], name="map", body=body, num_scan_inputs=2)], "main",
+                         [b.vi("X1", ["T", 3]), b.vi("X2", ["T", 3])], [b.vi("Y", ["T", 3])])
+    return b.model(graph)
+
+
+def test_vectorize_fails_where_the_scan_inputs_differ_in_length():
+    # before: the lifted Add broadcast a scan input of length 1 against one of length 4 and the
+    # written model returned [4, 3] where the Scan fails (verification never feeds such lengths)
+    from scanopt import engines
+
+    m = _map_of_two_inputs()
+    out, outcomes = run_pass(m, ["vectorize"])
+    assert ("vectorize", True) in [(p, a) for p, a, _ in outcomes]
+    assert ops(out)["Scan"] == 0
+    assert_equivalent(m, out)
+    for x2 in (1, 2):
+        feeds = {"X1": np.ones((4, 3), np.float32), "X2": np.ones((x2, 3), np.float32)}
+        for engine in ("ort", "reference"):
+            for model in (m, out):
+                try:
+                    engines.run(model, feeds, engine)
+                except Exception:  # noqa: BLE001 - failing is what is asserted
+                    continue
+                raise AssertionError(f"{engine} ran {'the original' if model is m else 'the rewrite'} on lengths 4 and {x2}")
