@@ -151,3 +151,34 @@ def test_vectorize_fails_where_the_scan_inputs_differ_in_length():
                 except Exception:  # noqa: BLE001 - failing is what is asserted
                     continue
                 raise AssertionError(f"{engine} ran {'the original' if model is m else 'the rewrite'} on lengths 4 and {x2}")
+
+
+def _loop_emitting_its_iteration_number(through_identity: bool):
+    """h = tanh(h + x[i] @ W) and a Loop scan output of i itself (or Identity(i))."""
+    rng = np.random.default_rng(3)
+    nodes = [h.make_node("Gather", ["X", "i"], ["xi"], axis=0), h.make_node("MatMul", ["xi", "W"], ["p"]),
+             h.make_node("Add", ["hh", "p"], ["a"]), h.make_node("Tanh", ["a"], ["h2"]),
+             h.make_node("Identity", ["c"], ["c2"])]
+    emitted = "i"
+    if through_identity:
+        nodes.append(h.make_node("Identity", ["i"], ["i_out"]))
+        emitted = "i_out"
+    body = h.make_graph(nodes, "body", [b.vi("i", [], TP.INT64), b.vi("c", [], TP.BOOL), b.vi("hh", [3])],
+                        [b.vi("c2", [], TP.BOOL), b.vi("h2", [3]), b.vi(emitted, [], TP.INT64)])
+    graph = h.make_graph([h.make_node("Loop", ["M", "true", "H0"], ["H", "I"], name="loop", body=body)], "main",
+                         [b.vi("H0", [3]), b.vi("X", [4, 3]), b.vi("M", [], TP.INT64)],
+                         [b.vi("H", [3]), b.vi("I", None, TP.INT64)],
+                         initializer=[b.init("W", rng.standard_normal((3, 3)).astype(np.float32)),
+                                      b.init("true", np.array(True))])
+    return b.model(graph)
+
+
+def test_loop_to_scan_declines_a_loop_that_emits_its_iteration_number():
+    # before: accepted, and the Scan body read the iteration number it no longer has: the
+    # rewrite failed validation ("not applied: the optimized model failed validation")
+    for through_identity in (False, True):
+        m = _loop_emitting_its_iteration_number(through_identity)
+        out, outcomes = run_pass(m, ["loop_to_scan"])
+        assert outcomes == [("loop_to_scan", False, outcomes[0][2])], outcomes
+        assert "the iteration number is a Loop output" in outcomes[0][2], outcomes
+        assert ops(out)["Loop"] == 1
