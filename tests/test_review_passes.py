@@ -182,3 +182,33 @@ def test_loop_to_scan_declines_a_loop_that_emits_its_iteration_number():
         assert outcomes == [("loop_to_scan", False, outcomes[0][2])], outcomes
         assert "the iteration number is a Loop output" in outcomes[0][2], outcomes
         assert ops(out)["Loop"] == 1
+
+
+def _outer_scan_whose_inner_body_captures_per_step_work():
+    """An outer Scan whose body computes p = ReduceSum(x_t @ W) (state-free, per step) and runs
+    an inner Scan whose body reads p by outer-scope capture, not as an input."""
+    rng = np.random.default_rng(4)
+    inner = h.make_graph([h.make_node("Add", ["i_s", "i_x"], ["i_a"]), h.make_node("Mul", ["i_a", "p"], ["i_b"]),
+                          h.make_node("Tanh", ["i_b"], ["i_s2"])],
+                         "inner", [b.vi("i_s", [3]), b.vi("i_x", [3])], [b.vi("i_s2", [3])])
+    outer = h.make_graph([h.make_node("MatMul", ["o_x", "W"], ["m"]),
+                          h.make_node("ReduceSum", ["m", "ax"], ["p"], keepdims=0),
+                          h.make_node("Scan", ["o_s", "o_x"], ["o_s2"], name="inner", body=inner, num_scan_inputs=1),
+                          h.make_node("Identity", ["o_s2"], ["o_y"])],
+                         "outer", [b.vi("o_s", [3]), b.vi("o_x", [2, 3])], [b.vi("o_s2", [3]), b.vi("o_y", [3])])
+    graph = h.make_graph([h.make_node("Scan", ["S0", "X"], ["S", "Y"], name="outer", body=outer, num_scan_inputs=1)],
+                         "main", [b.vi("S0", [3]), b.vi("X", ["T", 2, 3])], [b.vi("S", [3]), b.vi("Y", ["T", 3])],
+                         initializer=[b.init("W", rng.standard_normal((3, 3)).astype(np.float32)),
+                                      b.init("ax", np.array([0], np.int64))])
+    return b.model(graph)
+
+
+def test_hoist_keeps_a_lifted_value_that_a_nested_body_captures():
+    # before: p left the outer body, but the inner body still read 'p' by name: the rewrite
+    # failed validation and was reported as "not applied: the optimized model failed validation"
+    m = _outer_scan_whose_inner_body_captures_per_step_work()
+    out, outcomes = run_pass(m, ["hoist"])
+    assert [a for p, a, _ in outcomes].count(True) == 1, outcomes
+    assert "failed validation" not in " ".join(d for _, _, d in outcomes)
+    assert ops(out)["MatMul"] == 1 and ops(out)["Scan"] == 2
+    assert_equivalent(m, out)
