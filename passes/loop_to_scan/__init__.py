@@ -201,14 +201,22 @@ def _trip_count(count: CounterTest, emit: Emitter, ctx: PassContext) -> gs.Tenso
     if bound.dtype != np.int64:
         bound = emit.op("Cast", [bound], to=onnx.TensorProto.INT64, dtype=np.int64)
     base = emit.const("counter_base", np.int64(count.start - int(count.inclusive)))
-    trip = emit.op("Sub", [emit.op("Max", [bound, base], dtype=np.int64), base], dtype=np.int64)
+    trip = emit.op("Sub", [_int64_extreme(emit, "Max", bound, base), base], dtype=np.int64)
     if count.limit is not None:  # M < 0 runs the Loop zero times too
         limit = _typed(count.limit, ctx)
         if limit.dtype != np.int64:
             limit = emit.op("Cast", [limit], to=onnx.TensorProto.INT64, dtype=np.int64)
-        trip = emit.op("Max", [emit.op("Min", [trip, limit], dtype=np.int64), emit.const("zero", np.int64(0))],
-                       dtype=np.int64)
+        trip = _int64_extreme(emit, "Max", _int64_extreme(emit, "Min", trip, limit), emit.const("zero", np.int64(0)))
     return trip
+
+
+def _int64_extreme(emit: Emitter, op: str, a: gs.Tensor, b: gs.Tensor) -> gs.Tensor:
+    """``Max``/``Min`` of two int64 values: Max and Min take integers only from opset 12;
+    before, ``Where(Less(a, b), ...)`` (Less and Where take int64 from opset 9)."""
+    if emit.opset >= 12:
+        return emit.op(op, [a, b], dtype=np.int64)
+    less = emit.op("Less", [a, b], dtype=np.bool_)
+    return emit.op("Where", [less, b, a] if op == "Max" else [less, a, b], dtype=np.int64)
 
 
 def _final_counter(count: CounterTest, trip: gs.Tensor, final: gs.Tensor, emit: Emitter, ctx: PassContext) -> None:
@@ -241,7 +249,7 @@ def _trip_1d(trip: gs.Tensor, outer: Builder, emit: Emitter, ctx: PassContext, f
     _typed(trip, ctx)
     ends = trip if trip.dtype in (None, np.int64) else outer.op("Cast", [trip], to=7, dtype=np.int64)
     if clamp:
-        ends = outer.op("Max", [ends, emit.const("zero", np.int64(0))], dtype=np.int64)
+        ends = _int64_extreme(emit, "Max", ends, emit.const("zero", np.int64(0)))
     return outer.op("Reshape", [ends, emit.ints("one", [1])], dtype=np.int64)
 
 

@@ -558,6 +558,9 @@ def _reads(counter: gs.Tensor, body: gs.Graph, trip: gs.Tensor, shapes: ShapeTab
         index, helpers, affine = frontier.pop()
         if _captured_in_nested(index, body):
             return Skip(f"the iteration counter ('{index.name}') is read inside a nested graph")
+        if counter is body.inputs[0] and any(index is t for t in body.outputs):
+            # the Scan has no iteration number: stacking it would take a Range, not an index
+            return Skip(f"the iteration number is a Loop output ('{index.name}'), not only an index")
         for user in list(index.outputs):
             if _among(user, ignore):
                 continue

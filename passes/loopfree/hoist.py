@@ -107,6 +107,11 @@ class Hoist(ScanPass):
         for t in body.outputs:
             if id(t) in lifted:
                 frontier.setdefault(id(t), t)
+        here = {id(nd) for nd in body.nodes}
+        for nd in lifted_nodes:  # read by a nested graph of a node that stays (outer-scope capture)
+            for t in nd.outputs:
+                if any(id(reader) not in here for reader in t.outputs):
+                    frontier.setdefault(id(t), t)
         for t in frontier.values():
             if plan.values[id(t)].per_step and ctx.shapes.dtype(t) is None:
                 return Skip(f"the element type of '{t.name}' is unknown, so it cannot become a scan input")
@@ -122,7 +127,10 @@ class Hoist(ScanPass):
 
         def steps() -> gs.Tensor:
             if "steps" not in order:
-                order["steps"] = e.length(mapping[id(body.inputs[n])])
+                # any scan input the lifted nodes read (one is: a value is per-step through it);
+                # the first one may be read only by what stays in the body
+                first = next(j for j in range(view.num_scan_inputs) if id(body.inputs[n + j]) in mapping)
+                order["steps"] = e.length(mapping[id(body.inputs[n + first])])
             return order["steps"]
 
         e = LiftEmitter(build, ctx.opset, steps=steps)

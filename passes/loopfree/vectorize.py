@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from scanopt.graph import GraphLevel
+from scanopt.graph import HUGE, GraphLevel
 from scanopt.pass_api import Match, PassContext, ScanPass, Skip, register_pass
 from scanopt.passes.loopfree.lift import (
     DEFAULT_MAX_BYTES, Declined, LiftEmitter, LiftPlan, Value, element_value, emit_nodes, largest_intermediate,
@@ -114,6 +114,8 @@ class Vectorize(ScanPass):
 
         e = LiftEmitter(build, ctx.opset, steps=steps)
         scanned = [to_processing_order(e, node.inputs[n + j], view, j) for j in range(view.num_scan_inputs)]
+        if not _lengths_static_and_equal(node, view, ctx):
+            scanned = _same_length(e, scanned)
         varies = [any(plan.values[id(t)].per_step for t in nd.outputs if t.name) for nd, _ in plan.steps]
         invariant = [step for step, v in zip(plan.steps, varies) if not v]
         per_step = [step for step, v in zip(plan.steps, varies) if v]
@@ -141,6 +143,44 @@ class Vectorize(ScanPass):
         name, size = match.largest
         return (f"vectorized{chunked}: body of {len(body.nodes)} nodes applied once to the whole sequence "
                 f"({added} nodes; largest intermediate '{name}' about {_mib(size)} per unit of symbolic dims)")
+
+
+def _lengths_static_and_equal(node: gs.Node, view: ScanView, ctx) -> bool:
+    """True when the scan inputs' lengths are one static size (or there is one scan input)."""
+    n = view.num_states
+    sizes = set()
+    for j in range(view.num_scan_inputs):
+        shape = ctx.shapes.shape(node.inputs[n + j])
+        axis = view.input_axes[j]
+        if shape is None or not -len(shape) <= axis < len(shape) or not isinstance(shape[axis], int):
+            return False
+        sizes.add(shape[axis])
+    return len(sizes) <= 1
+
+
+def _same_length(e: LiftEmitter, scanned: list[gs.Tensor]) -> list[gs.Tensor]:
+    """The scan inputs (processing order), each after the first checked to have its length.
+
+    Scan fails when its scan inputs differ in length; the lifted body would broadcast a
+    length of 1 against the others (or return outputs of different lengths) instead. A
+    Concat on axis 1 of ``[L0 + 1, 1]`` and ``[Lj + 1, 1]`` fails exactly when the lengths
+    differ (never empty: onnxruntime skips empty Concat inputs unchecked), and the input is
+    reshaped to the length it gives, so the check is on the data path (a Reshape to the
+    shape it has)."""
+    one = e.ints("one", [1])
+
+    def column(x: gs.Tensor) -> gs.Tensor:
+        rows = e.op("Add", [e.length(x), one])
+        return e.op("ConstantOfShape", [e.op("Concat", [rows, one], axis=0)])
+
+    first = column(scanned[0])
+    checked = [scanned[0]]
+    for x in scanned[1:]:
+        both = e.op("Concat", [first, column(x)], axis=1)
+        length = e.op("Sub", [e.length(both), one])
+        tail = e.slice(e.op("Shape", [x]), [1], [HUGE], [0])
+        checked.append(e.op("Reshape", [x, e.op("Concat", [length, tail], axis=0)]))
+    return checked
 
 
 def _stacked(e: LiftEmitter, t: gs.Tensor, mapping, plan: LiftPlan, rank, ctx) -> gs.Tensor:
