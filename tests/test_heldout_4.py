@@ -27,6 +27,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from child_run import run_in_child  # noqa: E402
 from equivalence import top_ops  # noqa: E402
+from scanopt.protos import walk_proto_graphs  # noqa: E402
 
 ort.set_default_logger_severity(3)  # the originals' refusals are expected here; keep the log quiet
 HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "heldout_4")
@@ -284,21 +285,13 @@ def test_keras_hard_sigmoid_gates_keep_alpha_and_beta(optimized):
     (alpha 0.2): the fused GRU names the activation and carries both values."""
     code, _, err, result = optimized("keras_gru_hard_sigmoid")
     assert code == 0, err
-    grus = [n for g in _graphs(onnx.load(result).graph) for n in g.node if n.op_type == "GRU"]
+    grus = [n for g in walk_proto_graphs(onnx.load(result).graph) for n in g.node if n.op_type == "GRU"]
     assert grus
     for gru in grus:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gru.attribute}
         assert [x.decode() for x in attrs["activations"]][:1] == [b"HardSigmoid".decode()]
         np.testing.assert_allclose(attrs["activation_alpha"][0], 1 / 6, rtol=1e-6)
         np.testing.assert_allclose(attrs["activation_beta"][0], 0.5, rtol=1e-6)
-
-
-def _graphs(g):
-    yield g
-    for n in g.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(a.g)
 
 
 def test_linrec_reads_the_state_size_from_the_initial_value_when_the_body_declares_less():

@@ -8,6 +8,7 @@ from onnx import helper as h
 
 import builders as b
 from scanopt.ir import export_model, import_model
+from scanopt.protos import walk_proto_graphs
 
 
 def _roundtrip(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -27,7 +28,7 @@ def test_initializer_shared_by_outer_graph_and_body_is_not_duplicated():
     m.graph.node.insert(0, h.make_node("Add", ["s_in", "W"], ["s0"], name="pre"))
     m.graph.input[0].name = "s_in"
     out = _roundtrip(m)
-    names = [i.name for g in _graphs(out.graph) for i in g.initializer]
+    names = [i.name for g in walk_proto_graphs(out.graph) for i in g.initializer]
     assert names == ["W"]
 
 
@@ -63,14 +64,6 @@ def test_rewritten_graph_exports_new_nodes_and_keeps_the_rest():
     out = export_model(graph, m)
     assert [n.op_type for n in out.graph.node] == ["Scan", "Add"]
     assert out.ir_version == m.ir_version and list(out.opset_import) == list(m.opset_import)
-
-
-def _graphs(graph):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
 
 
 def test_every_sample_model_roundtrips_exactly():
