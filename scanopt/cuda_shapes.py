@@ -33,7 +33,7 @@ import onnx
 from scanopt.errors import ScanoptError
 from scanopt.functions import call_sites, function_key, function_label, inline_functions, nodes_within
 from scanopt.pass_api import NodeOutcome
-from scanopt.protos import attribute_graphs, copy_fields, in_default_domain, walk_proto_graphs
+from scanopt.protos import attribute_graphs, copy_fields, defined_names, in_default_domain, walk_proto_graphs
 
 ISSUE = "onnxruntime issue 27887"
 FIELDS = ("input", "output", "value_info")
@@ -160,9 +160,7 @@ def _plan(model: onnx.ModelProto, input_shapes, done: Settled) -> tuple[list, di
     # spreads through every dim proven equal to them: then no dim is written
     # (each name once per graph: an initializer listed as a graph input too, as IR 3 and
     # keep_initializers_as_inputs write it, is one value, not a repeat)
-    defined = Counter(name for g in walk_proto_graphs(model.graph)
-                      for name in {v.name for v in g.input} | {t.name for t in g.initializer}
-                      | {o for n in g.node for o in n.output if o})
+    defined = Counter(name for g in walk_proto_graphs(model.graph) for name in defined_names(g))
     repeated = sorted(name for name, n in defined.items() if n > 1)
     if repeated:
         done.unproven = (f"value names repeat across graphs ({', '.join(repeated[:3])}"
@@ -206,8 +204,7 @@ def _without_defaults(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _orphans(graph: onnx.GraphProto) -> list[int]:
     """Indices of ``graph``'s value_info entries naming no value made in it."""
-    made = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    made |= {out for n in graph.node for out in n.output if out}
+    made = defined_names(graph)
     return [i for i, v in enumerate(graph.value_info) if v.name not in made]
 
 

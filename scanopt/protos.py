@@ -80,6 +80,13 @@ def outer_names(graph: onnx.GraphProto) -> list[str]:
     return outer_names_by_graph(graph)[id(graph)][1]
 
 
+def defined_names(graph: onnx.GraphProto) -> set[str]:
+    """The values ``graph`` itself makes: its inputs, initializers (sparse ones too) and node outputs."""
+    names = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    names |= {s.values.name for s in graph.sparse_initializer}
+    return names | {o for n in graph.node for o in n.output if o}
+
+
 def outer_names_by_graph(graph: onnx.GraphProto) -> dict[int, tuple[onnx.GraphProto, list[str]]]:
     """id(g) -> (g, :func:`outer_names` of g) for ``graph`` and every graph nested in it, in
     one bottom-up walk: each level costs its own size plus its bodies' capture lists, where
@@ -88,9 +95,7 @@ def outer_names_by_graph(graph: onnx.GraphProto) -> dict[int, tuple[onnx.GraphPr
     found: dict[int, tuple[onnx.GraphProto, list[str]]] = {}
 
     def visit(g: onnx.GraphProto) -> list[str]:
-        defined = {v.name for v in g.input} | {i.name for i in g.initializer}
-        defined |= {s.values.name for s in g.sparse_initializer}
-        defined |= {o for n in g.node for o in n.output if o}
+        defined = defined_names(g)
         reads: dict[str, None] = {}
         for node in g.node:
             for name in node.input:

@@ -19,7 +19,9 @@ from onnx import TensorProto as TP
 
 from scanopt.errors import InvalidModelError, UnsupportedModelError, printable
 from scanopt.external_data import has_marks, hollow_copy
-from scanopt.protos import attribute_graphs, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs
+from scanopt.protos import (
+    attribute_graphs, defined_names, in_default_domain, outer_names_by_graph, topological_order, walk_proto_graphs,
+)
 from scanopt.scan_view import ScanView
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -218,9 +220,7 @@ def _check_names_and_scans(model: onnx.ModelProto) -> None:
             declare(value.name, tensor_type.elem_type, _declared_shape(value))
         for init in graph.initializer:
             declare(init.name, init.data_type, list(init.dims))
-        local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-        local |= {t.values.name for t in graph.sparse_initializer}
-        local |= {o for node in graph.node for o in node.output if o}
+        local = defined_names(graph)
         for name in local:
             defined[name] = defined.get(name, 0) + 1
         for node in graph.node:
@@ -406,8 +406,7 @@ def _check_untidy_values(model: onnx.ModelProto) -> list[str]:
     """Values declared without a type, and value_info for values nothing computes."""
     untyped, unused = [], []
     for graph in walk_proto_graphs(model.graph):
-        computed = {o for n in graph.node for o in n.output if o} | {v.name for v in graph.input}
-        computed |= {i.name for i in graph.initializer}
+        computed = defined_names(graph)
         for value in list(graph.input) + list(graph.output) + list(graph.value_info):
             if not value.HasField("type"):
                 untyped.append(value.name)
@@ -513,8 +512,7 @@ def _tidy_for_checker(model: onnx.ModelProto) -> None:
         del model.opset_import[:]
         model.opset_import.extend(kept)
     for graph in walk_proto_graphs(model.graph):
-        computed = {o for n in graph.node for o in n.output if o} | {v.name for v in graph.input}
-        computed |= {i.name for i in graph.initializer}
+        computed = defined_names(graph)
         kept_info = [v for v in graph.value_info if v.HasField("type") and v.name in computed]
         if len(kept_info) != len(graph.value_info):
             kept_copies = [onnx.ValueInfoProto() for _ in kept_info]
