@@ -33,7 +33,7 @@ import onnx
 from scanopt.errors import ScanoptError
 from scanopt.functions import call_sites, function_key, function_label, inline_functions, nodes_within
 from scanopt.pass_api import NodeOutcome
-from scanopt.protos import attribute_graphs, copy_fields, defined_names, in_default_domain, walk_proto_graphs
+from scanopt.protos import copy_fields, defined_names, function_graphs, in_default_domain, walk_proto_graphs
 
 ISSUE = "onnxruntime issue 27887"
 FIELDS = ("input", "output", "value_info")
@@ -124,8 +124,7 @@ def settle(model: onnx.ModelProto, input_shapes=None) -> Settled:
             current = inline_functions(model, keys)
             done.inlined = [function_label(*key) for key in keys]
             done.dropped = sum(len(_orphans(sub)) for f in model.functions if function_key(f) in keys
-                               for top in f.node for a in top.attribute for g in attribute_graphs(a)
-                               for sub in walk_proto_graphs(g))  # the inlining left them out
+                               for sub in function_graphs(f))  # the inlining left them out
         except (RuntimeError, ValueError) as exc:  # a call that does not fit its function, mixed opsets
             done.refused = f"onnx's inliner refused the model ({' '.join(str(exc).split())[:160]})"
     edits, drops = _plan(current, input_shapes, done)

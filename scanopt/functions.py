@@ -26,7 +26,7 @@ from onnx import helper as oh
 
 from scanopt.errors import ScanoptError
 from scanopt.pass_api import NodeOutcome
-from scanopt.protos import attribute_graphs, positive_values, walk_proto_graphs
+from scanopt.protos import attribute_graphs, function_graphs, model_nodes, positive_values, walk_proto_graphs
 from scanopt.shapes import ShapeTable
 
 LOOP_OPS = ("Scan", "Loop")
@@ -51,14 +51,8 @@ def _has_loop(nodes) -> bool:
 def call_sites(model: onnx.ModelProto) -> dict[tuple[str, str], list[onnx.NodeProto]]:
     """Calls of each local function from the main graph (bodies included) and from functions."""
     keys = {function_key(f) for f in model.functions}
-    graphs = list(walk_proto_graphs(model.graph))
-    nodes = [n for g in graphs for n in g.node]
-    for f in model.functions:
-        nodes += list(f.node)
-        nodes += [n for top in f.node for a in top.attribute for g in attribute_graphs(a)
-                  for sub in walk_proto_graphs(g) for n in sub.node]
     found: dict[tuple[str, str], list] = {k: [] for k in keys}
-    for n in nodes:
+    for n in model_nodes(model):
         if (n.domain, n.op_type) in keys:
             found[(n.domain, n.op_type)].append(n)
     return found
@@ -158,21 +152,19 @@ def inline_functions(model: onnx.ModelProto, keys) -> onnx.ModelProto:
         for f in model.functions:
             if function_key(f) not in keys:
                 continue
-            for top in f.node:
-                for sub in (s for a in top.attribute for g in attribute_graphs(a) for s in walk_proto_graphs(g)):
-                    if sub.doc_string.startswith(INLINE_MARK):
-                        raise ValueError("a subgraph's doc_string is scanopt's own inlining mark")
-                    mark = f"{INLINE_MARK}{len(plans)}"
-                    plans[mark] = (sub.doc_string, [n.op_type for n in sub.node], _value_info_positions(sub))
-                    sub.doc_string = mark
-                    marked.append(sub)
+            for sub in function_graphs(f):
+                if sub.doc_string.startswith(INLINE_MARK):
+                    raise ValueError("a subgraph's doc_string is scanopt's own inlining mark")
+                mark = f"{INLINE_MARK}{len(plans)}"
+                plans[mark] = (sub.doc_string, [n.op_type for n in sub.node], _value_info_positions(sub))
+                sub.doc_string = mark
+                marked.append(sub)
         inlined = onnx.inliner.inline_selected_functions(model, sorted(keys))
     finally:
         for sub in marked:
             sub.doc_string = plans[sub.doc_string][0]
     graphs = list(walk_proto_graphs(inlined.graph))
-    graphs += [s for f in inlined.functions for top in f.node for a in top.attribute for g in attribute_graphs(a)
-               for s in walk_proto_graphs(g)]
+    graphs += [g for f in inlined.functions for g in function_graphs(f)]
     for g in graphs:
         if g.doc_string in plans:
             doc, ops, positions = plans[g.doc_string]

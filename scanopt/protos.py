@@ -67,6 +67,24 @@ def walk_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
         stack.extend(reversed([sub for node in current.node for attr in node.attribute for sub in attribute_graphs(attr)]))
 
 
+def function_graphs(function: onnx.FunctionProto) -> Iterator[onnx.GraphProto]:
+    """Every graph nested in ``function``'s nodes, at any depth, pre-order."""
+    for node in function.node:
+        for attr in node.attribute:
+            for sub in attribute_graphs(attr):
+                yield from walk_proto_graphs(sub)
+
+
+def model_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of ``model``: its main graph's and their bodies', then each model-local
+    function's (a function's body counted once, however often it is called)."""
+    nodes = [n for g in walk_proto_graphs(model.graph) for n in g.node]
+    for function in model.functions:
+        nodes += function.node
+        nodes += [n for g in function_graphs(function) for n in g.node]
+    return nodes
+
+
 def fed_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs a caller feeds: those without a same-named initializer (which
     would be their default)."""

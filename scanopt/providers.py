@@ -358,13 +358,9 @@ def capture_note(model) -> str:
     functions included (onnxruntime inlines them)."""
     from collections import Counter
 
-    from scanopt.protos import attribute_graphs, walk_proto_graphs
+    from scanopt.protos import model_nodes
 
-    graphs = list(walk_proto_graphs(model.graph))
-    nodes = [n for g in graphs for n in g.node] + [n for f in model.functions for n in f.node]
-    nodes += [n for f in model.functions for top in f.node for a in top.attribute for g in attribute_graphs(a)
-              for sub in walk_proto_graphs(g) for n in sub.node]
-    found = Counter(n.op_type for n in nodes if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx"))
+    found = Counter(n.op_type for n in model_nodes(model) if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx"))
     if not found:
         return "no If, Loop or Scan left: capturable in a CUDA graph"
     listed = ", ".join(f"{found[op]} {op}" for op in CONTROL_FLOW if found[op])

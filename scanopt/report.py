@@ -21,7 +21,7 @@ import onnx
 
 from scanopt.errors import printable, printable_lines
 from scanopt.pass_api import NodeOutcome, is_emitted
-from scanopt.protos import attribute_graphs, walk_proto_graphs
+from scanopt.protos import model_nodes
 
 WIDTH = 100  # the longest line the text report prints
 TOP_REASONS = 3  # reasons shown per pass for the Scans left
@@ -341,7 +341,4 @@ def _count(n: int, what: str) -> str:
 def count_ops(model: onnx.ModelProto) -> Counter:
     """Op types over every graph of the model, bodies included, and each model-local function's
     body once (a Scan inside a function counts before it is inlined or rewritten there)."""
-    roots = [model.graph] + [sub for function in model.functions for node in function.node
-                             for attr in node.attribute for sub in attribute_graphs(attr)]
-    nodes = [node for root in roots for graph in walk_proto_graphs(root) for node in graph.node]
-    return Counter(node.op_type for node in nodes + [n for function in model.functions for n in function.node])
+    return Counter(node.op_type for node in model_nodes(model))

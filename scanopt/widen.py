@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from scanopt.external_data import as_array, source
-from scanopt.protos import attribute_graphs, walk_proto_graphs
+from scanopt.protos import function_graphs, walk_proto_graphs
 
 NARROW_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 WIDE = TensorProto.DOUBLE
@@ -33,8 +33,7 @@ def widened(model: onnx.ModelProto) -> onnx.ModelProto:
         for info in function.value_info:
             _widen_type(info.type)
         _widen_attributes(function.node)
-        for graph in (g for node in function.node for a in node.attribute for g in attribute_graphs(a)):
-            graphs.extend(walk_proto_graphs(graph))
+        graphs.extend(function_graphs(function))
     for graph in graphs:
         for info in (*graph.input, *graph.output, *graph.value_info):
             _widen_type(info.type)
