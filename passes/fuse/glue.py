@@ -22,7 +22,7 @@ class FuseEmitter(Emitter):
         super().__init__(b, opset, domain=None)
         self._shared = {} if shared is None else shared  # weights already emitted, by content
         self._steps: dict = {}  # (id(X), axis) -> "X has steps" (opset 8: "X is empty" as 0/1)
-        self._masks: dict = {}  # id(sequence_lens) -> [B, 1] float mask of length-0 items
+        self._masks: dict = {}  # id(sequence_lens) -> [B, 1] bool: the length-0 items
         self.portable = False  # --target portable's output: the forms OpenVINO's CPU runtime runs right too
 
     def _const(self, hint, value):
@@ -97,16 +97,12 @@ class FuseEmitter(Emitter):
         ``final + initial ⊙ (len == 0)``, exact where the initial states are finite (the
         native op leaves exact zeros for length-0 items; an inf in one gives NaN, inf·0, where
         the Scan's state is finite)."""
-        if self.opset >= 9 and not self.portable:
-            key = ("where", id(lens))
-            if key not in self._masks:
-                empty = self.op("Equal", [lens, self._const("zero", np.int64(0))])
-                self._masks[key] = self.unsqueeze(empty, [1])
-            return self.op("Where", [self._masks[key], initial, final])
         if id(lens) not in self._masks:
-            empty = self.op("Equal", [lens, self._const("zero", np.int64(0))])
-            self._masks[id(lens)] = self.unsqueeze(self.op("Cast", [empty], to=onnx.TensorProto.FLOAT), [1])
-        return self.op("Add", [final, self.op("Mul", [initial, self._masks[id(lens)]])])
+            self._masks[id(lens)] = self.unsqueeze(self.op("Equal", [lens, self._const("zero", np.int64(0))]), [1])
+        empty = self._masks[id(lens)]
+        if self.opset >= 9 and not self.portable:
+            return self.op("Where", [empty, initial, final])
+        return self.op("Add", [final, self.op("Mul", [initial, self.op("Cast", [empty], to=onnx.TensorProto.FLOAT)])])
 
     def keep_initial_if_empty(self, final, initial, x, axis):
         """``final`` unless X has no steps along ``axis``, then ``initial`` (a Scan's result)."""
