@@ -29,6 +29,7 @@ from scanopt.inputs import (
     output_specs,
 )
 from scanopt.weak_spots import long_sequences, long_trip_counts, row_queries, wide_batches
+from scanopt.widen import NARROW_FLOATS as WIDENED_TYPES
 from scanopt.widen import widened, widened_feeds
 
 # The tolerance rule, in one place (:func:`tolerance` applies it). An element passes when
@@ -633,22 +634,19 @@ class Truth:
             return None
 
     def _prepare(self, feeds) -> Runner | None:
-        narrow = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
         types = {s.elem_type for s in output_specs(self._original)}
-        if not types & {*narrow, onnx.TensorProto.DOUBLE}:
+        narrow = bool(types & set(WIDENED_TYPES))
+        if not narrow and onnx.TensorProto.DOUBLE not in types:
             return None  # nothing to judge by it
         if ort_miscomputes(self._original):  # the original's outputs are not its semantics: nothing to weigh
             return None
-        too_big = has_marks(self._original) or serialized_size_bound(self._original) * 2 > TRUTH_BYTES
-        if not types & set(narrow):  # float64 outputs only: a truth where something narrower computes them
-            twin = None if too_big else widened(self._original)
-            if twin is None or twin == self._original:
-                return None
-        elif too_big:
-            self._notes.append("the float64 truth is over the memory budget: judged by the tolerance table")
+        if has_marks(self._original) or serialized_size_bound(self._original) * 2 > TRUTH_BYTES:
+            if narrow:
+                self._notes.append("the float64 truth is over the memory budget: judged by the tolerance table")
             return None
-        else:
-            twin = widened(self._original)
+        twin = widened(self._original)
+        if not narrow and twin == self._original:  # float64 outputs computed in float64 throughout: no truth to add
+            return None
         failures = []
         for engine in self._engines:
             if engine == "ort" and id(self._original) not in _TWIN_SURVIVED and not is_edge(feeds):
